@@ -1,0 +1,33 @@
+"""fastpipe: find and fix GPU starvation in PyTorch training input pipelines."""
+from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
+from fastpipe.errors import (
+    ConfigError,
+    DeviceUnavailableError,
+    ExtensionUnavailableError,
+    FastpipeError,
+    OptionalDependencyError,
+    PipelineError,
+)
+from fastpipe.measure import Measurement, measure_workload
+from fastpipe.workload import Workload, load_workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Device",
+    "CpuDevice",
+    "CudaDevice",
+    "SimDevice",
+    "parse_device",
+    "default_device_spec",
+    "FastpipeError",
+    "ConfigError",
+    "DeviceUnavailableError",
+    "ExtensionUnavailableError",
+    "OptionalDependencyError",
+    "PipelineError",
+    "Measurement",
+    "measure_workload",
+    "Workload",
+    "load_workload",
+]

@@ -1,0 +1,204 @@
+"""Steady-state throughput of a training loop: warm-up, per-step times, spread, CPU load.
+
+Throughput is 1 / mean step time over the measured steps, after warm-up steps that absorb
+worker start-up and the first batches (toy_workload.md: "the mean of per-step times after
+the first step"). CPU utilisation of the whole process tree (the main process and its
+DataLoader workers) is sampled alongside, so a saturated CPU shows in every result.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import psutil
+
+from fastpipe._system import usable_cores
+from fastpipe.devices import Device
+from fastpipe.pinning import pinned_iter, shutdown_iterator
+from fastpipe.workload import Workload
+
+
+@dataclass
+class Measurement:
+    """Per-step wall times of one measured run, with the CPU load while it ran."""
+
+    step_times: list[float]
+    cpu_util: float
+    """Process-tree CPU seconds / (wall seconds x usable cores), 0..1: 1.0 means every core was busy."""
+    system_cpu_util: float
+    """The whole machine's CPU utilisation over the run, 0..1 (other users of a shared machine show here)."""
+
+    @property
+    def mean_step_s(self) -> float:
+        return statistics.fmean(self.step_times)
+
+    @property
+    def steps_per_s(self) -> float:
+        return 1.0 / self.mean_step_s
+
+    @property
+    def spread(self) -> float:
+        """Relative standard deviation of step times (0.1 = steps vary by 10%)."""
+        if len(self.step_times) < 2:
+            return 0.0
+        return statistics.stdev(self.step_times) / self.mean_step_s
+
+    @property
+    def rel_stderr(self) -> float:
+        """Relative standard error of the mean step time: the noise on ``steps_per_s``."""
+        return self.spread / math.sqrt(max(1, len(self.step_times)))
+
+
+class CpuMonitor:
+    """Samples the CPU time of a process and all its descendants in a background thread.
+
+    Descendants come and go (DataLoader workers die with their iterator), so each pid's
+    latest CPU time is remembered; pids seen first inside the window count from zero.
+    """
+
+    def __init__(self, interval_s: float = 0.1, cores: int | None = None) -> None:
+        self.interval_s = interval_s
+        self.cores = cores or usable_cores()
+        self._root = psutil.Process()
+        self._baseline: dict[int, float] = {}
+        self._latest: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wall_start = 0.0
+        self._wall = 0.0
+        self.cpu_util = 0.0
+        self.system_cpu_util = 0.0
+
+    def _sample(self) -> dict[int, float]:
+        seen: dict[int, float] = {}
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            processes = [self._root]
+        for proc in processes:
+            try:
+                times = proc.cpu_times()
+                seen[proc.pid] = times.user + times.system
+            except psutil.Error:
+                continue  # exited between listing and reading
+        return seen
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._latest.update(self._sample())
+
+    def __enter__(self) -> "CpuMonitor":
+        self._baseline = self._sample()
+        self._latest = dict(self._baseline)
+        psutil.cpu_percent(interval=None)  # starts the system-wide window
+        self._wall_start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="fastpipe-cpu-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._latest.update(self._sample())
+        self._wall = time.perf_counter() - self._wall_start
+        used = sum(cpu - self._baseline.get(pid, 0.0) for pid, cpu in self._latest.items())
+        self.cpu_util = max(0.0, used / (self._wall * self.cores)) if self._wall > 0 else 0.0
+        self.system_cpu_util = psutil.cpu_percent(interval=None) / 100.0
+
+
+class LoaderCycle:
+    """Endless batches from a DataLoader, starting a new epoch when one ends, as training does.
+
+    With ``device`` given, batches are pinned the way the loader would pin them for that
+    device (see :mod:`fastpipe.pinning`).
+    """
+
+    def __init__(self, loader: Iterable[Any], device: Device | None = None) -> None:
+        self.loader = loader
+        self.device = device
+        self._iterator: Iterator[Any] | None = None
+
+    def _start(self) -> Iterator[Any]:
+        return iter(self.loader) if self.device is None else pinned_iter(self.loader, self.device)
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._start()
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self.close()
+            self._iterator = self._start()
+            return next(self._iterator)  # an empty loader raises StopIteration here, on purpose
+
+    def __iter__(self) -> "LoaderCycle":
+        return self
+
+    def close(self) -> None:
+        """Shut the workers down now rather than whenever the iterator is collected."""
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None:
+            shutdown_iterator(iterator)
+
+
+def measure_steps(
+    next_batch: Callable[[], Any],
+    run_step: Callable[[Any], Any],
+    *,
+    warmup: int,
+    steps: int,
+    device: Device,
+    on_step: Callable[[int], None] | None = None,
+) -> Measurement:
+    """Time ``steps`` iterations of fetch-then-step after ``warmup`` untimed ones.
+
+    ``next_batch`` returns a batch ready for the step (fetched, copied, transformed);
+    ``run_step`` runs the step on it. ``on_step(i)`` is called after every iteration,
+    warm-up included, for progress bars.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    for i in range(warmup):
+        run_step(next_batch())
+        if on_step is not None:
+            on_step(i)
+    device.synchronize()
+    step_times: list[float] = []
+    with CpuMonitor() as monitor:
+        last = time.perf_counter()
+        for i in range(steps):
+            run_step(next_batch())
+            if i == steps - 1:
+                device.synchronize()
+            now = time.perf_counter()
+            step_times.append(now - last)
+            last = now
+            if on_step is not None:
+                on_step(warmup + i)
+    return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util)
+
+
+def measure_workload(
+    workload: Workload, device: Device, *, warmup: int = 3, steps: int = 10, on_step: Callable[[int], None] | None = None
+) -> Measurement:
+    """The plain training loop, nothing cached: fetch, copy as the loader pins, device transform, step."""
+    batches = LoaderCycle(workload.loader, device)
+    non_blocking = bool(workload.loader.pin_memory)
+
+    def next_batch() -> Any:
+        batch = device.to_device(next(batches), non_blocking=non_blocking)
+        if workload.device_transform is not None and device.runs_model:
+            batch = workload.device_transform(batch)
+        return batch
+
+    try:
+        return measure_steps(
+            next_batch, lambda batch: device.run_step(workload.step, batch), warmup=warmup, steps=steps, device=device, on_step=on_step
+        )
+    finally:
+        batches.close()

@@ -1,0 +1,97 @@
+"""Pinned host memory, real or modelled.
+
+On a CUDA machine a DataLoader with ``pin_memory=True`` copies each batch into page-locked
+memory in a background thread, and only such batches can be copied to the device without
+blocking the host. Without an accelerator, PyTorch cannot pin at all and silently skips that
+thread. To keep the simulated accelerator honest there, :class:`PinningIterator` does what
+the DataLoader's pin thread would: in a background thread it copies each batch into the sim
+device's modelled pinned memory (a real memcpy, so the host pays what pinning costs).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from fastpipe.devices import Device
+
+_DONE = object()
+
+
+def pinning_is_emulated(pin_memory: bool, device: Device) -> bool:
+    """True when the loader asks for pinning but only fastpipe can provide it (sim, no accelerator)."""
+    return pin_memory and device.kind == "sim" and not torch.cuda.is_available()
+
+
+class PinningIterator:
+    """Pin batches from ``source`` one step ahead in a thread, like the DataLoader's pin thread."""
+
+    def __init__(self, source: Iterable[Any], pin: Callable[[Any], Any], depth: int = 2) -> None:
+        self._source = iter(source)
+        self._pin = pin
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fastpipe-pin-memory", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for batch in self._source:
+                if not self._put(("ok", self._pin(batch))):
+                    return
+            self._put(("ok", _DONE))
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put(("error", exc))
+
+    def __iter__(self) -> "PinningIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._stop.is_set():
+            raise StopIteration
+        kind, item = self._queue.get()
+        if kind == "error":
+            self.close()
+            raise item
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """Stop the thread; the source iterator (and its workers) is shut down by its owner."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
+    """``iter(loader)``, with modelled pinning added when the loader wants pinning the machine cannot give."""
+    if not pinning_is_emulated(bool(getattr(loader, "pin_memory", False)), device):
+        return iter(loader)
+    with warnings.catch_warnings():  # "no accelerator is found": fastpipe pins in its stead
+        warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
+        iterator = iter(loader)
+    return PinningIterator(iterator, device.pin)
+
+
+def shutdown_iterator(iterator: Any) -> None:
+    """Stop a pinning thread and any DataLoader workers behind ``iterator`` now, not at garbage collection."""
+    if isinstance(iterator, PinningIterator):
+        iterator.close()
+        iterator = iterator._source
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
