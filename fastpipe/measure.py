@@ -183,22 +183,56 @@ def measure_steps(
     return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util)
 
 
+def device_batches(workload: Workload, device: Device) -> LoaderCycle:
+    """Endless batches on ``device``, delivered the way the workload's own loop delivers them.
+
+    Inline (the article's loop): fetch, copy with ``non_blocking=pin_memory``, then the
+    device transform. With ``prefetch_depth`` > 0, fastpipe's DevicePrefetcher does all three
+    ahead of the step. Device transforms are skipped on a sim device: its step time covers them.
+    """
+    transform = workload.device_transform if device.runs_model else None
+    if workload.prefetch_depth > 0:
+        from fastpipe.prefetch import DevicePrefetcher
+
+        return LoaderCycle(DevicePrefetcher(workload.loader, device, depth=workload.prefetch_depth, transform=transform))
+    return LoaderCycle(_InlineCopy(workload.loader, device, transform), device=None)
+
+
+class _InlineCopy:
+    """Iterates a loader and copies each batch to the device in the consumer's thread."""
+
+    def __init__(self, loader: Any, device: Device, transform: Callable[[Any], Any] | None) -> None:
+        self.loader, self.device, self.transform = loader, device, transform
+        self.non_blocking = bool(getattr(loader, "pin_memory", False))
+
+    def __iter__(self) -> Iterator[Any]:
+        return _InlineCopyIterator(self)
+
+
+class _InlineCopyIterator:
+    def __init__(self, owner: _InlineCopy) -> None:
+        self.owner = owner
+        self.source = pinned_iter(owner.loader, owner.device)
+
+    def __iter__(self) -> "_InlineCopyIterator":
+        return self
+
+    def __next__(self) -> Any:
+        batch = self.owner.device.to_device(next(self.source), non_blocking=self.owner.non_blocking)
+        return batch if self.owner.transform is None else self.owner.transform(batch)
+
+    def close(self) -> None:
+        shutdown_iterator(self.source)
+
+
 def measure_workload(
     workload: Workload, device: Device, *, warmup: int = 3, steps: int = 10, on_step: Callable[[int], None] | None = None
 ) -> Measurement:
-    """The plain training loop, nothing cached: fetch, copy as the loader pins, device transform, step."""
-    batches = LoaderCycle(workload.loader, device)
-    non_blocking = bool(workload.loader.pin_memory)
-
-    def next_batch() -> Any:
-        batch = device.to_device(next(batches), non_blocking=non_blocking)
-        if workload.device_transform is not None and device.runs_model:
-            batch = workload.device_transform(batch)
-        return batch
-
+    """The workload's own training loop, nothing cached, timed after warm-up."""
+    batches = device_batches(workload, device)
     try:
         return measure_steps(
-            next_batch, lambda batch: device.run_step(workload.step, batch), warmup=warmup, steps=steps, device=device, on_step=on_step
+            lambda: next(batches), lambda batch: device.run_step(workload.step, batch), warmup=warmup, steps=steps, device=device, on_step=on_step
         )
     finally:
         batches.close()

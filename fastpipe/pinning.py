@@ -63,18 +63,19 @@ class PinningIterator:
             raise StopIteration
         kind, item = self._queue.get()
         if kind == "error":
-            self.close()
+            self._stop.set()
             raise item
         if item is _DONE:
-            self.close()
+            self._stop.set()
             raise StopIteration
         return item
 
     def close(self) -> None:
-        """Stop the thread; the source iterator (and its workers) is shut down by its owner."""
+        """Stop the thread, then the source iterator and its workers."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        shutdown_iterator(self._source)
 
 
 def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
@@ -88,10 +89,10 @@ def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
 
 
 def shutdown_iterator(iterator: Any) -> None:
-    """Stop a pinning thread and any DataLoader workers behind ``iterator`` now, not at garbage collection."""
-    if isinstance(iterator, PinningIterator):
-        iterator.close()
-        iterator = iterator._source
-    shutdown = getattr(iterator, "_shutdown_workers", None)
+    """Stop DataLoader workers (and threads) behind ``iterator`` now, not at garbage collection.
+
+    Works on DataLoader iterators and on any iterator with a ``close()`` that does the same.
+    """
+    shutdown = getattr(iterator, "close", None) or getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()

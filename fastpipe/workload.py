@@ -28,6 +28,8 @@ class Workload:
         step: ``step(batch)``, one training step on a batch already on the device.
         device_transform: optional work run on the device after the copy (e.g. uint8 -> float).
         model, optimizer: given so their state can be snapshotted and restored around a diagnosis.
+        prefetch_depth: batches fastpipe's DevicePrefetcher copies ahead; 0 copies inline, as the
+            article's loop does.
         name: a label for reports.
         notes: facts a report should repeat (e.g. "the sim device does not run the model").
     """
@@ -37,6 +39,7 @@ class Workload:
     device_transform: Callable[[Any], Any] | None = None
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
+    prefetch_depth: int = 0
     name: str = "workload"
     notes: list[str] = field(default_factory=list)
 

@@ -1,0 +1,1 @@
+"""One module per ``fastpipe`` subcommand, each with ``add_parser(subparsers)``."""
