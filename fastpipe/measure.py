@@ -192,9 +192,10 @@ def device_batches(workload: Workload, device: Device) -> LoaderCycle:
     """
     transform = workload.device_transform if device.runs_model else None
     if workload.prefetch_depth > 0:
-        from fastpipe.prefetch import DevicePrefetcher
+        from fastpipe.prefetch import make_prefetcher
 
-        return LoaderCycle(DevicePrefetcher(workload.loader, device, depth=workload.prefetch_depth, transform=transform))
+        prefetcher = make_prefetcher(workload.loader, device, depth=workload.prefetch_depth, transform=transform, kind=workload.prefetcher)
+        return LoaderCycle(prefetcher)
     return LoaderCycle(_InlineCopy(workload.loader, device, transform), device=None)
 
 

@@ -30,6 +30,8 @@ class Workload:
         model, optimizer: given so their state can be snapshotted and restored around a diagnosis.
         prefetch_depth: batches fastpipe's DevicePrefetcher copies ahead; 0 copies inline, as the
             article's loop does.
+        prefetcher: which prefetcher to use when ``prefetch_depth`` > 0: ``"fastpipe"`` or ``"tnt"``
+            (torchtnt's CudaDataPrefetcher, CUDA only).
         name: a label for reports.
         notes: facts a report should repeat (e.g. "the sim device does not run the model").
     """
@@ -40,6 +42,7 @@ class Workload:
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
     prefetch_depth: int = 0
+    prefetcher: str = "fastpipe"
     name: str = "workload"
     notes: list[str] = field(default_factory=list)
 
