@@ -1,0 +1,207 @@
+"""DevicePrefetcher: batches arrive on the device already copied (and transformed), ahead of the step.
+
+The host-to-device copy is the last stage of an input pipeline. Done inline, the step waits
+for it; done ahead, from pinned memory, on a side stream, it hides behind the previous steps.
+torchtnt's ``CudaDataPrefetcher`` does the latter but (1) never calls ``record_stream``, so the
+caching allocator may hand a batch's memory back to the copy stream while the step still reads
+it, (2) makes a new stream every epoch, (3) refuses any device but CUDA and (4) has no hook for
+device-side work. This module closes those gaps:
+
+* ``cuda``: one side stream per prefetcher, created on first use. Each batch is pinned (if the
+  loader did not), copied with ``non_blocking=True`` and transformed on that stream, and an event
+  is recorded. On hand-over the consumer's current stream waits on the event, and every tensor
+  gets ``record_stream(consumer)`` so its memory is not reused until the consumer is done.
+* ``sim``: the same steps on the modelled copy engine (pinning is modelled where the machine
+  cannot pin), so prefetching overlaps with the step exactly as it would on a GPU.
+* ``cpu``: nothing to copy; batches pass through (the transform still runs).
+
+``make_prefetcher(kind="tnt")`` returns torchtnt's prefetcher behind the same interface
+(:mod:`fastpipe.tnt`), so the two can be measured side by side.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Union
+
+import torch
+from torch.profiler import record_function
+
+from fastpipe._tree import iter_tensors, map_tensors
+from fastpipe.devices import Device, parse_device
+from fastpipe.errors import ConfigError
+from fastpipe.pinning import pinned_iter, shutdown_iterator
+
+Transform = Callable[[Any], Any]
+DeviceLike = Union[str, Device, torch.device]
+#: Values accepted by ``make_prefetcher(kind=...)`` and ``Workload.prefetcher``.
+PREFETCHERS = ("fastpipe", "tnt")
+
+
+def check_prefetch_args(depth: int, transform: Transform | None) -> None:
+    """Reject a depth or transform that would fail later, less clearly, inside the epoch."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ConfigError(f"prefetch depth must be a whole number >= 1 (batches copied ahead), got {depth!r}; 2 is a good default")
+    if transform is not None and not callable(transform):
+        raise ConfigError(f"transform must be a function batch -> batch run on the device, got {type(transform).__name__}")
+
+
+@dataclass
+class _InFlight:
+    """A batch whose copy (and transform) has been issued; ``ready`` is its CUDA event, if any."""
+
+    batch: Any
+    ready: "torch.cuda.Event | None" = None
+
+
+def _pin_host_tensors(device: Device, batch: Any) -> Any:
+    """Pin the batch's host tensors the loader left pageable; tensors already on a device are kept."""
+    return map_tensors(lambda t: device.pin(t) if t.device.type == "cpu" else t, batch)
+
+
+class DevicePrefetcher:
+    """Iterate ``loader`` with each batch already on ``device``, up to ``depth`` batches copied ahead.
+
+    Args:
+        loader: any re-iterable of batches (usually a DataLoader); tensors may be nested in tuples,
+            lists, dicts, namedtuples and dataclasses.
+        device: a :class:`~fastpipe.devices.Device` or a spec such as ``"cuda"``, ``"cpu"``, ``"sim:290"``.
+        depth: batches in flight ahead of the one the step is using (``depth + 1`` live on the device).
+        transform: optional ``batch -> batch`` run on the device right after the copy (on the side
+            stream on CUDA), e.g. a uint8-to-float conversion, so the host ships 4x fewer bytes.
+
+    Each ``iter()`` starts a new epoch with a fresh loader iterator and closes the previous one.
+    """
+
+    def __init__(self, loader: Iterable[Any], device: DeviceLike, depth: int = 2, transform: Transform | None = None) -> None:
+        check_prefetch_args(depth, transform)
+        self.loader = loader
+        self.device = parse_device(device)
+        self.depth = depth
+        self.transform = transform
+        self._stream: "torch.cuda.Stream | None" = None
+        self._current: "weakref.ref[PrefetchIterator] | None" = None
+
+    @property
+    def stream(self) -> "torch.cuda.Stream | None":
+        """The CUDA side stream the copies run on: made on the first epoch and reused by every later one."""
+        if self.device.kind == "cuda" and self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device.torch_device)
+        return self._stream
+
+    def __len__(self) -> int:
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise TypeError(f"len() of a DevicePrefetcher is its loader's, and this {type(self.loader).__name__} has no len()") from exc
+
+    def __iter__(self) -> "PrefetchIterator":
+        previous = self._current() if self._current is not None else None
+        if previous is not None:
+            previous.close()  # a DataLoader supports one live epoch; stop the old one's workers now
+        iterator = PrefetchIterator(self)
+        self._current = weakref.ref(iterator)
+        return iterator
+
+
+class PrefetchIterator(Iterator[Any]):
+    """One epoch of a :class:`DevicePrefetcher`. ``close()`` stops the loader's workers at once.
+
+    A loader error is raised in order: the batches fetched before it are delivered first.
+    """
+
+    def __init__(self, owner: DevicePrefetcher) -> None:
+        self._device = owner.device
+        self._depth = owner.depth
+        self._transform = owner.transform
+        self._stream = owner.stream
+        self._source = pinned_iter(owner.loader, owner.device)
+        self._pending: deque[_InFlight] = deque()
+        self._error: Exception | None = None
+        self._exhausted = False
+        self._shutdown = weakref.finalize(self, shutdown_iterator, self._source)
+
+    def _start(self, batch: Any) -> _InFlight:
+        """Issue the copy (and transform) of one host batch without waiting for it."""
+        device, transform = self._device, self._transform
+        with record_function("fastpipe.prefetch.copy"):
+            if device.kind == "cpu":
+                batch = device.to_device(batch)
+                return _InFlight(batch if transform is None else transform(batch))
+            batch = _pin_host_tensors(device, batch)
+            if self._stream is None:  # sim: the modelled copy engine takes the place of the stream
+                batch = device.to_device(batch, non_blocking=True)
+                return _InFlight(batch if transform is None else transform(batch))
+            with torch.cuda.stream(self._stream):
+                batch = device.to_device(batch, non_blocking=True)
+                if transform is not None:
+                    batch = transform(batch)
+                ready = torch.cuda.Event()
+                ready.record(self._stream)
+            return _InFlight(batch, ready)
+
+    def _hand_over(self, item: _InFlight) -> Any:
+        """Make the consumer's stream wait for the copy and own the batch's memory from now on."""
+        if item.ready is None:
+            return item.batch
+        with record_function("fastpipe.prefetch.hand_over"):
+            consumer = torch.cuda.current_stream(self._device.torch_device)
+            consumer.wait_event(item.ready)
+            for tensor in iter_tensors(item.batch):
+                if tensor.is_cuda:
+                    tensor.record_stream(consumer)
+        return item.batch
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._pending) < self._depth:
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                self._end()
+                return
+            except Exception as exc:  # re-raised by __next__ after the batches before it
+                self._error = exc
+                self._end()
+                return
+            self._pending.append(self._start(batch))
+
+    def _end(self) -> None:
+        self._exhausted = True
+        self._shutdown()
+
+    def __next__(self) -> Any:
+        if not self._pending:
+            self._fill()
+        if not self._pending:
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
+            raise StopIteration
+        head = self._pending.popleft()
+        self._fill()  # the next copy is issued before the step that uses ``head`` starts
+        return self._hand_over(head)
+
+    def __iter__(self) -> "PrefetchIterator":
+        return self
+
+    def close(self) -> None:
+        """End the epoch now: drop the batches in flight and shut down the loader's workers."""
+        self._pending.clear()
+        self._error = None
+        self._end()
+
+
+def make_prefetcher(
+    loader: Iterable[Any], device: DeviceLike, *, depth: int = 2, transform: Transform | None = None, kind: str = "fastpipe"
+) -> Any:
+    """A re-iterable of on-device batches: fastpipe's :class:`DevicePrefetcher` or, with ``kind="tnt"``,
+    torchtnt's ``CudaDataPrefetcher`` behind the same interface (CUDA only; see :mod:`fastpipe.tnt`)."""
+    device = parse_device(device)
+    if kind == "fastpipe":
+        return DevicePrefetcher(loader, device, depth=depth, transform=transform)
+    if kind == "tnt":
+        from fastpipe.tnt import TntPrefetcher
+
+        return TntPrefetcher(loader, device, depth=depth, transform=transform)
+    raise ConfigError(f"unknown prefetcher {kind!r}: use one of {', '.join(repr(k) for k in PREFETCHERS)}")
