@@ -1,8 +1,9 @@
-// fastpipe's C++ CPU ops. Schemas live in TORCH_LIBRARY, kernels in TORCH_LIBRARY_IMPL;
-// the Python side (fastpipe/ops) holds wrappers and fake kernels.
+// fastpipe's C++ CPU ops. This file holds the module entry point and the schemas; the
+// kernels live in one file per op family (random_mask.cpp) and register in
+// TORCH_LIBRARY_IMPL. The Python side (fastpipe/ops) holds the typed wrappers and the fake
+// kernels that torch.compile and opcheck use.
 #include <Python.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
 
 extern "C" {
 // Importing fastpipe._C from Python is what loads the library and runs the registrations below.
@@ -12,13 +13,13 @@ PyObject* PyInit__C(void) {
 }
 }
 
-namespace fastpipe {
-
-// A trivial first op that proves the library loads; the real kernels come with the transforms.
-at::Tensor ping(const at::Tensor& x) { return x.clone(); }
-
-TORCH_LIBRARY(fastpipe, m) { m.def("ping(Tensor x) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(fastpipe, CPU, m) { m.impl("ping", &ping); }
-
-}  // namespace fastpipe
+TORCH_LIBRARY(fastpipe, m) {
+  // RandomMask (see fastpipe/transforms/mask.py). img is (C, H, W) or (H, W), any strides and
+  // dtype; ratio is quantised as fastpipe.transforms._prng.quantize_ratio does; seed in [0, 2**63).
+  // The undilated Bernoulli(ratio) draw for `seed`, written into a uint8 (H, W) tensor as 0/1.
+  m.def("draw_mask_(Tensor(a!) out, float ratio, int seed) -> ()");
+  // Dilate a given (H, W) draw (bool or uint8) with the 4-neighbour cross and zero those pixels in every channel.
+  m.def("apply_mask_(Tensor(a!) img, Tensor mask) -> ()");
+  // Both in one pass: equal to apply_mask_(img, draw) for the draw draw_mask_ makes with the same seed.
+  m.def("random_mask_(Tensor(a!) img, float ratio, int seed) -> ()");
+}

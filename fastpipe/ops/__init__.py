@@ -2,7 +2,8 @@
 
 Like torchvision's ``extension.py``: a missing or broken library sets
 ``EXTENSION_AVAILABLE = False`` instead of failing the import, and only a call that needs
-an op raises, with a message that says how to rebuild.
+an op raises, with a message that says how to rebuild. The typed wrappers and fake kernels
+live in :mod:`fastpipe.ops.mask`.
 """
 from __future__ import annotations
 
@@ -20,18 +21,31 @@ except (ImportError, OSError) as exc:
     EXTENSION_LOAD_ERROR = exc
 
 
+def extension_status() -> str:
+    """One line for reports and skip reasons: loaded, or why not."""
+    if EXTENSION_AVAILABLE:
+        return "fastpipe._C loaded"
+    return f"fastpipe._C not loaded ({type(EXTENSION_LOAD_ERROR).__name__}: {EXTENSION_LOAD_ERROR})"
+
+
 def require_extension() -> None:
     """Raise a clear error if the C++ library is not loaded."""
     if not EXTENSION_AVAILABLE:
         raise ExtensionUnavailableError(
-            "fastpipe's C++ ops are not available "
-            f"({type(EXTENSION_LOAD_ERROR).__name__}: {EXTENSION_LOAD_ERROR}). "
+            f"fastpipe's C++ ops are not available ({extension_status()}). "
             "Rebuild them against your torch with: pip install --no-build-isolation -e . "
             "(needs a C++ compiler), or use backend='numba' / 'numpy'"
         )
 
 
-def ping(x: "torch.Tensor") -> "torch.Tensor":
-    """The trivial op that proves the library loads (returns a copy of ``x``)."""
-    require_extension()
-    return torch.ops.fastpipe.ping(x)
+from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_  # noqa: E402  (needs the flags above)
+
+__all__ = [
+    "EXTENSION_AVAILABLE",
+    "EXTENSION_LOAD_ERROR",
+    "extension_status",
+    "require_extension",
+    "draw_mask",
+    "apply_mask_",
+    "random_mask_",
+]
