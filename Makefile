@@ -21,7 +21,7 @@ $(STAMP): $(PY) pyproject.toml setup.py $(wildcard csrc/*.cpp)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/fastpipe run toy:naive
+	$(VENV)/bin/fastpipe diagnose toy:naive
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -1,4 +1,5 @@
 """fastpipe: find and fix GPU starvation in PyTorch training input pipelines."""
+from fastpipe.diagnose import diagnose
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
 from fastpipe.errors import (
     ConfigError,
@@ -9,11 +10,14 @@ from fastpipe.errors import (
     PipelineError,
 )
 from fastpipe.measure import Measurement, measure_workload
+from fastpipe.report import Report
 from fastpipe.workload import Workload, load_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "diagnose",
+    "Report",
     "Device",
     "CpuDevice",
     "CudaDevice",

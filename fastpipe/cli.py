@@ -16,9 +16,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _subcommand_modules() -> list[Any]:
-    from fastpipe.commands import run
+    from fastpipe.commands import diagnose, run
 
-    return [run]
+    return [diagnose, run]
 
 
 def build_parser() -> argparse.ArgumentParser:

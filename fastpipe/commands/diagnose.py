@@ -1,0 +1,55 @@
+"""``fastpipe diagnose SPEC``: where does the input pipeline lose throughput?"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastpipe.commands.common import add_workload_arguments, toy_options
+from fastpipe.errors import ConfigError
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("diagnose", help="find the bottleneck stages by caching data at successive points")
+    add_workload_arguments(parser)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per experiment (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per experiment (default 3)")
+    parser.add_argument("--pool", type=int, default=1, help="different samples/batches each cache point cycles through (default 1)")
+    parser.add_argument("--threshold", type=float, default=0.05, help="smallest drop, as a fraction of the device bound, that counts (default 0.05)")
+    parser.add_argument("--strategy", choices=("linear", "bisect"), default="linear", help="measure every point, or bisect over the stages")
+    parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the report as Markdown here")
+    parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def write_outputs(report: Any, args: argparse.Namespace) -> None:
+    """The report on stdout, plus the files asked for."""
+    print(report.to_table())
+    for path, render in ((args.json, report.to_json), (args.markdown, report.to_markdown)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render())
+            print(f"wrote {path}")
+    if args.plot is not None:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {report.plot(str(args.plot))}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastpipe.devices import parse_device
+    from fastpipe.diagnose import diagnose
+    from fastpipe.workload import load_workload
+
+    if args.steps < 1 or args.warmup < 0 or args.pool < 1:
+        raise ConfigError("--steps and --pool must be at least 1 and --warmup at least 0")
+    device = parse_device(args.device)
+    workload = load_workload(args.spec, device, **toy_options(args))
+    report = diagnose(
+        workload, device=device, steps=args.steps, warmup=args.warmup, pool=args.pool, threshold=args.threshold,
+        strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    write_outputs(report, args)
+    return 130 if report.interrupted else 0

@@ -1,0 +1,232 @@
+"""The cache-bisection engine on planted bottlenecks, small and quick on short sim steps."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import DataLoader
+
+from fastpipe import PipelineError, diagnose
+from fastpipe.errors import ConfigError
+from tests.fakes import AddOne, Fast, NoTransformDataset, PlantedDataset, Raise, Slow
+
+# Planted costs are twice the step, so they stand well above the DataLoader's own few milliseconds
+# per batch and the jitter of a busy 2-core machine; the threshold is raised to match.
+STEP = "sim:40"
+PLANTED_MS = 40  # per sample: 4 samples over 2 workers = 80 ms a batch, twice the step
+THRESHOLD = 0.15
+
+
+def loader_for(dataset, workers: int = 2, batch: int = 4, **kwargs) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch, num_workers=workers, **kwargs)
+
+
+def run(loader: DataLoader, **kwargs):
+    kwargs.setdefault("steps", 8)
+    kwargs.setdefault("warmup", 2)
+    kwargs.setdefault("threshold", THRESHOLD)
+    return diagnose(loader, lambda batch: None, kwargs.pop("device", STEP), progress=False, **kwargs)
+
+
+def test_slow_middle_transform_is_named_and_no_other() -> None:
+    transform = T.Compose([Fast(), Fast(), Slow(PLANTED_MS), Fast()])
+    report = run(loader_for(PlantedDataset(transform=transform)))
+    points = [e.cache_point for e in report.experiments]
+    assert points == ["device", "host", "sample", "after:Slow", "after:Fast#2", "after:Fast", "raw", "baseline"]
+    assert [b.stage for b in report.bottlenecks] == ["Slow"]
+    assert report.bottlenecks[0].kind == "transform" and report.bottlenecks[0].between == ("after:Slow", "after:Fast#2")
+    assert report.verdict in ("moderately input-bound", "highly input-bound")
+
+
+def test_slow_raw_loading_is_named() -> None:
+    report = run(loader_for(PlantedDataset(raw_ms=PLANTED_MS, transform=T.Compose([Fast(), Fast()]))))
+    assert [(b.stage, b.kind) for b in report.bottlenecks] == [("raw load", "raw load")]
+    assert report.bottlenecks[0].between == ("raw", "baseline")
+
+
+def test_heavy_payload_is_the_copy() -> None:
+    # 8 x 3x256x256 float32 = 6.3 MB a batch; at 0.08 GB/s a pageable copy takes ~80 ms against a 40 ms step
+    dataset = PlantedDataset(shape=(3, 256, 256), transform=T.Compose([Fast()]))
+    report = run(loader_for(dataset, batch=8), device="sim:40,h2d_gbps=0.08")
+    assert report.bottlenecks, report.to_table()
+    assert report.bottlenecks[0].kind in ("host-to-device copy", "collate/IPC")
+    assert report.bottlenecks[0].kind == "host-to-device copy"  # by construction here: collate of 6 MB is ~1 ms
+    assert all(b.kind != "transform" for b in report.bottlenecks)
+
+
+def test_fast_pipeline_is_not_input_bound_and_stops_early() -> None:
+    # a long step, so the loader's own per-batch milliseconds stay under the 5% band
+    report = run(loader_for(PlantedDataset(transform=T.Compose([Fast(), Fast()]))), device="sim:150", threshold=0.05)
+    assert report.verdict == "not input-bound" and not report.bottlenecks
+    assert [e.cache_point for e in report.experiments] == ["device", "baseline"]
+    assert any("not measured" in note for note in report.notes)
+
+
+def test_bisect_finds_the_same_culprit_with_fewer_experiments() -> None:
+    transform = T.Compose([Fast(), Fast(), Fast(), Slow(PLANTED_MS), Fast(), Fast()])
+    report = run(loader_for(PlantedDataset(transform=transform)), strategy="bisect")
+    assert [b.stage for b in report.bottlenecks] == ["Slow"]
+    assert len(report.experiments) < 10  # linear measures device, host, sample, 5 after-points, raw and baseline
+
+
+def test_in_place_transforms_do_not_pile_up() -> None:
+    from fastpipe.cache import CachePointDataset
+    from fastpipe.stages import find_pipeline
+
+    dataset = PlantedDataset(transform=T.Compose([Fast(), AddOne(), AddOne()]))
+    pipeline, _ = find_pipeline(dataset)
+    for point in ("raw", "after:Fast", "after:AddOne"):
+        cached = CachePointDataset(dataset, pipeline, point)
+        values = {cached[i][0][0, 0, 0].item() for i in range(5)}
+        assert len(values) == 1, f"{point}: values changed across calls: {values}"
+
+
+def test_pool_cycles_through_distinct_samples() -> None:
+    from fastpipe.cache import CachePointDataset
+    from fastpipe.stages import find_pipeline
+
+    dataset = PlantedDataset(transform=T.Compose([Fast()]))
+    pipeline, _ = find_pipeline(dataset)
+    cached = CachePointDataset(dataset, pipeline, "raw", pool=3)
+    labels = [cached[i][1] for i in range(9)]
+    assert labels == [0, 1, 2] * 3
+
+
+def test_dataset_without_transform_reports_unavailable_points() -> None:
+    report = run(loader_for(NoTransformDataset()), threshold=0.0)
+    points = [e.cache_point for e in report.experiments]
+    assert "device" in points and "baseline" in points
+    unavailable = {u.cache_point: u.reason for u in report.unavailable}
+    assert "raw" in unavailable and "transform" in unavailable["raw"]
+
+
+def test_worker_error_names_its_stage_and_does_not_hang() -> None:
+    transform = T.Compose([Fast(), Raise("planted failure")])
+    with pytest.raises(PipelineError, match="planted failure") as info:
+        run(loader_for(PlantedDataset(transform=transform)))
+    assert info.value.stage == "Raise"
+
+
+def test_raw_load_error_is_labelled() -> None:
+    class Broken(PlantedDataset):
+        def __getitem__(self, index):
+            raise OSError("disk gone")
+
+    with pytest.raises(PipelineError, match="disk gone") as info:
+        run(loader_for(Broken(transform=T.Compose([Fast()]))))
+    assert info.value.stage == "raw load"
+
+
+def test_step_error() -> None:
+    def step(batch):
+        raise RuntimeError("CUDA out of memory (planted)")
+
+    with pytest.raises(PipelineError, match="planted") as info:
+        diagnose(loader_for(PlantedDataset(), workers=0), step, "cpu", steps=2, warmup=0, progress=False)
+    assert info.value.stage == "step"
+
+
+def test_num_workers_zero_works_with_a_caveat() -> None:
+    report = run(loader_for(PlantedDataset(transform=T.Compose([Slow(5)])), workers=0), steps=4)
+    assert report.experiments and any("num_workers=0" in c for c in report.caveats)
+
+
+def test_ctrl_c_returns_a_partial_report_and_stops_workers() -> None:
+    calls = {"n": 0}
+
+    def step(batch):
+        calls["n"] += 1
+        if calls["n"] == 25:
+            raise KeyboardInterrupt
+
+    loader = loader_for(PlantedDataset(transform=T.Compose([Slow(8)])))
+    report = diagnose(loader, step, "cpu", steps=8, warmup=2, progress=False)
+    assert report.interrupted and 1 <= len(report.experiments) < 9
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_bad_arguments() -> None:
+    loader = loader_for(PlantedDataset(), workers=0)
+    with pytest.raises(ConfigError, match="DataLoader"):
+        diagnose([1, 2, 3], lambda b: None, STEP)
+    with pytest.raises(ConfigError, match="step"):
+        diagnose(loader, None, STEP)
+    with pytest.raises(ConfigError, match="strategy"):
+        diagnose(loader, lambda b: None, STEP, strategy="random")
+
+
+def test_nothing_the_user_owns_changes() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10), torch.nn.BatchNorm1d(10))
+    model.eval()  # a mode the diagnosis must put back
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def step(batch):
+        inputs, labels = batch
+        model.train()
+        loss = criterion(model(inputs), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    dataset = PlantedDataset(transform=T.Compose([Fast(), Slow(2)]))
+    generator = torch.Generator().manual_seed(5)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, shuffle=True, generator=generator)
+    model_before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer_before = pickle.dumps(optimizer.state_dict())
+    dataset_before = pickle.dumps(dataset)
+    generator_before = generator.get_state().clone()
+    rng_before = (torch.get_rng_state().clone(), pickle.dumps(np.random.get_state()))
+
+    report = diagnose(loader, step, "cpu", steps=4, warmup=1, model=model, optimizer=optimizer, progress=False, threshold=0.0)
+
+    assert report.experiments  # it really ran
+    after = model.state_dict()
+    assert all(torch.equal(model_before[k], after[k]) for k in model_before)
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert pickle.dumps(optimizer.state_dict()) == optimizer_before
+    assert pickle.dumps(dataset) == dataset_before and dataset.transform.transforms[1].ms == 2
+    assert torch.equal(generator.get_state(), generator_before)
+    assert torch.equal(torch.get_rng_state(), rng_before[0]) and pickle.dumps(np.random.get_state()) == rng_before[1]
+
+
+def test_loader_settings_are_kept() -> None:
+    from fastpipe.cache import rebuild_loader
+
+    def init(worker_id):
+        pass
+
+    def collate(batch):
+        return batch
+
+    loader = DataLoader(PlantedDataset(), batch_size=5, num_workers=2, shuffle=True, drop_last=True, collate_fn=collate,
+                        worker_init_fn=init, prefetch_factor=3, persistent_workers=True, timeout=7,
+                        multiprocessing_context="fork", generator=torch.Generator())
+    rebuilt = rebuild_loader(loader, PlantedDataset(), timeout=60)
+    for name in ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "prefetch_factor",
+                 "persistent_workers", "generator", "batch_size", "sampler"):
+        assert getattr(rebuilt, name) is getattr(loader, name) or getattr(rebuilt, name) == getattr(loader, name), name
+    assert rebuilt.drop_last and len(rebuilt) == len(loader)
+    custom = DataLoader(PlantedDataset(), batch_sampler=[[0, 1], [2, 3, 4]])
+    assert list(rebuild_loader(custom, PlantedDataset()).batch_sampler) == [[0, 1], [2, 3, 4]]
+    assert rebuilt.multiprocessing_context is loader.multiprocessing_context
+
+
+def test_report_renders(tmp_path) -> None:
+    report = run(loader_for(PlantedDataset(raw_ms=PLANTED_MS, transform=T.Compose([Fast()]))))
+    data = json.loads(report.to_json())
+    assert data["device_bound_steps_per_s"] > 0 and data["verdict"] in ("moderately input-bound", "highly input-bound")
+    assert {"name", "cache_point", "steps_per_s", "fraction_of_bound", "spread", "cpu_util"} <= set(data["experiments"][0])
+    assert {"stage", "kind", "drop_fraction"} <= set(data["bottlenecks"][0])
+    assert isinstance(data["caveats"], list)
+    assert "| baseline |" in report.to_markdown() and "raw load" in report.to_table()
+    assert "Verdict:" in report.to_table() and "Bottlenecks" in report.to_markdown()
+    png = tmp_path / "report.png"
+    report.plot(str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
