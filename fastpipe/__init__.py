@@ -1,4 +1,5 @@
 """fastpipe: find and fix GPU starvation in PyTorch training input pipelines."""
+from fastpipe.compare import Comparison, compare
 from fastpipe.diagnose import diagnose
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
 from fastpipe.errors import (
@@ -16,6 +17,8 @@ from fastpipe.workload import Workload, load_workload
 __version__ = "0.1.0"
 
 __all__ = [
+    "compare",
+    "Comparison",
     "diagnose",
     "Report",
     "Device",

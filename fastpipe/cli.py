@@ -16,9 +16,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _subcommand_modules() -> list[Any]:
-    from fastpipe.commands import diagnose, run
+    from fastpipe.commands import compare, diagnose, run
 
-    return [diagnose, run]
+    return [diagnose, compare, run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -433,3 +433,33 @@ def diagnose(
         finally:
             diagnosis.progress.close()
     return diagnosis.finish(time.perf_counter() - started)
+
+
+def measure_points(
+    workload: Workload,
+    device: "str | Device | None",
+    points: list[str],
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    pool: int = 1,
+    progress: bool = False,
+    worker_timeout: float = 300.0,
+) -> dict[str, ExperimentResult]:
+    """Measure only the named cache points of a workload (e.g. ``["device", "baseline"]``), user state preserved.
+
+    ``fraction_of_bound`` is left unset (NaN): the caller decides which bound it is measured against.
+    """
+    device = parse_device(device)
+    diagnosis = _Diagnosis(workload, device, steps, warmup, pool, 0.0, "linear", progress, worker_timeout)
+    unknown = [p for p in points if p not in diagnosis.points]
+    if unknown:
+        raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {diagnosis.points}")
+    diagnosis.progress.extend(len(points) * (diagnosis.warmup + diagnosis.steps))
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader):
+        try:
+            for point in points:
+                diagnosis.measure(point)
+        finally:
+            diagnosis.progress.close()
+    return dict(diagnosis.results)

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastpipe.errors import ConfigError
 
+TOY_OPTION_NAMES = ("num_workers", "batch_size", "raw_size", "img_size", "model")
 
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """SPEC, --device and the toy workload's size options, shared by every subcommand that runs one."""
-    parser.add_argument("spec", metavar="SPEC", help="toy:naive, toy:optimized, or package.module:function")
-    parser.add_argument("--device", default=None, help="cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else sim:290)")
+
+def add_toy_options(parser: argparse.ArgumentParser) -> None:
+    """The toy workload's size options (the article's values by default)."""
     toy = parser.add_argument_group("toy workload options (SPEC toy:*)")
     toy.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default: the article's 4, capped at usable cores)")
     toy.add_argument("--batch-size", type=int, default=None, help="batch size (default 256)")
@@ -19,13 +19,25 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     toy.add_argument("--model", default=None, help="torchvision model name for cpu/cuda (default resnet50)")
 
 
-def toy_options(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("num_workers", "batch_size", "raw_size", "img_size", "model")
-    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    if options and not args.spec.startswith("toy"):
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """SPEC, --device and the toy workload's size options, shared by every subcommand that runs one."""
+    parser.add_argument("spec", metavar="SPEC", help="toy:naive, toy:optimized, or package.module:function")
+    parser.add_argument("--device", default=None, help="cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else sim:290)")
+    add_toy_options(parser)
+
+
+def toy_option_values(args: argparse.Namespace, is_toy: bool) -> dict[str, Any]:
+    """The toy options given on the command line, checked; an error if given for a non-toy SPEC."""
+    options = {name: getattr(args, name) for name in TOY_OPTION_NAMES if getattr(args, name) is not None}
+    if options and not is_toy:
         flags = ", ".join("--" + name.replace("_", "-") for name in options)
         raise ConfigError(f"{flags} only apply to toy:* workloads; size your own workload in its factory")
     for name, value in options.items():
         if name != "model" and (value < 0 or (value == 0 and name != "num_workers")):
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
     return options
+
+
+def toy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``toy_option_values`` for subcommands that take a single SPEC."""
+    return toy_option_values(args, args.spec.startswith("toy"))

@@ -1,0 +1,41 @@
+"""``fastpipe compare toy`` or ``fastpipe compare mod:before mod:after``: what each change bought."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastpipe.commands.common import add_toy_options, toy_option_values
+from fastpipe.errors import ConfigError
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("compare", help="measure a ladder of variants against the device bound")
+    parser.add_argument("specs", metavar="SPEC", nargs="+", help="'toy' for the toy ladder, or two or more SPECs (module:function)")
+    parser.add_argument("--device", default=None, help="cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else sim:290)")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per variant (default 3)")
+    parser.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the comparison as Markdown here")
+    parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_toy_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastpipe.commands.diagnose import write_outputs
+    from fastpipe.compare import compare
+
+    if args.steps < 1 or args.warmup < 0:
+        raise ConfigError("--steps must be at least 1 and --warmup at least 0")
+    if args.specs != ["toy"] and len(args.specs) < 2:
+        raise ConfigError("compare needs 'toy' or at least two SPECs, e.g. fastpipe compare mypkg.before:make mypkg.after:make")
+    is_toy = all(spec == "toy" or spec.startswith("toy:") for spec in args.specs)
+    comparison = compare(
+        args.specs, args.device, steps=args.steps, warmup=args.warmup,
+        progress=not args.no_progress and sys.stderr.isatty(), toy_options=toy_option_values(args, is_toy),
+    )
+    write_outputs(comparison, args)
+    return 0
