@@ -1,0 +1,27 @@
+"""Fast drop-in parts for input pipelines: transforms for the workers, and for the device.
+
+* :class:`RandomMask` (and its functional parts :func:`draw_mask`, :func:`apply_mask`,
+  :func:`random_mask`): the article's mask with numba, C++ and NumPy backends.
+* :func:`uniform_noise`: uniform uint8 noise fast enough to stand in for a decoder.
+* :class:`ToCHWTensor`: an HWC NumPy array to a CHW uint8 tensor, without PIL.
+* :mod:`fastpipe.transforms.device`: :class:`ConvertColorScale`, colour conversion and
+  scaling fused into one op on a uint8 batch already on the device.
+* :mod:`fastpipe.transforms.jpeg`: JPEG decoding at reduced DCT scale when the crop allows.
+"""
+from fastpipe.transforms.convert import ToCHWTensor
+from fastpipe.transforms.device import ConvertColorScale
+from fastpipe.transforms.mask import BACKENDS, RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
+from fastpipe.transforms.noise import uniform_noise
+
+__all__ = [
+    "BACKENDS",
+    "RandomMask",
+    "apply_mask",
+    "draw_mask",
+    "random_mask",
+    "backend_available",
+    "resolve_backend",
+    "uniform_noise",
+    "ToCHWTensor",
+    "ConvertColorScale",
+]

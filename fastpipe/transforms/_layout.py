@@ -1,0 +1,67 @@
+"""Turning the images RandomMask accepts into the (C, H, W) views its kernels take.
+
+Torch tensors are channels-first, ``(C, H, W)`` or ``(H, W)``, as after ``PILToTensor``;
+NumPy arrays are channels-last, ``(H, W, C)`` or ``(H, W)``, as from PIL, OpenCV or
+``torchvision.io``'s HWC decoders. Either way the kernels get a view of the same memory, so
+masking in place writes through to the caller's image.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastpipe.errors import ConfigError
+
+
+def check_image(img: Any, inplace: bool) -> None:
+    """Raise a ConfigError that says what to pass instead, for anything the kernels cannot take."""
+    if isinstance(img, torch.Tensor):
+        if img.dim() not in (2, 3):
+            raise ConfigError(f"RandomMask takes one image, a (C, H, W) or (H, W) tensor; got shape {tuple(img.shape)} (mask batches per sample)")
+        if img.device.type != "cpu":
+            raise ConfigError(f"RandomMask runs on CPU tensors in the DataLoader workers; got a tensor on {img.device}")
+        if inplace and img.requires_grad:
+            raise ConfigError("RandomMask cannot mask a tensor that requires grad in place; pass inplace=False")
+    elif isinstance(img, np.ndarray):
+        if img.ndim not in (2, 3):
+            raise ConfigError(f"RandomMask takes one image, an (H, W, C) or (H, W) array; got shape {img.shape}")
+        if inplace and not img.flags.writeable:
+            raise ConfigError("RandomMask got a read-only array (np.asarray of a PIL image is one); pass inplace=False or np.array(img)")
+    else:
+        raise ConfigError(f"RandomMask takes a torch.Tensor (C, H, W) or a numpy array (H, W, C), not {type(img).__name__}; for PIL images apply PILToTensor first")
+
+
+def copy_image(img: Any) -> Any:
+    """A private copy for out-of-place masking, in the caller's layout."""
+    return img.clone() if isinstance(img, torch.Tensor) else np.array(img, copy=True)
+
+
+def planar_numpy(img: Any) -> np.ndarray:
+    """A (C, H, W) NumPy view of ``img``'s memory."""
+    if isinstance(img, torch.Tensor):
+        array = img.detach().numpy()
+        return array if array.ndim == 3 else array[None]
+    return img.transpose(2, 0, 1) if img.ndim == 3 else img[None]
+
+
+def planar_tensor(img: Any) -> torch.Tensor:
+    """A (C, H, W) tensor view of ``img``'s memory."""
+    tensor = img if isinstance(img, torch.Tensor) else torch.from_numpy(img)
+    if isinstance(img, np.ndarray) and img.ndim == 3:
+        tensor = tensor.permute(2, 0, 1)
+    return tensor if tensor.dim() == 3 else tensor.unsqueeze(0)
+
+
+def interleaved_rows(planar: np.ndarray) -> np.ndarray | None:
+    """An (H, W*C) view when channels are interleaved and each row is one contiguous run, else None.
+
+    Such rows (a contiguous HWC array) get a loop that vectorises; other layouts use the
+    planar kernel, which takes any strides.
+    """
+    channels, height, width = planar.shape
+    item = planar.itemsize
+    if channels < 2 or planar.strides[0] != item or planar.strides[2] != channels * item:
+        return None
+    return np.lib.stride_tricks.as_strided(planar, shape=(height, width * channels), strides=(planar.strides[1], item))
