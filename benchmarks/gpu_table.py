@@ -117,6 +117,18 @@ def baseline(diagnosis: dict[str, Any]) -> dict[str, Any] | None:
     return experiments[0] if experiments else None
 
 
+def _missing_reason(util: dict[str, Any] | None) -> str:
+    """Why a workload has no diagnosis JSON, from what the sampler recorded about its command."""
+    if util is None:
+        return "not run"
+    returncode = util.get("returncode")
+    if returncode in TIMEOUT_RC:
+        return f"timed out after {util.get('wall_s', 0):.0f} s"
+    if returncode == 0:
+        return "exit 0 but no JSON written"
+    return f"failed (exit {returncode}), no JSON"
+
+
 def summarize(name: str, diagnosis: dict[str, Any] | None, util: dict[str, Any] | None) -> dict[str, Any]:
     """One table row: the baseline's steps/s and share of the device bound, and GPU utilisation."""
     samples = (util or {}).get("samples") or []
@@ -133,7 +145,7 @@ def summarize(name: str, diagnosis: dict[str, Any] | None, util: dict[str, Any] 
         "verdict": None,
     }
     if diagnosis is None:
-        row["status"] = f"timed out after {util.get('wall_s', 0):.0f} s" if util and returncode in TIMEOUT_RC else f"failed (exit {returncode}), no JSON"
+        row["status"] = _missing_reason(util)
         return row
     if returncode not in (None, 0):
         row["status"] = f"exit {returncode}"

@@ -64,11 +64,12 @@ def test_missing_results_say_why(gpu_table: ModuleType, tmp_path: Path, capsys: 
     failed = write(tmp_path / "u2.json", {"returncode": 2, "wall_s": 3.0, "source": "n/a", "samples": []})
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    argv = ["table", "--device", "sim:290", "--run", f"a={tmp_path / 'none.json'},{timed_out}", "--run", f"b={broken},{failed}"]
+    argv = ["table", "--device", "sim:290", "--run", f"a={tmp_path / 'none.json'},{timed_out}", "--run", f"b={broken},{failed}", "--run", "c=/nowhere"]
     assert gpu_table.main(argv) == 0
     out = capsys.readouterr().out
     assert "timed out after 110 s" in out
     assert "failed (exit 2), no JSON" in out
+    assert "not run" in out
     assert "sim:290 is not a GPU: this is a dry run, and the GPU table still awaits a GPU." in out
 
 
