@@ -9,6 +9,7 @@
 #   FASTPIPE_GPU_CHECK_DEVICE    device for the diagnoses (default cuda); sim:290 dry-runs without a GPU
 #   FASTPIPE_GPU_CHECK_STEPS     measured steps per experiment (default 6)
 #   FASTPIPE_GPU_CHECK_WARMUP    warm-up steps per experiment (default 2)
+#   FASTPIPE_GPU_CHECK_STRATEGY  diagnose --strategy: bisect (default, fewest experiments) or linear
 #   FASTPIPE_GPU_CHECK_BUDGET_S  wall-clock budget for everything (default 330: done in under 6 minutes)
 #   PYTHON                       interpreter (default python3)
 #
@@ -25,6 +26,7 @@ PY="${PYTHON:-python3}"
 DEVICE="${FASTPIPE_GPU_CHECK_DEVICE:-cuda}"
 STEPS="${FASTPIPE_GPU_CHECK_STEPS:-6}"
 WARMUP="${FASTPIPE_GPU_CHECK_WARMUP:-2}"
+STRATEGY="${FASTPIPE_GPU_CHECK_STRATEGY:-bisect}"
 BUDGET="${FASTPIPE_GPU_CHECK_BUDGET_S:-330}"
 RESULTS="${OUT:-$(mktemp -d -t fastpipe-gpu-check.XXXXXX)}"
 mkdir -p "$RESULTS"
@@ -75,7 +77,7 @@ timeout -k 10 "$(seconds_for 110 230)" "$PY" -m pytest -m gpu -q -p no:cacheprov
 RUNS=()
 for variant in naive optimized; do
   if [[ $variant == naive ]]; then limit=$(seconds_for 120 110); else limit=$(seconds_for 100 10); fi
-  phase "fastpipe diagnose toy:$variant --device $DEVICE --steps $STEPS --warmup $WARMUP (at most ${limit}s)"
+  phase "fastpipe diagnose toy:$variant --device $DEVICE --steps $STEPS --warmup $WARMUP --strategy $STRATEGY (at most ${limit}s)"
   json="$RESULTS/diagnose_$variant.json"
   util="$RESULTS/gpu_util_$variant.json"
   RUNS+=(--run "toy:$variant=$json,$util")
@@ -86,7 +88,7 @@ for variant in naive optimized; do
   rc=0
   "$PY" benchmarks/gpu_table.py sample --out "$util" "${SAMPLE_ARGS[@]}" -- \
     timeout -k 10 "$limit" "$PY" -m fastpipe diagnose "toy:$variant" --device "$DEVICE" \
-    --steps "$STEPS" --warmup "$WARMUP" --json "$json" 2>&1 | tee "$RESULTS/diagnose_$variant.log" || rc=$?
+    --steps "$STEPS" --warmup "$WARMUP" --strategy "$STRATEGY" --no-progress --json "$json" 2>&1 | tee "$RESULTS/diagnose_$variant.log" || rc=$?
   (( rc == 0 )) || FAILED+=("toy:$variant diagnosis (exit $rc)")
 done
 

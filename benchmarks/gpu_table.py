@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -117,6 +118,11 @@ def baseline(diagnosis: dict[str, Any]) -> dict[str, Any] | None:
     return experiments[0] if experiments else None
 
 
+def _number(value: Any) -> float | None:
+    """A finite number from the JSON, or None (the report writes NaN for what it could not measure)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
 def _missing_reason(util: dict[str, Any] | None) -> str:
     """Why a workload has no diagnosis JSON, from what the sampler recorded about its command."""
     if util is None:
@@ -149,13 +155,13 @@ def summarize(name: str, diagnosis: dict[str, Any] | None, util: dict[str, Any] 
         return row
     if returncode not in (None, 0):
         row["status"] = f"exit {returncode}"
-    bound = diagnosis.get("device_bound_steps_per_s")
+    bound = _number(diagnosis.get("device_bound_steps_per_s"))
     experiment = baseline(diagnosis)
     row["device_bound_steps_per_s"] = bound
     row["verdict"] = diagnosis.get("verdict")
     if experiment is not None:
-        row["steps_per_s"] = experiment.get("steps_per_s")
-        fraction = experiment.get("fraction_of_bound")
+        row["steps_per_s"] = _number(experiment.get("steps_per_s"))
+        fraction = _number(experiment.get("fraction_of_bound"))
         if fraction is None and bound and row["steps_per_s"] is not None:
             fraction = row["steps_per_s"] / bound
         row["pct_of_bound"] = None if fraction is None else 100.0 * fraction

@@ -42,7 +42,7 @@ def test_table_reads_the_baseline_and_utilisation(gpu_table: ModuleType, tmp_pat
         diagnosis(3.45, [experiment("after:RandomMask", "after:RandomMask", 2.9, 0.84), experiment("baseline", None, 0.69, 0.2)], "CPU-bound in RandomMask"),
     )
     naive_util = write(tmp_path / "u1.json", {"returncode": 0, "wall_s": 80.0, "source": "nvidia-smi", "samples": [10.0, 30.0, 20.0]})
-    optimized = write(tmp_path / "opt.json", diagnosis(3.45, [experiment("baseline", None, 3.3, None)], "device-bound"))
+    optimized = write(tmp_path / "opt.json", diagnosis(3.45, [experiment("baseline", None, 3.3, float("nan"))], "device-bound"))
     summary = tmp_path / "summary.json"
     argv = ["table", "--device", "cuda", "--run", f"toy:naive={naive},{naive_util}", "--run", f"toy:optimized={optimized}", "--json", str(summary)]
     assert gpu_table.main(argv) == 0
@@ -50,7 +50,7 @@ def test_table_reads_the_baseline_and_utilisation(gpu_table: ModuleType, tmp_pat
     naive_line = next(line for line in lines if line.startswith("toy:naive "))
     assert naive_line.split()[1:] == ["0.69", "3.45", "20", "20", "%", "30", "%", "ok"]
     optimized_line = next(line for line in lines if line.startswith("toy:optimized "))
-    assert optimized_line.split()[1:4] == ["3.30", "3.45", "96"]  # % computed when the JSON has no fraction
+    assert optimized_line.split()[1:4] == ["3.30", "3.45", "96"]  # % computed when the report could not give it (NaN)
     assert optimized_line.split()[4:6] == ["n/a", "n/a"]
     assert "toy:naive: CPU-bound in RandomMask" in lines
     assert not any("dry run" in line for line in lines)
