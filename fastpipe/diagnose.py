@@ -330,6 +330,22 @@ class _Diagnosis:
             caveats.append("batches differ in shape (variable-size inputs): one cached batch may not represent real throughput")
         if self.workers == 0:
             caveats.append("num_workers=0: data loads in the training process, which is not the multi-worker case this method is built for")
+        caveats += self._noise_caveats(report)
+        return caveats
+
+    def _noise_caveats(self, report: Report) -> list[str]:
+        """Signs that the measurements, not the pipeline, are off: other load on the machine, or inverted points."""
+        caveats = []
+        busy = [(r.name, r.system_cpu_util - r.cpu_util) for r in report.experiments if r.system_cpu_util - r.cpu_util > 0.25]
+        if busy:
+            name, other = max(busy, key=lambda item: item[1])
+            caveats.append(f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): "
+                           "results may be perturbed; rerun on a quieter machine or with more --steps")
+        measured = report.experiments
+        for upper, lower in zip(measured, measured[1:]):
+            if lower.steps_per_s - upper.steps_per_s > max(self._noise(upper, lower), self.threshold * (report.device_bound_steps_per_s or 0)):
+                caveats.append(f"'{lower.name}' ran faster than '{upper.name}', which caches more: that is noise or "
+                               "interference, not the pipeline; rerun with more --steps")
         return caveats
 
 
