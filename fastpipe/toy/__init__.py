@@ -1,11 +1,19 @@
 """The article's toy image-classification workload: dataset, naive transforms, training, variants."""
-from fastpipe.toy.dataset import FakeDataset
+from fastpipe.toy.dataset import FakeDataset, FastFakeDataset
 from fastpipe.toy.naive import ConvertColor, RandomMask, Scale, naive_transform
 from fastpipe.toy.training import build_model, build_training, make_train_step
 from fastpipe.toy.workloads import VARIANTS, make_naive, make_workload, register_variant
+from fastpipe.toy.optimized import (  # noqa: E402  (importing registers the optimized variants)
+    VARIANT_OPTIMIZATIONS,
+    Optimizations,
+    make_optimized,
+    make_toy_variant,
+    optimized_transform,
+)
 
 __all__ = [
     "FakeDataset",
+    "FastFakeDataset",
     "RandomMask",
     "ConvertColor",
     "Scale",
@@ -17,4 +25,9 @@ __all__ = [
     "make_naive",
     "make_workload",
     "register_variant",
+    "Optimizations",
+    "VARIANT_OPTIMIZATIONS",
+    "optimized_transform",
+    "make_toy_variant",
+    "make_optimized",
 ]

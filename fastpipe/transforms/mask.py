@@ -152,6 +152,20 @@ class RandomMask(torch.nn.Module):
         self.backend = resolve_backend(backend)
         self.inplace = inplace
 
+    def warm_up(self) -> "RandomMask":
+        """Compile the Numba kernels (or load them from Numba's disk cache) now, in this process.
+
+        Call it before a DataLoader starts its workers: forked workers inherit the compiled
+        kernels instead of each compiling the same ones at once. Numba compiles one version
+        per memory layout, so contiguous, strided and channels-last images are all warmed.
+        """
+        if self.backend == "numba" and not JIT_DISABLED:
+            planar = torch.zeros((3, 4, 6), dtype=torch.uint8)
+            interleaved = np.zeros((4, 6, 3), dtype=np.uint8)
+            for img in (planar, planar[:, 1:3, 1:4], interleaved, interleaved[1:3, 1:4]):
+                random_mask(img, self.ratio, seed=0, backend="numba")
+        return self
+
     def forward(self, img: Image) -> Image:
         return random_mask(img, self.ratio, seed=None, backend=self.backend, inplace=self.inplace)
 
