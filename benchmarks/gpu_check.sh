@@ -10,6 +10,8 @@
 #   FASTPIPE_GPU_CHECK_STEPS     measured steps per experiment (default 6)
 #   FASTPIPE_GPU_CHECK_WARMUP    warm-up steps per experiment (default 2)
 #   FASTPIPE_GPU_CHECK_STRATEGY  diagnose --strategy: bisect (default, fewest experiments) or linear
+#   FASTPIPE_GPU_CHECK_EXTRA     more diagnose options, e.g. "--batch-size 8 --raw-size 128 --img-size 64"
+#                                for a quick dry run on a small machine (default: none, the article's sizes)
 #   FASTPIPE_GPU_CHECK_BUDGET_S  wall-clock budget for everything (default 330: done in under 6 minutes)
 #   PYTHON                       interpreter (default python3)
 #
@@ -27,6 +29,7 @@ DEVICE="${FASTPIPE_GPU_CHECK_DEVICE:-cuda}"
 STEPS="${FASTPIPE_GPU_CHECK_STEPS:-6}"
 WARMUP="${FASTPIPE_GPU_CHECK_WARMUP:-2}"
 STRATEGY="${FASTPIPE_GPU_CHECK_STRATEGY:-bisect}"
+read -r -a EXTRA <<<"${FASTPIPE_GPU_CHECK_EXTRA:-}"
 BUDGET="${FASTPIPE_GPU_CHECK_BUDGET_S:-330}"
 RESULTS="${OUT:-$(mktemp -d -t fastpipe-gpu-check.XXXXXX)}"
 mkdir -p "$RESULTS"
@@ -88,7 +91,7 @@ for variant in naive optimized; do
   rc=0
   "$PY" benchmarks/gpu_table.py sample --out "$util" "${SAMPLE_ARGS[@]}" -- \
     timeout -k 10 "$limit" "$PY" -m fastpipe diagnose "toy:$variant" --device "$DEVICE" \
-    --steps "$STEPS" --warmup "$WARMUP" --strategy "$STRATEGY" --no-progress --json "$json" 2>&1 | tee "$RESULTS/diagnose_$variant.log" || rc=$?
+    --steps "$STEPS" --warmup "$WARMUP" --strategy "$STRATEGY" --no-progress --json "$json" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee "$RESULTS/diagnose_$variant.log" || rc=$?
   (( rc == 0 )) || FAILED+=("toy:$variant diagnosis (exit $rc)")
 done
 
