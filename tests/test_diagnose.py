@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 
 import numpy as np
 import psutil
@@ -139,12 +140,13 @@ def test_num_workers_zero_works_with_a_caveat() -> None:
 def test_ctrl_c_returns_a_partial_report_and_stops_workers() -> None:
     calls = {"n": 0}
 
-    def step(batch):
+    def step(batch):  # a real step on the cpu device, interrupted mid-diagnosis
+        time.sleep(0.04)
         calls["n"] += 1
         if calls["n"] == 25:
             raise KeyboardInterrupt
 
-    loader = loader_for(PlantedDataset(transform=T.Compose([Slow(8)])))
+    loader = loader_for(PlantedDataset(transform=T.Compose([Slow(PLANTED_MS)])))
     report = diagnose(loader, step, "cpu", steps=8, warmup=2, progress=False)
     assert report.interrupted and 1 <= len(report.experiments) < 9
     assert psutil.Process().children(recursive=True) == []
