@@ -11,12 +11,15 @@ from fastpipe.errors import (
     PipelineError,
 )
 from fastpipe.measure import Measurement, measure_workload
+from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.report import Report
 from fastpipe.workload import Workload, load_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DevicePrefetcher",
+    "make_prefetcher",
     "compare",
     "Comparison",
     "diagnose",

@@ -109,7 +109,7 @@ class CudaDevice(Device):
         return torch.device("cuda", self.index)
 
     def pin(self, batch: Any) -> Any:
-        return map_tensors(lambda t: t if t.is_pinned() else t.pin_memory(), batch)
+        return map_tensors(lambda t: t if t.device.type != "cpu" or t.is_pinned() else t.pin_memory(), batch)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.index)

@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-import psutil
-
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device
 from fastpipe.pinning import pinned_iter, shutdown_iterator
@@ -61,29 +59,34 @@ class CpuMonitor:
     """
 
     def __init__(self, interval_s: float = 0.1, cores: int | None = None) -> None:
+        try:  # imported here so fastpipe still measures throughput where psutil is missing
+            import psutil
+        except ImportError:
+            psutil = None
+        self._psutil = psutil
         self.interval_s = interval_s
         self.cores = cores or usable_cores()
-        self._root = psutil.Process()
+        self._root = psutil.Process() if psutil is not None else None
         self._baseline: dict[int, float] = {}
         self._latest: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wall_start = 0.0
         self._wall = 0.0
-        self.cpu_util = 0.0
-        self.system_cpu_util = 0.0
+        self.cpu_util = math.nan if psutil is None else 0.0
+        self.system_cpu_util = math.nan if psutil is None else 0.0
 
     def _sample(self) -> dict[int, float]:
         seen: dict[int, float] = {}
         try:
             processes = [self._root, *self._root.children(recursive=True)]
-        except psutil.Error:
+        except self._psutil.Error:
             processes = [self._root]
         for proc in processes:
             try:
                 times = proc.cpu_times()
                 seen[proc.pid] = times.user + times.system
-            except psutil.Error:
+            except self._psutil.Error:
                 continue  # exited between listing and reading
         return seen
 
@@ -92,15 +95,19 @@ class CpuMonitor:
             self._latest.update(self._sample())
 
     def __enter__(self) -> "CpuMonitor":
+        if self._psutil is None:
+            return self
         self._baseline = self._sample()
         self._latest = dict(self._baseline)
-        psutil.cpu_percent(interval=None)  # starts the system-wide window
+        self._psutil.cpu_percent(interval=None)  # starts the system-wide window
         self._wall_start = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="fastpipe-cpu-monitor", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._psutil is None:
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -108,7 +115,7 @@ class CpuMonitor:
         self._wall = time.perf_counter() - self._wall_start
         used = sum(cpu - self._baseline.get(pid, 0.0) for pid, cpu in self._latest.items())
         self.cpu_util = max(0.0, used / (self._wall * self.cores)) if self._wall > 0 else 0.0
-        self.system_cpu_util = psutil.cpu_percent(interval=None) / 100.0
+        self.system_cpu_util = self._psutil.cpu_percent(interval=None) / 100.0
 
 
 class LoaderCycle:
