@@ -38,7 +38,7 @@ class VariantResult:
     gap_closed: float | None
     """Share of the previous rung's remaining gap to the bound that this rung closed (None for the first)."""
     improved: bool | None
-    """Whether the gain over the previous rung exceeds two standard errors (None for the first)."""
+    """Whether the gain over the previous rung exceeds two standard errors and the minimum gain (None for the first)."""
     noise: float
     spread: float
     cpu_util: float
@@ -140,8 +140,14 @@ def compare(
     warmup: int = 3,
     progress: bool = False,
     toy_options: dict[str, Any] | None = None,
+    min_gain: float = 0.02,
 ) -> Comparison:
-    """Measure each variant's baseline, and the first variant's device bound, in one run."""
+    """Measure each variant's baseline, and the first variant's device bound, in one run.
+
+    A rung counts as closing part of the gap when its gain over the previous rung exceeds both
+    two standard errors and ``min_gain`` of the device bound: the standard error only sees
+    the noise within a run, not the drift between runs on a shared machine.
+    """
     device = parse_device(device)
     variants = resolve_variants(specs)
     results = []
@@ -166,7 +172,7 @@ def compare(
             gap_closed = (fraction - previous_fraction) / gap if gap > 0 else 0.0
             noise = 2 * math.hypot(result.steps_per_s * result.noise, previous.steps_per_s * previous.noise)
             gain = result.steps_per_s - previous.steps_per_s
-            improved = gain > noise
+            improved = gain > max(noise, min_gain * bound)
             if not improved:
                 comparison.flags.append(
                     f"'{name}' did not close the gap beyond noise: {gain:+.3f} steps/s against noise of ±{noise:.3f}"

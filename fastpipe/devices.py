@@ -178,14 +178,20 @@ class SimDevice(Device):
 
     def _copy_tensor(self, tensor: torch.Tensor, non_blocking: bool) -> torch.Tensor:
         duration = self.copy_seconds(tensor.numel() * tensor.element_size())
+        # Each copy is its own tensor object (sharing the host storage, no memcpy), so that two
+        # copies of one host tensor in flight at once keep their own arrival times.
+        copied = tensor.view_as(tensor)
+        pinned = self.is_pinned(tensor)
+        if pinned:
+            self._pinned[copied] = True  # it shares the pinned storage
         with self._lock:
             start = max(time.perf_counter(), self._copy_engine_free_at)
             done = start + duration
             self._copy_engine_free_at = done
-            self._ready_at[tensor] = done
-        if not (non_blocking and self.is_pinned(tensor)):
+            self._ready_at[copied] = done
+        if not (non_blocking and pinned):
             _sleep_until(done)  # pageable memory: the host stages the copy and waits for it
-        return tensor
+        return copied
 
     def to_device(self, batch: Any, non_blocking: bool = False) -> Any:
         return map_tensors(lambda t: self._copy_tensor(t, non_blocking), batch)

@@ -209,7 +209,8 @@ class _Diagnosis:
         next_batch, close = None, None
         try:
             next_batch, close = self._batch_source(point)
-            measurement = measure_steps(next_batch, self._run_step, warmup=self.warmup, steps=self.steps, device=self.device, on_step=self.progress.advance)
+            measurement = measure_steps(next_batch, self._run_step, warmup=self.warmup, steps=self.steps, device=self.device,
+                                        on_step=self.progress.advance, round_size=max(1, self.workers))
         except (PipelineError, KeyboardInterrupt):
             raise
         except Exception as exc:

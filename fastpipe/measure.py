@@ -45,9 +45,17 @@ class Measurement:
             return 0.0
         return statistics.stdev(self.step_times) / self.mean_step_s
 
+    round_size: int = 1
+    """Steps per round of workers. Batches from N workers arrive in bursts (a long wait, then N-1
+    short ones), so single step times swing widely while whole rounds stay steady."""
+
     @property
     def rel_stderr(self) -> float:
-        """Relative standard error of the mean step time: the noise on ``steps_per_s``."""
+        """Relative standard error of the mean step time, from whole rounds when there are several."""
+        size = max(1, self.round_size)
+        rounds = [sum(self.step_times[i:i + size]) for i in range(0, len(self.step_times) - size + 1, size)]
+        if len(rounds) >= 3:
+            return statistics.stdev(rounds) / statistics.fmean(rounds) / math.sqrt(len(rounds))
         return self.spread / math.sqrt(max(1, len(self.step_times)))
 
 
@@ -161,12 +169,14 @@ def measure_steps(
     steps: int,
     device: Device,
     on_step: Callable[[int], None] | None = None,
+    round_size: int = 1,
 ) -> Measurement:
     """Time ``steps`` iterations of fetch-then-step after ``warmup`` untimed ones.
 
     ``next_batch`` returns a batch ready for the step (fetched, copied, transformed);
     ``run_step`` runs the step on it. ``on_step(i)`` is called after every iteration,
-    warm-up included, for progress bars.
+    warm-up included, for progress bars. ``round_size`` is the number of loader workers (see
+    :attr:`Measurement.round_size`).
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
@@ -187,7 +197,7 @@ def measure_steps(
             last = now
             if on_step is not None:
                 on_step(warmup + i)
-    return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util)
+    return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util, round_size=round_size)
 
 
 def device_batches(workload: Workload, device: Device) -> LoaderCycle:
@@ -240,7 +250,8 @@ def measure_workload(
     batches = device_batches(workload, device)
     try:
         return measure_steps(
-            lambda: next(batches), lambda batch: device.run_step(workload.step, batch), warmup=warmup, steps=steps, device=device, on_step=on_step
+            lambda: next(batches), lambda batch: device.run_step(workload.step, batch), warmup=warmup, steps=steps, device=device,
+            on_step=on_step, round_size=max(1, workload.loader.num_workers),
         )
     finally:
         batches.close()

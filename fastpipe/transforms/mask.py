@@ -31,7 +31,7 @@ Image = TypeVar("Image", torch.Tensor, np.ndarray)
 
 BACKENDS = ("numpy", "numba", "cpp")
 #: Preference of ``backend="auto"``, fastest first (benchmarks/bench_transforms.py measures it).
-AUTO_ORDER = ("numba", "cpp", "numpy")
+AUTO_ORDER = ("cpp", "numba", "numpy")
 ARTICLE_MASK_RATIO = 0.25
 
 
@@ -79,6 +79,10 @@ def _numba() -> Any:
     return _numba_kernels
 
 
+def _is_integer(array: np.ndarray) -> bool:
+    return bool(np.issubdtype(array.dtype, np.integer))
+
+
 def _numba_call(kernel: Any, *args: Any) -> None:
     if JIT_DISABLED:  # plain Python on NumPy uint64 scalars warns on the wrap-around the algorithm relies on
         with np.errstate(over="ignore"):
@@ -105,7 +109,7 @@ def apply_mask(img: Image, mask: np.ndarray | torch.Tensor, backend: str = "auto
         if rows is None:
             _numba_call(_numba().apply_mask_planar, planar, mask)
         else:
-            _numba_call(_numba().apply_mask_interleaved, rows, planar.shape[0], mask)
+            _numba_call(_numba().apply_mask_interleaved, rows, planar.shape[0], _is_integer(rows), mask)
     else:
         _numpy_kernels.apply_mask_planar(_layout.planar_numpy(out), mask)
     return out
@@ -126,7 +130,7 @@ def random_mask(img: Image, ratio: float = ARTICLE_MASK_RATIO, seed: int | None 
         if rows is None:
             _numba_call(_numba().random_mask_planar, planar, seed, bits, threshold)
         else:
-            _numba_call(_numba().random_mask_interleaved, rows, planar.shape[0], seed, bits, threshold)
+            _numba_call(_numba().random_mask_interleaved, rows, planar.shape[0], _is_integer(rows), seed, bits, threshold)
     else:
         height, width = _layout.planar_numpy(out).shape[1:]
         _numpy_kernels.apply_mask_planar(_layout.planar_numpy(out), _prng.draw_bits_numpy(height, width, ratio, seed))

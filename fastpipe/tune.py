@@ -1,0 +1,491 @@
+"""Tune ``num_workers`` and ``prefetch_factor``: the cheapest setting that keeps the device fed.
+
+The sweep measures the user's own loop (the diagnosis's ``baseline``: nothing cached) with the
+loader rebuilt at each setting, against the device bound (one batch cached on the device):
+
+1. ``num_workers`` from 1 up to the usable cores and a little beyond, at the loader's own
+   ``prefetch_factor``. It stops as soon as a count reaches the bound within noise, or fails
+   to improve on the best so far beyond noise: more workers would only cost memory and CPU.
+2. ``prefetch_factor`` at the chosen count, unless the bound is already reached (a deeper
+   queue cannot beat the bound; a shallower one is still tried, since it is cheaper).
+
+The recommendation is the cheapest setting (fewest workers, then smallest prefetch) that
+reaches the bound within noise or, when none does, the cheapest within noise of the best. Memory is watched on every setting: the RSS of the process tree and the
+use of ``/dev/shm``, where DataLoader workers put every batch they hand over. A setting whose
+estimated shared memory exceeds what is free is not run; it gets a warning instead of the
+"Bus error" that kills workers when ``/dev/shm`` fills (common in containers with a 64 MB one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import shutil
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import psutil
+from torch.utils.data import DataLoader
+
+from fastpipe._system import usable_cores
+from fastpipe._tree import tree_nbytes
+from fastpipe.devices import Device, parse_device
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.snapshot import preserve_user_state
+from fastpipe.stagecost import coerce_workload, loader_with, round_noise
+from fastpipe.workload import Workload
+
+SCHEMA = "fastpipe.tune/1"
+SHM_PATH = "/dev/shm"
+#: Batches in shared memory besides the ``workers x prefetch_factor`` in flight: one being pinned or consumed, one queued.
+SHM_EXTRA_BATCHES = 2
+_SHM_FAILURE_SIGNS = ("bus error", "sigbus", "shared memory", "no space left on device", "/dev/shm")
+
+
+def shm_estimate(batch_bytes: int, num_workers: int, prefetch_factor: int) -> int:
+    """Shared memory a loader setting may hold at once: every batch in flight lives in ``/dev/shm``.
+
+    Each worker keeps up to ``prefetch_factor`` batches outstanding, and the main process holds
+    a couple more while pinning and consuming them. ``num_workers=0`` uses none.
+    """
+    if num_workers == 0:
+        return 0
+    return batch_bytes * (num_workers * prefetch_factor + SHM_EXTRA_BATCHES)
+
+
+def shm_free(path: str = SHM_PATH) -> int | None:
+    """Free bytes in ``/dev/shm``, or None where there is none (macOS, Windows)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _shm_used(path: str = SHM_PATH) -> int | None:
+    try:
+        return shutil.disk_usage(path).used
+    except OSError:
+        return None
+
+
+class _MemoryWatch:
+    """Peak RSS of this process and its children, and peak ``/dev/shm`` use above its level at the start.
+
+    RSS counts shared pages once per process that maps them (torch's libraries, batches in
+    shared memory), so the tree's sum overstates unique memory; it is what ``top`` adds up.
+    """
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self._root = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shm_start: int | None = None
+        self.rss_peak = 0
+        self.shm_peak: int | None = None
+
+    def _sample(self) -> None:
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            processes = [self._root]
+        rss = 0
+        for proc in processes:
+            try:
+                rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        self.rss_peak = max(self.rss_peak, rss)
+        used = _shm_used()
+        if used is not None and self._shm_start is not None:
+            self.shm_peak = max(self.shm_peak or 0, used - self._shm_start)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "_MemoryWatch":
+        self._shm_start = _shm_used()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="fastpipe-memory-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+@dataclass
+class Trial:
+    """One loader setting and what it did."""
+
+    num_workers: int
+    prefetch_factor: int
+    status: str
+    """``"measured"``, ``"skipped"`` (not run, e.g. it would exhaust /dev/shm) or ``"failed"``."""
+    steps_per_s: float | None = None
+    noise: float | None = None
+    """Relative standard error of ``steps_per_s``, over whole rounds of workers."""
+    fraction_of_bound: float | None = None
+    cpu_util: float | None = None
+    rss_peak_bytes: int | None = None
+    shm_peak_bytes: int | None = None
+    """Peak rise of ``/dev/shm`` use during the run (other users of the machine show here too)."""
+    shm_estimate_bytes: int = 0
+    phase: str = "workers"
+    """``"workers"`` or ``"prefetch"``: which sweep tried it."""
+    message: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "measured" and self.steps_per_s is not None
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """What a setting costs: workers first (cores, memory), then queued batches."""
+        return self.num_workers, self.prefetch_factor
+
+
+@dataclass
+class TuneResult:
+    """The sweep, the recommendation and why."""
+
+    workload: str
+    device: str
+    batch_size: int | None
+    cores: int
+    current: tuple[int, int | None]
+    """The loader's own (num_workers, prefetch_factor)."""
+    bound_steps_per_s: float
+    bound_noise: float
+    batch_bytes: int
+    shm_budget_bytes: int | None
+    tolerance: float
+    trials: list[Trial] = field(default_factory=list)
+    recommended: Trial | None = None
+    reaches_bound: bool = False
+    summary: str = ""
+    stops: list[str] = field(default_factory=list)
+    """Why each sweep stopped where it did."""
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"schema": SCHEMA, **dataclasses.asdict(self)}
+        data["current"] = {"num_workers": self.current[0], "prefetch_factor": self.current[1]}
+        data["recommended"] = None if self.recommended is None else {
+            "num_workers": self.recommended.num_workers, "prefetch_factor": self.recommended.prefetch_factor,
+            "steps_per_s": self.recommended.steps_per_s, "fraction_of_bound": self.recommended.fraction_of_bound,
+        }
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    HEADERS = ("workers", "prefetch", "steps/s", "of bound", "noise", "CPU", "RSS (tree)", "/dev/shm peak", "shm estimate", "")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        rows = [("device bound", "", f"{self.bound_steps_per_s:.3f}", "100.0%", f"±{self.bound_noise:.1%}", "", "", "", "", "")]
+        for t in self.trials:
+            mark = "<- recommended" if t is self.recommended else ("" if t.status == "measured" else t.status.upper())
+            rows.append((
+                str(t.num_workers), str(t.prefetch_factor),
+                "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
+                "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
+                "-" if t.noise is None else f"±{t.noise:.1%}",
+                "-" if t.cpu_util is None else f"{t.cpu_util:.0%}",
+                _size(t.rss_peak_bytes), _size(t.shm_peak_bytes), _size(t.shm_estimate_bytes), mark,
+            ))
+        return rows
+
+    def title(self) -> str:
+        workers, prefetch = self.current
+        return (f"fastpipe tune: {self.workload} on {self.device} (batch {self.batch_size}, {_size(self.batch_bytes)} a batch, "
+                f"{self.cores} usable cores; the loader has {_workers(workers)}, prefetch_factor {prefetch})")
+
+    def summary_lines(self) -> list[str]:
+        lines = [self.summary] if self.summary else []
+        lines += [f"Stopped: {stop}" for stop in self.stops]
+        lines += [f"Warning: {warning}" for warning in self.warnings]
+        return lines
+
+    def to_table(self) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table()
+        for i, header in enumerate(self.HEADERS):
+            table.add_column(header, justify="left" if i in (0, 9) else "right")
+        for row in self.rows():
+            table.add_row(*row)
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=140, force_terminal=False, color_system=None)
+        console.print(self.title(), highlight=False, markup=False)
+        console.print(table)
+        for line in self.summary_lines():
+            console.print(line, highlight=False, markup=False)
+        return buffer.getvalue()
+
+    def __str__(self) -> str:
+        return self.to_table()
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" + ("" if n == 1 else "s")
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _memory_failure(exc: BaseException, setting: str) -> str | None:
+    """A clear message when a worker died of memory (a full /dev/shm, or the OOM killer); None for other failures."""
+    text = str(exc).lower()
+    if any(sign in text for sign in _SHM_FAILURE_SIGNS):
+        return (f"{setting} crashed ({exc}): {SHM_PATH} filled up. Enlarge it (docker run --shm-size=8g), or lower "
+                "num_workers, prefetch_factor or the batch size")
+    if "killed by signal" in text:
+        return (f"{setting} crashed ({exc}): a worker was killed, most likely for memory (the OOM killer). Lower num_workers, "
+                "prefetch_factor or the batch size")
+    return None
+
+
+class _Sweep:
+    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float,
+                 shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None) -> None:
+        self.workload, self.device = workload, device
+        self.steps, self.warmup, self.tolerance = steps, warmup, tolerance
+        self.shm_budget, self.worker_timeout, self.on_trial = shm_budget, worker_timeout, on_trial
+        self.bound = math.nan
+        self.bound_noise = 0.0
+        self.batch_bytes = 0
+        self.trials: list[Trial] = []
+        self.warnings: list[str] = []
+
+    # ----- measuring --------------------------------------------------------------------
+    def measure_bound(self) -> None:
+        """One batch cached on the device, the step repeated: the diagnosis's device point."""
+        from fastpipe.diagnose import _Diagnosis
+
+        diagnosis = _Diagnosis(self.workload, self.device, self.steps, self.warmup, 1, 0.0, "linear", False, self.worker_timeout)
+        result = diagnosis.measure("device")
+        self.bound = result.steps_per_s
+        self.bound_noise = round_noise(result.step_times, 1)
+        self.batch_bytes = max(tree_nbytes(b) for b in diagnosis.host_batches)
+
+    def _free_shm(self) -> int | None:
+        return self.shm_budget if self.shm_budget is not None else shm_free()
+
+    def run_trial(self, workers: int, prefetch: int, phase: str) -> Trial:
+        from fastpipe.diagnose import measure_points
+
+        estimate = shm_estimate(self.batch_bytes, workers, prefetch)
+        trial = Trial(num_workers=workers, prefetch_factor=prefetch, status="measured", shm_estimate_bytes=estimate, phase=phase)
+        free = self._free_shm()
+        if free is not None and estimate > free:
+            trial.status = "skipped"
+            trial.message = (
+                f"{_workers(workers)} with prefetch_factor {prefetch} would hold about {_size(estimate)} of batches in shared memory, "
+                f"but {SHM_PATH} has {_size(free)} free: DataLoader workers would die with 'Bus error'. Not run. Enlarge {SHM_PATH} "
+                "(docker run --shm-size=8g), or lower num_workers, prefetch_factor or the batch size"
+            )
+            self.warnings.append(trial.message)
+            return self._done(trial)
+        loader = loader_with(self.workload.loader, self.workload.loader.dataset, num_workers=workers, prefetch_factor=prefetch)
+        workload = dataclasses.replace(self.workload, loader=loader)
+        try:
+            with _MemoryWatch() as memory:
+                result = measure_points(workload, self.device, ["baseline"], steps=self.steps, warmup=max(self.warmup, workers),
+                                        worker_timeout=self.worker_timeout)["baseline"]
+        except PipelineError as exc:
+            message = _memory_failure(exc, f"{_workers(workers)} with prefetch_factor {prefetch}")
+            if message is None:
+                raise
+            trial.status, trial.message = "failed", message
+            self.warnings.append(message)
+            return self._done(trial)
+        trial.steps_per_s, trial.cpu_util = result.steps_per_s, result.cpu_util
+        trial.noise = round_noise(result.step_times, workers)
+        trial.fraction_of_bound = result.steps_per_s / self.bound
+        trial.rss_peak_bytes, trial.shm_peak_bytes = memory.rss_peak, memory.shm_peak
+        if free is not None and estimate > 0.5 * free:
+            self.warnings.append(f"{_workers(workers)} with prefetch_factor {prefetch} need about {_size(estimate)} of the "
+                                 f"{_size(free)} free in {SHM_PATH}: close to the limit where workers die with 'Bus error'")
+        return self._done(trial)
+
+    def _done(self, trial: Trial) -> Trial:
+        self.trials.append(trial)
+        if self.on_trial is not None:
+            self.on_trial(trial)
+        return trial
+
+    # ----- deciding ---------------------------------------------------------------------
+    def allowance(self, a: float, a_noise: float, b: float, b_noise: float) -> float:
+        """How far apart two steps/s may be and still count as equal: two standard errors, or ``tolerance`` of the bound."""
+        return max(2 * math.hypot(a * a_noise, b * b_noise), self.tolerance * self.bound)
+
+    def at_bound(self, trial: Trial) -> bool:
+        assert trial.steps_per_s is not None and trial.noise is not None
+        return self.bound - trial.steps_per_s <= self.allowance(self.bound, self.bound_noise, trial.steps_per_s, trial.noise)
+
+    def better(self, trial: Trial, than: Trial) -> bool:
+        assert trial.steps_per_s is not None and than.steps_per_s is not None
+        return trial.steps_per_s - than.steps_per_s > self.allowance(trial.steps_per_s, trial.noise or 0.0, than.steps_per_s, than.noise or 0.0)
+
+    def equal(self, trial: Trial, best: Trial) -> bool:
+        assert trial.steps_per_s is not None and best.steps_per_s is not None
+        return best.steps_per_s - trial.steps_per_s <= self.allowance(trial.steps_per_s, trial.noise or 0.0, best.steps_per_s, best.noise or 0.0)
+
+    def measured(self) -> list[Trial]:
+        return [t for t in self.trials if t.measured]
+
+    def best(self, trials: Iterable[Trial]) -> Trial | None:
+        return max(trials, key=lambda t: t.steps_per_s or 0.0, default=None)
+
+    def recommend(self, trials: list[Trial]) -> Trial | None:
+        """The cheapest setting that reaches the bound within noise; failing that, the cheapest within noise of the best."""
+        at_bound = [t for t in trials if self.at_bound(t)]
+        if at_bound:
+            return min(at_bound, key=lambda t: t.cost)
+        best = self.best(trials)
+        if best is None:
+            return None
+        return min((t for t in trials if self.equal(t, best)), key=lambda t: t.cost)
+
+
+def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[str]) -> None:
+    best: Trial | None = None
+    for workers in counts:
+        trial = sweep.run_trial(workers, prefetch, "workers")
+        if not trial.measured:
+            stops.append(f"worker sweep at {_workers(workers)}: {trial.status} (see the warning)")
+            return
+        if sweep.at_bound(trial):
+            stops.append(f"worker sweep at {_workers(workers)}: it reached the device bound within noise, so more workers were not tried")
+            return
+        if best is not None and not sweep.better(trial, best):
+            stops.append(f"worker sweep at {_workers(workers)}: no gain beyond noise over {_workers(best.num_workers)} "
+                         f"({trial.steps_per_s:.3f} vs {best.steps_per_s:.3f} steps/s), so more workers were not tried")
+            return
+        best = trial  # the first, or better than the best beyond noise
+    stops.append(f"worker sweep: tried every count up to {counts[-1]}")
+
+
+def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list[str]) -> None:
+    at_count = [t for t in sweep.measured() if t.num_workers == workers]
+    tried = {t.prefetch_factor for t in sweep.trials if t.num_workers == workers}
+    reached = any(sweep.at_bound(t) for t in at_count)
+    best = sweep.best(at_count)
+    current = min(tried) if tried else 0
+    for factor in sorted(set(factors) - tried):
+        if reached and factor > current:
+            stops.append(f"prefetch sweep at {_workers(workers)}: the bound is already reached, so prefetch_factor {factor} (more memory) was not tried")
+            return
+        trial = sweep.run_trial(workers, factor, "prefetch")
+        if not trial.measured:
+            stops.append(f"prefetch sweep at prefetch_factor {factor}: {trial.status} (see the warning)")
+            return
+        if factor > current and best is not None and not sweep.better(trial, best):
+            stops.append(f"prefetch sweep at prefetch_factor {factor}: no gain beyond noise over {best.prefetch_factor}, so deeper queues were not tried")
+            return
+        best = trial if best is None or trial.steps_per_s > best.steps_per_s else best  # type: ignore[operator]
+
+
+def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
+    reaches = sweep.at_bound(chosen)
+    setting = f"num_workers={chosen.num_workers}, prefetch_factor={chosen.prefetch_factor}"
+    rate = f"{chosen.steps_per_s:.3f} of {sweep.bound:.3f} steps/s, {chosen.fraction_of_bound:.0%} of the device bound"
+    fewer = [t for t in sweep.measured() if t.num_workers < chosen.num_workers]
+    if reaches:
+        verb = "reaches" if chosen.num_workers == 1 else "reach"
+        text = f"Recommended: {setting}. {_workers(chosen.num_workers)} {verb} the device bound within noise ({rate})"
+        if fewer:
+            most = max(fewer, key=lambda t: t.num_workers)
+            text += f"; {_workers(most.num_workers)} did not ({most.steps_per_s:.3f} steps/s), so this is the smallest worker count that does."
+        else:
+            text += ", the fewest possible."
+        return text, True
+    cpu = max((t.cpu_util or 0.0) for t in sweep.measured())
+    why = (f"the CPU is saturated ({cpu:.0%} of the cores): cut the per-sample work (fastpipe costs shows where it goes)"
+           if cpu >= 0.9 else "the limit is not the worker count: run fastpipe diagnose to find it")
+    text = (f"Recommended: {setting}, the cheapest setting within noise of the best ({rate}). No setting tried reaches the "
+            f"device bound, and more workers stopped helping: {why}.")
+    return text, False
+
+
+def tune(
+    source: "DataLoader | Workload",
+    device: "str | Device | None" = None,
+    *,
+    step: Callable[[Any], Any] | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+    max_workers: int | None = None,
+    prefetch_factors: Iterable[int] = (2, 4),
+    tolerance: float = 0.05,
+    shm_budget_bytes: int | None = None,
+    worker_timeout: float = 300.0,
+    on_trial: Callable[[Trial], None] | None = None,
+    name: str | None = None,
+) -> TuneResult:
+    """Sweep num_workers, then prefetch_factor, and recommend the cheapest setting within noise of the best.
+
+    Args:
+        source: a :class:`~fastpipe.Workload`, or a DataLoader with ``step``. Never modified.
+        device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS`` or a Device (default: cuda if present, else sim:290).
+        steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
+        max_workers: the largest count tried (default: usable cores + 2).
+        prefetch_factors: the values the second sweep may try at the chosen worker count.
+        tolerance: differences below this fraction of the device bound count as noise, whatever the statistics say.
+        shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
+        worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
+        on_trial: called with each :class:`Trial` as it finishes (for progress output).
+
+    Raises:
+        ConfigError: bad arguments. PipelineError: the pipeline or step failed for a reason other than shared memory.
+    """
+    workload = coerce_workload(source, step, name)
+    factors = sorted({int(f) for f in prefetch_factors})
+    cores = usable_cores()
+    top = cores + 2 if max_workers is None else max_workers
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if top < 1:
+        raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
+    if not factors or factors[0] < 1:
+        raise ConfigError(f"prefetch factors must be whole numbers >= 1, e.g. 2,4; got {list(prefetch_factors)}")
+    if not 0 <= tolerance < 1:
+        raise ConfigError(f"tolerance is a fraction of the device bound, e.g. 0.05; got {tolerance}")
+    device = parse_device(device)
+    loader = workload.loader
+    base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
+    sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, shm_budget=shm_budget_bytes,
+                   worker_timeout=worker_timeout, on_trial=on_trial)
+    stops: list[str] = []
+    with preserve_user_state(workload.model, workload.optimizer, loader):
+        sweep.measure_bound()
+        _worker_sweep(sweep, list(range(1, top + 1)), base_prefetch, stops)
+        chosen = sweep.recommend(sweep.measured())
+        if chosen is not None:
+            _prefetch_sweep(sweep, chosen.num_workers, factors, stops)
+    result = TuneResult(
+        workload=workload.name, device=device.spec, batch_size=loader.batch_size, cores=cores,
+        current=(loader.num_workers, loader.prefetch_factor if loader.num_workers > 0 else None),
+        bound_steps_per_s=sweep.bound, bound_noise=sweep.bound_noise, batch_bytes=sweep.batch_bytes,
+        shm_budget_bytes=shm_budget_bytes if shm_budget_bytes is not None else shm_free(), tolerance=tolerance,
+        trials=sweep.trials, stops=stops, warnings=sweep.warnings,
+    )
+    result.recommended = sweep.recommend(sweep.measured())
+    if result.recommended is None:
+        result.summary = "No setting could be measured: see the warnings."
+    else:
+        result.summary, result.reaches_bound = _summary(sweep, result.recommended)
+    return result
