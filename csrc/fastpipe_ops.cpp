@@ -22,4 +22,7 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("apply_mask_(Tensor(a!) img, Tensor mask) -> ()");
   // Both in one pass: equal to apply_mask_(img, draw) for the draw draw_mask_ makes with the same seed.
   m.def("random_mask_(Tensor(a!) img, float ratio, int seed) -> ()");
+  // Out of place: img masked into `out` (same shape and dtype, any strides, not overlapping img) in
+  // the same single pass; a strided source, such as a crop view or HWC memory, is gathered on the way.
+  m.def("random_mask_out(Tensor img, float ratio, int seed, Tensor(a!) out) -> ()");
 }

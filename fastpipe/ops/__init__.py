@@ -38,7 +38,7 @@ def require_extension() -> None:
         )
 
 
-from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_  # noqa: E402  (needs the flags above)
+from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_, random_mask_out  # noqa: E402  (needs the flags above)
 
 __all__ = [
     "EXTENSION_AVAILABLE",
@@ -48,4 +48,5 @@ __all__ = [
     "draw_mask",
     "apply_mask_",
     "random_mask_",
+    "random_mask_out",
 ]

@@ -34,6 +34,13 @@ def random_mask_(img: torch.Tensor, ratio: float, seed: int) -> torch.Tensor:
     return img
 
 
+def random_mask_out(img: torch.Tensor, ratio: float, seed: int, out: torch.Tensor) -> torch.Tensor:
+    """``img`` masked into ``out`` (same shape and dtype, not overlapping ``img``) in one pass; ``img`` is unchanged."""
+    _ops.require_extension()
+    torch.ops.fastpipe.random_mask_out(img, float(ratio), int(seed), out)
+    return out
+
+
 if _ops.EXTENSION_AVAILABLE:
 
     @torch.library.register_fake("fastpipe::draw_mask_")
@@ -47,3 +54,7 @@ if _ops.EXTENSION_AVAILABLE:
     @torch.library.register_fake("fastpipe::random_mask_")
     def _random_mask_fake(img: torch.Tensor, ratio: float, seed: int) -> None:
         torch._check(img.dim() in (2, 3), lambda: "random_mask_: img must be (C, H, W) or (H, W)")
+
+    @torch.library.register_fake("fastpipe::random_mask_out")
+    def _random_mask_out_fake(img: torch.Tensor, ratio: float, seed: int, out: torch.Tensor) -> None:
+        torch._check(out.shape == img.shape and out.dtype == img.dtype, lambda: "random_mask_out: out must match img's shape and dtype")

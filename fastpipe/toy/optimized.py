@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 import torchvision.transforms as T
+from torchvision.transforms import Compose
 
 from fastpipe.devices import Device
 from fastpipe.errors import ConfigError
@@ -64,20 +65,20 @@ OPTIMIZED = replace(FAST_RAW, crop_first=True)
 
 def optimized_transform(
     opts: Optimizations, img_size: int = ARTICLE_IMG_SIZE, mask_ratio: float = ARTICLE_MASK_RATIO, mask_backend: str = "auto"
-) -> T.Compose:
+) -> Compose:
     """The per-sample Compose for ``opts``: the naive stages, with each enabled fix swapped in."""
-    mask = RandomMask(mask_ratio, backend=mask_backend) if opts.fast_mask else _naive_mask(mask_ratio)
-    if opts.crop_first:
-        # the crop arrives as a compact HWC array: one copy to planar CHW, then the mask in place
-        stages: list[Any] = [ToCHWTensor(contiguous=True), mask]
-    elif opts.fast_raw:
-        # zero-copy CHW view and crop of the full array; Contiguous copies only the crop
-        stages = [ToCHWTensor(), T.RandomCrop(img_size), Contiguous(), mask]
+    if opts.crop_first or opts.fast_raw:
+        # A zero-copy CHW view of the HWC array (and of its crop); the mask then writes a compact
+        # planar copy in the same pass (inplace=False), so the sample no longer holds the raw image.
+        crop = [] if opts.crop_first else [T.RandomCrop(img_size)]
+        masks = [RandomMask(mask_ratio, backend=mask_backend, inplace=False)] if opts.fast_mask else [Contiguous(), _naive_mask(mask_ratio)]
+        stages: list[Any] = [ToCHWTensor(), *crop, *masks]
     else:
+        mask = RandomMask(mask_ratio, backend=mask_backend) if opts.fast_mask else _naive_mask(mask_ratio)
         stages = [T.PILToTensor(), T.RandomCrop(img_size), mask]
     if not opts.uint8_host:
         stages += [ConvertColor(), Scale()]
-    return T.Compose(stages)
+    return Compose(stages)
 
 
 def _naive_mask(ratio: float) -> torch.nn.Module:

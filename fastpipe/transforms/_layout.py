@@ -33,9 +33,15 @@ def check_image(img: Any, inplace: bool) -> None:
         raise ConfigError(f"RandomMask takes a torch.Tensor (C, H, W) or a numpy array (H, W, C), not {type(img).__name__}; for PIL images apply PILToTensor first")
 
 
-def copy_image(img: Any) -> Any:
-    """A private copy for out-of-place masking, in the caller's layout."""
-    return img.clone() if isinstance(img, torch.Tensor) else np.array(img, copy=True)
+def empty_compact(img: Any) -> Any:
+    """Uninitialised C-contiguous storage of ``img``'s shape and dtype, in the caller's layout.
+
+    Out-of-place results go here: a (C, H, W) tensor comes back planar, an (H, W, C) array
+    interleaved, and a crop view comes back compact, no longer holding its source image.
+    """
+    if isinstance(img, torch.Tensor):
+        return torch.empty(img.shape, dtype=img.dtype)
+    return np.empty(img.shape, dtype=img.dtype)
 
 
 def planar_numpy(img: Any) -> np.ndarray:
@@ -54,14 +60,19 @@ def planar_tensor(img: Any) -> torch.Tensor:
     return tensor if tensor.dim() == 3 else tensor.unsqueeze(0)
 
 
-def interleaved_rows(planar: np.ndarray) -> np.ndarray | None:
-    """An (H, W*C) view when channels are interleaved and each row is one contiguous run, else None.
+def interleaved_flat(planar: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``(flat, step)`` when channels are interleaved and each row is one contiguous run, else None.
 
-    Such rows (a contiguous HWC array) get a loop that vectorises; other layouts use the
-    planar kernel, which takes any strides.
+    ``flat`` is a 1-D contiguous view of the image's memory, from its first value to its last,
+    and row y starts at ``flat[y * step]``. Such rows (an HWC array, or a crop of one) get
+    loops that vectorise; other layouts use the planar kernels, which take any strides.
     """
     channels, height, width = planar.shape
     item = planar.itemsize
-    if channels < 2 or planar.strides[0] != item or planar.strides[2] != channels * item:
+    if channels < 2 or height == 0 or planar.strides[0] != item or planar.strides[2] != channels * item or planar.strides[1] % item:
         return None
-    return np.lib.stride_tricks.as_strided(planar, shape=(height, width * channels), strides=(planar.strides[1], item))
+    step = planar.strides[1] // item
+    if step < width * channels:
+        return None  # rows overlap: not an image a kernel may write
+    span = (height - 1) * step + width * channels
+    return np.lib.stride_tricks.as_strided(planar, shape=(span,), strides=(item,)), step

@@ -83,58 +83,86 @@ def _is_integer(array: np.ndarray) -> bool:
     return bool(np.issubdtype(array.dtype, np.integer))
 
 
-def _numba_call(kernel: Any, *args: Any) -> None:
-    if JIT_DISABLED:  # plain Python on NumPy uint64 scalars warns on the wrap-around the algorithm relies on
-        with np.errstate(over="ignore"):
-            kernel(*args)
-    else:
-        kernel(*args)
-
-
 def apply_mask(img: Image, mask: np.ndarray | torch.Tensor, backend: str = "auto", inplace: bool = True) -> Image:
-    """Dilate ``mask`` (H, W) and zero those pixels of ``img`` in every channel: the deterministic kernel."""
+    """Dilate ``mask`` (H, W) and zero those pixels of ``img`` in every channel: the deterministic kernel.
+
+    ``inplace=False`` leaves ``img`` alone and returns a compact (C-contiguous) masked copy.
+    """
     backend = resolve_backend(backend)
     _layout.check_image(img, inplace)
-    out = img if inplace else _layout.copy_image(img)
     mask = mask.numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
-    height, width = (out.shape[-2:] if isinstance(out, torch.Tensor) else out.shape[:2])
+    height, width = _layout.planar_numpy(img).shape[1:]
     if mask.shape != (height, width):
         raise ConfigError(f"mask shape {mask.shape} does not match the image's (H, W) = ({height}, {width})")
+    mask = np.ascontiguousarray(mask, dtype=np.uint8)
+    out = img if inplace else _layout.empty_compact(img)
+    if backend == "numba":
+        _numba_mask(img, out, mask)
+        return out
+    if not inplace:
+        _layout.planar_numpy(out)[...] = _layout.planar_numpy(img)
     if backend == "cpp":
-        ops.apply_mask_(_layout.planar_tensor(out), torch.from_numpy(np.ascontiguousarray(mask, dtype=np.uint8)))
-    elif backend == "numba":
-        planar = _layout.planar_numpy(out)
-        rows = _layout.interleaved_rows(planar)
-        mask = np.ascontiguousarray(mask, dtype=np.uint8)
-        if rows is None:
-            _numba_call(_numba().apply_mask_planar, planar, mask)
-        else:
-            _numba_call(_numba().apply_mask_interleaved, rows, planar.shape[0], _is_integer(rows), mask)
+        ops.apply_mask_(_layout.planar_tensor(out), torch.from_numpy(mask))
     else:
         _numpy_kernels.apply_mask_planar(_layout.planar_numpy(out), mask)
     return out
 
 
 def random_mask(img: Image, ratio: float = ARTICLE_MASK_RATIO, seed: int | None = None, backend: str = "auto", inplace: bool = True) -> Image:
-    """Draw, dilate and zero: ``apply_mask(img, draw_mask(H, W, ratio, seed))``, fused on numba and cpp."""
+    """Draw, dilate and zero: ``apply_mask(img, draw_mask(H, W, ratio, seed))``, in one pass on numba and cpp.
+
+    ``inplace=False`` leaves ``img`` alone and returns a compact (C-contiguous) masked copy,
+    made in the same pass on numba and cpp: masking a crop view out of place costs no more
+    than the ``.contiguous()`` it replaces.
+    """
     backend = resolve_backend(backend)
     bits, threshold = _prng.quantize_ratio(ratio)
     _layout.check_image(img, inplace)
     seed = _prng.draw_seed() if seed is None else _prng.check_seed(seed)
-    out = img if inplace else _layout.copy_image(img)
+    out = img if inplace else _layout.empty_compact(img)
     if backend == "cpp":
-        ops.random_mask_(_layout.planar_tensor(out), float(ratio), seed)
-    elif backend == "numba":
-        planar = _layout.planar_numpy(out)
-        rows = _layout.interleaved_rows(planar)
-        if rows is None:
-            _numba_call(_numba().random_mask_planar, planar, seed, bits, threshold)
+        if inplace:
+            ops.random_mask_(_layout.planar_tensor(img), float(ratio), seed)
         else:
-            _numba_call(_numba().random_mask_interleaved, rows, planar.shape[0], _is_integer(rows), seed, bits, threshold)
+            ops.random_mask_out(_layout.planar_tensor(img), float(ratio), seed, _layout.planar_tensor(out))
+    elif backend == "numba":
+        _numba_mask(img, out, None, seed, bits, threshold)
     else:
-        height, width = _layout.planar_numpy(out).shape[1:]
-        _numpy_kernels.apply_mask_planar(_layout.planar_numpy(out), _prng.draw_bits_numpy(height, width, ratio, seed))
+        planar = _layout.planar_numpy(out)
+        if not inplace:
+            planar[...] = _layout.planar_numpy(img)
+        _numpy_kernels.apply_mask_planar(planar, _prng.draw_bits_numpy(planar.shape[1], planar.shape[2], ratio, seed))
     return out
+
+
+_NO_MASK = np.zeros((0, 0), dtype=np.uint8)
+
+
+def _numba_mask(img: Any, out: Any, mask: np.ndarray | None, seed: int = 0, bits: int = 1, threshold: int = 0) -> None:
+    """Pick the Numba kernel for the layouts of ``img`` and ``out`` (``out is img``: in place) and run it.
+
+    ``mask=None`` draws from (seed, bits, threshold), fused; a mask is dilated and applied.
+    """
+    kernels = _numba()
+    inplace = out is img
+    src = _layout.planar_numpy(img)
+    dst = src if inplace else _layout.planar_numpy(out)
+    draws = _NO_MASK if mask is None else mask
+    src_flat, dst_flat = _layout.interleaved_flat(src), _layout.interleaved_flat(dst)
+    integer = _is_integer(src)
+    channels, height = src.shape[0], src.shape[1]
+    if src_flat is not None and (inplace or dst_flat is not None):
+        target = src_flat if inplace else dst_flat
+        call = (kernels.mask_interleaved, *src_flat, *target, height, channels, integer, inplace)
+    elif src_flat is not None and integer and channels == 3 and dst.strides[2] == dst.itemsize:
+        call = (kernels.mask_rgb_to_planar, *src_flat, dst)
+    else:
+        call = (kernels.mask_planar, src, dst, inplace)
+    if JIT_DISABLED:  # plain Python on NumPy uint64 scalars warns on the wrap-around the algorithm relies on
+        with np.errstate(over="ignore"):
+            call[0](*call[1:], seed, bits, threshold, draws)
+    else:
+        call[0](*call[1:], seed, bits, threshold, draws)
 
 
 class RandomMask(torch.nn.Module):
@@ -167,7 +195,8 @@ class RandomMask(torch.nn.Module):
             planar = torch.zeros((3, 4, 6), dtype=torch.uint8)
             interleaved = np.zeros((4, 6, 3), dtype=np.uint8)
             for img in (planar, planar[:, 1:3, 1:4], interleaved, interleaved[1:3, 1:4]):
-                random_mask(img, self.ratio, seed=0, backend="numba")
+                for inplace in (True, False):
+                    random_mask(img, self.ratio, seed=0, backend="numba", inplace=inplace)
         return self
 
     def forward(self, img: Image) -> Image:

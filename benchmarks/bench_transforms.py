@@ -1,0 +1,210 @@
+"""What the drop-in parts buy: per-op cost, per-sample worker cost, host-to-device bytes.
+
+One table, measured in this process with one thread (``torch.set_num_threads(1)``), which is
+what one DataLoader worker has. Every candidate of a group is timed once per round, round
+after round, and the median per candidate is reported, so a change of load on a shared
+machine hits naive and fast alike and the ratios stay honest. Times are CPU seconds of this
+thread (``time.thread_time``), which other processes' load disturbs less than wall time.
+
+Targets (issue 4), each printed as PASS or FAIL with the ratio measured in this run:
+
+* numba and cpp RandomMask each >= 20x faster than the naive scipy RandomMask (256x256);
+* the optimized workers' per-sample cost >= 10x lower than naive with the article's
+  1024x1024 raw image (``toy:fast-raw``), and >= 20x lower with crop-first (``toy:optimized``);
+* the host-to-device payload per batch 4x smaller (uint8 against float32).
+
+Usage:
+    python benchmarks/bench_transforms.py [--rounds 15] [--batch 32] [--json results.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import default_collate
+
+from fastpipe._tree import tree_nbytes
+from fastpipe.devices import parse_device
+from fastpipe.ops import extension_status
+from fastpipe.toy import FakeDataset, FastFakeDataset, naive_transform
+from fastpipe.toy.naive import ConvertColor, RandomMask as NaiveRandomMask, Scale
+from fastpipe.toy.optimized import FAST_RAW, FAST_TRANSFORMS, OPTIMIZED, UINT8_HOST, Optimizations, optimized_transform
+from fastpipe.toy.workloads import ARTICLE_BATCH_SIZE, make_workload
+from fastpipe.transforms import ConvertColorScale, RandomMask, backend_available, uniform_noise
+
+IMG = 256
+RAW = 1024
+
+
+@dataclass
+class Row:
+    section: str
+    item: str
+    value: float
+    unit: str
+    ratio: float | None = None  # naive / this (how many times cheaper or smaller)
+
+
+def interleaved_medians(candidates: dict[str, Callable[[], Any]], rounds: int, warmup: int = 3) -> dict[str, float]:
+    """Median thread-CPU seconds per call of each candidate, timed in alternating rounds."""
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            start = time.thread_time()
+            fn()
+            samples[name].append(time.thread_time() - start)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def per_op_rows(rounds: int) -> list[Row]:
+    """RandomMask per backend, colour + scale, raw generation: one 256x256 sample (raw: 1024x1024)."""
+    sample = torch.randint(0, 256, (3, IMG, IMG), dtype=torch.uint8)
+    masks: dict[str, Callable[[], Any]] = {"RandomMask naive (np.random.uniform + scipy)": lambda: NaiveRandomMask(0.25)(sample)}
+    for backend in ("numpy", "numba", "cpp"):
+        if backend_available(backend):
+            transform = RandomMask(0.25, backend=backend).warm_up()
+            masks[f"RandomMask {backend}"] = lambda t=transform: t(sample)
+    mask_times = interleaved_medians(masks, rounds * 20)
+    naive_mask = mask_times["RandomMask naive (np.random.uniform + scipy)"]
+    rows = [Row("per op, one 256x256 sample", name, t * 1e3, "ms", naive_mask / t) for name, t in mask_times.items()]
+
+    batch = torch.randint(0, 256, (32, 3, IMG, IMG), dtype=torch.uint8)
+    fused = ConvertColorScale()
+    colour = interleaved_medians(
+        {"ConvertColor + Scale naive": lambda: Scale()(ConvertColor()(sample)), "ConvertColorScale, batch of 32 (CPU)": lambda: fused(batch)}, rounds
+    )
+    naive_colour = colour["ConvertColor + Scale naive"]
+    rows.append(Row("per op, one 256x256 sample", "ConvertColor + Scale naive", naive_colour * 1e3, "ms", 1.0))
+    per_sample = colour["ConvertColorScale, batch of 32 (CPU)"] / 32
+    rows.append(Row("per op, one 256x256 sample", "ConvertColorScale (per sample of a CPU batch; on GPU in practice)", per_sample * 1e3, "ms", naive_colour / per_sample))
+
+    raw = interleaved_medians(
+        {
+            "raw 1024x1024: np.random.randint + PIL": lambda: Image.fromarray(np.random.randint(0, 256, (RAW, RAW, 3), dtype=np.uint8)),
+            "raw 1024x1024: uniform_noise array": lambda: uniform_noise((RAW, RAW, 3)),
+            "raw crop-first 256x256: uniform_noise array": lambda: uniform_noise((IMG, IMG, 3)),
+        },
+        rounds,
+    )
+    naive_raw = raw["raw 1024x1024: np.random.randint + PIL"]
+    rows += [Row("per op, raw load", name, t * 1e3, "ms", naive_raw / t) for name, t in raw.items()]
+    return rows
+
+
+def _dataset(opts: Optimizations | None, length: int) -> FakeDataset:
+    if opts is None:
+        return FakeDataset(naive_transform(IMG), length=length, raw_size=(RAW, RAW))
+    transform = optimized_transform(opts, IMG)
+    for stage in transform.transforms:
+        if isinstance(stage, RandomMask):
+            stage.warm_up()
+    if opts.fast_raw or opts.crop_first:
+        return FastFakeDataset(transform, length=length, raw_size=(RAW, RAW), crop_size=IMG if opts.crop_first else None)
+    return FakeDataset(transform, length=length, raw_size=(RAW, RAW))
+
+
+def worker_rows(rounds: int, batch: int) -> list[Row]:
+    """What one worker spends per sample: __getitem__ for a batch of samples plus collate, / batch."""
+    variants = {
+        "toy:naive": None,
+        "toy:fast-transforms": FAST_TRANSFORMS,
+        "toy:uint8-host (also toy:prefetch)": UINT8_HOST,
+        "toy:fast-raw (1024x1024 raw)": FAST_RAW,
+        "toy:optimized (crop-first)": OPTIMIZED,
+    }
+    datasets = {name: _dataset(opts, batch) for name, opts in variants.items()}
+
+    def make_batch(dataset: FakeDataset) -> Any:
+        return default_collate([dataset[i] for i in range(batch)])
+
+    times = interleaved_medians({name: (lambda d=d: make_batch(d)) for name, d in datasets.items()}, rounds, warmup=1)
+    naive = times["toy:naive"] / batch
+    return [Row(f"per-sample worker cost (batch of {batch}, incl. collate)", name, t / batch * 1e3, "ms", naive / (t / batch)) for name, t in times.items()]
+
+
+def h2d_rows() -> list[Row]:
+    """Bytes of one real batch (the article's 256) from each variant's own DataLoader."""
+    device = parse_device("sim:1")
+    rows = []
+    naive_bytes = None
+    for variant in ("naive", "optimized"):
+        workload = make_workload(variant, device, num_workers=0, length=ARTICLE_BATCH_SIZE)
+        images, labels = next(iter(workload.loader))
+        nbytes = tree_nbytes((images, labels))
+        naive_bytes = naive_bytes or nbytes
+        rows.append(Row(f"host-to-device payload per batch of {ARTICLE_BATCH_SIZE}", f"toy:{variant} ({images.dtype}, labels {labels.dtype})", nbytes / 2**20, "MiB", naive_bytes / nbytes))
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    width = max(len(r.item) for r in rows)
+    section = None
+    print(f"{'item':<{width}}  {'median':>10}  {'unit':<4}  {'naive / this':>12}")
+    for row in rows:
+        if row.section != section:
+            section = row.section
+            print(f"-- {section}")
+        ratio = "" if row.ratio is None else f"{row.ratio:.1f}x"
+        print(f"{row.item:<{width}}  {row.value:>10.4f}  {row.unit:<4}  {ratio:>12}")
+
+
+def targets(rows: list[Row]) -> list[tuple[str, float, float, bool]]:
+    """(label, measured ratio, target ratio, met) for each of the issue's targets."""
+
+    def ratio(section: str, item: str) -> float:
+        found = [row.ratio for row in rows if row.section.startswith(section) and row.item.startswith(item)]
+        return found[0] if found and found[0] is not None else float("nan")  # nan: not measured, so FAIL
+
+    checks = [
+        (f"RandomMask {backend} >= 20x faster than naive (256x256)", ratio("per op, one", f"RandomMask {backend}"), 20.0)
+        for backend in ("numba", "cpp")
+    ]
+    checks.append(("worker cost >= 10x lower, 1024x1024 raw (toy:fast-raw)", ratio("per-sample worker", "toy:fast-raw"), 10.0))
+    checks.append(("worker cost >= 20x lower, crop-first (toy:optimized)", ratio("per-sample worker", "toy:optimized"), 20.0))
+    # float32 -> uint8 images are exactly 4x; the int64 labels (2 KiB of 48 MiB) keep the whole batch a hair under
+    checks.append(("H2D payload per batch ~4x smaller (uint8 vs float32)", ratio("host-to-device", "toy:optimized"), 3.99))
+    return [(label, value, goal, bool(value >= goal)) for label, value, goal in checks]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per group (RandomMask gets 20x as many)")
+    parser.add_argument("--batch", type=int, default=32, help="samples per timed batch in the worker-cost group")
+    parser.add_argument("--json", help="also write the rows and targets to this file")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    load = os.getloadavg()
+    print(f"bench_transforms: 1 thread, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(f"torch {torch.__version__}; {extension_status()}; times are median thread-CPU ms")
+    began = time.perf_counter()
+    rows = per_op_rows(args.rounds) + worker_rows(args.rounds, args.batch) + h2d_rows()
+    print_table(rows)
+    results = targets(rows)
+    print("-- targets (ratios from this run)")
+    for label, value, goal, ok in results:
+        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value:.1f}x (target {goal:g}x)")
+    load = os.getloadavg()
+    print(f"took {time.perf_counter() - began:.0f} s; load average {load[0]:.2f} at the end (a shared machine: other processes compete)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": [asdict(r) for r in rows], "targets": [dict(label=l, ratio=v, target=g, ok=o) for l, v, g, o in results]}, fh, indent=2)
+    return 0 if all(ok for *_, ok in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
