@@ -7,6 +7,7 @@ masking in place writes through to the caller's image.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -53,8 +54,15 @@ def planar_numpy(img: Any) -> np.ndarray:
 
 
 def planar_tensor(img: Any) -> torch.Tensor:
-    """A (C, H, W) tensor view of ``img``'s memory."""
-    tensor = img if isinstance(img, torch.Tensor) else torch.from_numpy(img)
+    """A (C, H, W) tensor view of ``img``'s memory (read-only arrays only ever arrive as sources)."""
+    if isinstance(img, torch.Tensor):
+        tensor = img
+    elif img.flags.writeable:
+        tensor = torch.from_numpy(img)
+    else:
+        with warnings.catch_warnings():  # torch warns that it cannot protect read-only memory; we never write it
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(img)
     if isinstance(img, np.ndarray) and img.ndim == 3:
         tensor = tensor.permute(2, 0, 1)
     return tensor if tensor.dim() == 3 else tensor.unsqueeze(0)
