@@ -74,7 +74,12 @@ def optimized_transform(
         masks = [RandomMask(mask_ratio, backend=mask_backend, inplace=False)] if opts.fast_mask else [Contiguous(), _naive_mask(mask_ratio)]
         stages: list[Any] = [ToCHWTensor(), *crop, *masks]
     else:
-        mask = RandomMask(mask_ratio, backend=mask_backend) if opts.fast_mask else _naive_mask(mask_ratio)
+        if not opts.fast_mask:
+            mask: Any = _naive_mask(mask_ratio)
+        else:
+            # A uint8 sample that leaves the worker must not be a view of the full raw image (it would
+            # hold 3 MB per sample until collate): out of place, the mask writes a compact copy.
+            mask = RandomMask(mask_ratio, backend=mask_backend, inplace=not opts.uint8_host)
         stages = [T.PILToTensor(), T.RandomCrop(img_size), mask]
     if not opts.uint8_host:
         stages += [ConvertColor(), Scale()]
