@@ -3,12 +3,13 @@
 * :class:`RandomMask` (and its functional parts :func:`draw_mask`, :func:`apply_mask`,
   :func:`random_mask`): the article's mask with numba, C++ and NumPy backends.
 * :func:`uniform_noise`: uniform uint8 noise fast enough to stand in for a decoder.
-* :class:`ToCHWTensor`: an HWC NumPy array to a CHW uint8 tensor, without PIL.
+* :class:`ToCHWTensor`: an HWC NumPy array to a CHW uint8 tensor, without PIL
+  (and :class:`Contiguous`, to compact a crop view).
 * :mod:`fastpipe.transforms.device`: :class:`ConvertColorScale`, colour conversion and
   scaling fused into one op on a uint8 batch already on the device.
 * :mod:`fastpipe.transforms.jpeg`: JPEG decoding at reduced DCT scale when the crop allows.
 """
-from fastpipe.transforms.convert import ToCHWTensor
+from fastpipe.transforms.convert import Contiguous, ToCHWTensor
 from fastpipe.transforms.device import ConvertColorScale
 from fastpipe.transforms.mask import BACKENDS, RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
 from fastpipe.transforms.noise import uniform_noise
@@ -23,5 +24,6 @@ __all__ = [
     "resolve_backend",
     "uniform_noise",
     "ToCHWTensor",
+    "Contiguous",
     "ConvertColorScale",
 ]

@@ -48,7 +48,10 @@ def empty_compact(img: Any) -> Any:
 def planar_numpy(img: Any) -> np.ndarray:
     """A (C, H, W) NumPy view of ``img``'s memory."""
     if isinstance(img, torch.Tensor):
-        array = img.detach().numpy()
+        try:
+            array = img.detach().numpy()
+        except TypeError as exc:  # e.g. bfloat16, which NumPy cannot represent
+            raise ConfigError(f"the numpy and numba backends cannot read {img.dtype} tensors ({exc}); use backend='cpp' or mask before the cast") from exc
         return array if array.ndim == 3 else array[None]
     return img.transpose(2, 0, 1) if img.ndim == 3 else img[None]
 

@@ -1,15 +1,17 @@
 """Numba kernels: the SplitMix64 stream, RandomMask (fused, draw-only, apply-only) and uniform noise.
 
 Each kernel is plain Python that Numba compiles (see :mod:`fastpipe.transforms._jit`). The
-fused mask kernel draws, dilates and zeroes in one pass over the image, keeping three rows
-of draws (``width + 2`` bytes each) instead of a full-size mask: row y+1 is drawn before row
-y is dilated and applied. Kernels read ``src`` and write ``dst``; passing the same array
-twice masks in place, a fresh ``dst`` gives a compact masked copy in the same single pass.
+fused mask kernels draw, dilate and zero in one pass over the image, keeping three rows of
+draws (``width + 2`` bytes each) instead of a full-size mask: row y+1 is drawn before row y
+is dilated and applied. They read ``src`` and write ``dst``: in place (``inplace=True``,
+``dst`` unused) or into a fresh ``dst``, which gives a compact masked copy in the same pass.
 
-Two image layouts get their own inner loop, because a loop over 3 interleaved channels does
-not vectorise: planar images (C, H, W), for CHW tensors and crop views of them, of any
-strides; and interleaved rows (H, W*C), for contiguous HWC arrays, where the row's hit flags
-are first spread over its channels and then applied to the row in one vectorised select.
+Loops are shaped for the layouts that vectorise: planar images (C, H, W) of any strides,
+for CHW tensors and their crop views; interleaved images (HWC memory) passed flat, one
+contiguous run per row, which an RGB integer image masks with an unrolled multiply; and the
+HWC -> planar copy, which de-interleaves and masks together. In-place and out-of-place loops
+are separate on purpose: with two arrays LLVM guards its vector loop with an overlap check
+that fails when they are the same array.
 
 Integer arithmetic is kept in uint64 on purpose: Numba types a mix of signed and unsigned
 64-bit integers as float64, which would silently break the stream.
