@@ -4,8 +4,9 @@ Three cases, decided the first time a Ray loader needs a cluster:
 
 * Ray is already initialised in this process (the user called ``ray.init``, or Ray Train did):
   that connection is used and never shut down by fastpipe.
-* ``address`` is given (``"auto"``, ``"host:6379"``, ``"ray://host:10001"``): fastpipe connects to
-  that existing cluster. It did not start the cluster, so it never stops it.
+* ``address`` is given (``"auto"``, ``"host:6379"``, ``"ray://host:10001"``), or Ray's own
+  ``RAY_ADDRESS`` environment variable is set: fastpipe connects to that existing cluster. It
+  did not start the cluster, so it never stops it.
 * Neither: fastpipe starts a local single-node cluster and owns it. It shuts it down when a
   loader is closed, when the pipeline fails, and on Ctrl-C, so no Ray processes are left behind.
 
@@ -19,6 +20,7 @@ could be held by the interrupted code.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ class ClusterInfo:
 def ensure_cluster(address: str | None, num_cpus: float | None, object_store_memory: int | None) -> bool:
     """Connect to (or start) a cluster if this process has none; True when fastpipe started it."""
     ray = require_ray()
+    address = address or os.environ.get("RAY_ADDRESS") or None  # Ray's own variable for "use this cluster"
     with _lock:
         if ray.is_initialized():
             return _state.owned

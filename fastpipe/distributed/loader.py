@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import uuid
 import warnings
 import weakref
@@ -73,6 +74,9 @@ class RayLoader:
         object_store_memory: bytes of object store for a local cluster fastpipe starts.
         prefetch_batches: batches Ray fetches (and pins) ahead of the trainer, in its own threads.
         preserve_order: deliver batches in sampler order (as DataLoader does) instead of as they finish.
+        max_task_retries: times Ray reruns a batch's task whose worker process died (a lost node, a
+            segfault, the OOM killer) before the epoch fails. Ray's own default is to retry forever,
+            which turns a deterministic crash into a hang. Exceptions raised by the dataset are never retried.
 
     The dataset is shipped once per Ray worker process and kept there, like a DataLoader worker's
     copy; changes made to it afterwards are not seen by the tasks. Batch tensors that are not
@@ -99,6 +103,7 @@ class RayLoader:
         object_store_memory: int | None = None,
         prefetch_batches: int = 2,
         preserve_order: bool = False,
+        max_task_retries: int = 2,
     ) -> None:
         if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise ConfigError(
@@ -111,6 +116,8 @@ class RayLoader:
             raise ConfigError(f"cpus_per_task must be positive, got {cpus_per_task}")
         if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 0:
             raise ConfigError(f"prefetch_batches must be a whole number >= 0, got {prefetch_batches!r}")
+        if isinstance(max_task_retries, bool) or not isinstance(max_task_retries, int) or max_task_retries < 0:
+            raise ConfigError(f"max_task_retries must be a whole number >= 0, got {max_task_retries!r}")
         if batch_sampler is None:
             if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
                 raise ConfigError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
@@ -131,6 +138,7 @@ class RayLoader:
         self.prefetch_batches = prefetch_batches
         self.preserve_order = preserve_order
         self.cpus_per_task = float(cpus_per_task)
+        self.max_task_retries = max_task_retries
         self._num_cpus = num_cpus
         self.label = "loader"
         #: ``Dataset.stats()`` of the last epoch that ran, raw and parsed (see :mod:`fastpipe.distributed.stats`).
@@ -173,7 +181,7 @@ class RayLoader:
         """
         clone = copy.copy(self)
         clone.dataset = dataset
-        clone.label = label or str(getattr(dataset, "point", None) or type(dataset).__name__)
+        clone.label = label or str(getattr(dataset, "point", None) or ("loader" if dataset is self.dataset else type(dataset).__name__))
         clone.last_stats = None
         clone._token = uuid.uuid4().hex
         clone._put = None
@@ -202,8 +210,8 @@ class RayLoader:
         """
         if self._num_cpus is not None and self.nodes is None:
             return max(1, int(self._num_cpus))
-        if self.address is None and self.nodes is None and not _ray_running():
-            return usable_cores()
+        if self.address is None and not os.environ.get("RAY_ADDRESS") and self.nodes is None and not _ray_running():
+            return usable_cores() if self._num_cpus is None else max(1, int(self._num_cpus))
         return int(self._cpus(self._connect()))
 
     @property
@@ -275,7 +283,8 @@ class RayLoader:
             return None, iter(())
         with _data_context(ray, preserve_order=self.preserve_order):
             dataset = ray.data.from_items(rows, override_num_blocks=len(rows))  # one block, hence one task, per batch
-            dataset = dataset.map_batches(
+            dataset = _map_batches(
+                dataset,
                 load_batches,
                 batch_size=1,
                 fn_kwargs={"token": self._token, "dataset": self._dataset_ref(ray), "collate_fn": self.collate_fn},
@@ -283,6 +292,7 @@ class RayLoader:
                 compute=ray.data.TaskPoolStrategy(size=tasks),
                 label_selector=cluster.node_label_selector(info.node_ids),
                 zero_copy_batch=True,
+                max_retries=self.max_task_retries,
             )
         batches = dataset.iter_torch_batches(
             batch_size=None,  # each block is one batch already: no re-batching copy
@@ -308,10 +318,8 @@ class RayEpoch(Iterator[Any]):
         self.batches = 0
         try:
             self._dataset, self._source = owner._start_epoch()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ConfigError, PipelineError, ImportError):
             self._fail()
-            raise
-        except (ConfigError, PipelineError, ImportError):
             raise
         except Exception as exc:
             self._fail()
@@ -432,21 +440,46 @@ def _data_context(ray: Any, *, preserve_order: bool) -> Iterator[None]:
     The user's own context is put back afterwards. Blocks are not reshaped (one block is one batch),
     progress bars are off (fastpipe has its own) and the order is the caller's choice.
     """
-    context = ray.data.DataContext.get_current()
+    with contextlib.suppress(Exception):  # Ray would warn once that its progress bars are off: fastpipe turned them off
+        from ray.util.debug import log_once
+
+        log_once("ray_data_progress_manager_disabled")
     names = ("target_max_block_size", "enable_progress_bars", "print_on_execution_start", "execution_options")
-    saved = {name: getattr(context, name) for name in names if hasattr(context, name)}
-    try:
-        options = copy.deepcopy(context.execution_options)
-        options.preserve_order = preserve_order
-        context.execution_options = options
-        context.target_max_block_size = None
-        context.enable_progress_bars = False
-        if "print_on_execution_start" in saved:
-            context.print_on_execution_start = False
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(context, name, value)
+    with warnings.catch_warnings():
+        # Making and copying Ray's default context trips its deprecated-field warnings: not the user's to fix
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.data\.context")
+        context = ray.data.DataContext.get_current()
+        saved = {name: getattr(context, name) for name in names if hasattr(context, name)}
+        try:
+            options = copy.deepcopy(context.execution_options)
+            options.preserve_order = preserve_order
+            context.execution_options = options
+            context.target_max_block_size = None
+            context.enable_progress_bars = False
+            if "print_on_execution_start" in saved:
+                context.print_on_execution_start = False
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(context, name, value)
+
+
+def _map_batches(dataset: Any, fn: Callable[..., Any], *, max_retries: int, **options: Any) -> Any:
+    """``dataset.map_batches`` with a bounded number of task retries.
+
+    Ray Data retries a task whose worker died forever (``max_retries=-1``), so a dataset that
+    segfaults on one sample would hang the epoch. Ray 2.5x deprecates passing ``max_retries``
+    (as a raw remote argument) without offering a named replacement yet; until it does, the
+    deprecation warning is silenced here, and a Ray that rejects the argument gets its default.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated.*")
+        try:
+            return dataset.map_batches(fn, max_retries=max_retries, **options)
+        except TypeError as exc:
+            if "max_retries" not in str(exc):
+                raise
+    return dataset.map_batches(fn, **options)
 
 
 def _session_key(ray: Any) -> Any:
