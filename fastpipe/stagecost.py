@@ -21,7 +21,8 @@ short pass over the user's pipeline:
 Two independent references check the accounting: the per-sample worker time implied by the
 measured throughput (``num_workers x wall time / samples``, equal to the workers' busy time
 when the pipeline is input-bound), and the workers' CPU time as the OS counts it (psutil).
-An optional untimed pass checks that timing does not perturb throughput beyond noise.
+Optional untimed passes, before and after the timed one, check that timing perturbs neither
+throughput (beyond noise) nor the workers' CPU per sample.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastpipe._system import usable_cores
-from fastpipe.cache import rebuild_loader, stage_of_error
+from fastpipe.cache import CachePointDataset, rebuild_loader, stage_of_error
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, FastpipeError, PipelineError
 from fastpipe.measure import Measurement, device_batches, measure_steps
@@ -236,8 +237,11 @@ def loader_with(loader: DataLoader, dataset: Any, *, timeout: float | None = Non
     """A new DataLoader over ``dataset`` with ``loader``'s settings, except ``overrides`` (e.g. num_workers=3).
 
     Built by :func:`fastpipe.cache.rebuild_loader`, so it keeps exactly what a diagnosis keeps;
-    DataLoader's own checks apply to the overridden values.
+    DataLoader's own checks apply to the overridden values. An IterableDataset gets no sampler
+    (DataLoader refuses one, even the placeholder it made for the original loader).
     """
+    if isinstance(dataset, IterableDataset):
+        overrides.setdefault("sampler", None)
     return rebuild_loader(_Overrides(loader, overrides), dataset, timeout=timeout)  # type: ignore[arg-type]
 
 
@@ -374,6 +378,12 @@ class StageCosts:
     """The workers' CPU time per sample as the OS counted it (None with num_workers=0)."""
     untimed_steps_per_s: float | None = None
     untimed_noise: float | None = None
+    untimed_passes: list[float] = field(default_factory=list)
+    """Steps/s of each untimed pass (before, after): far apart means the machine's load drifted."""
+    untimed_os_worker_cpu_ms_per_sample: float | None = None
+    timing_us_per_sample: float | None = None
+    """CPU microseconds per sample the timing itself adds, from :func:`timing_cost_us`."""
+    """The workers' CPU per sample in the untimed passes, as the OS counted it."""
     tolerance: float = 0.05
     notes: list[str] = field(default_factory=list)
 
@@ -429,6 +439,16 @@ class StageCosts:
         return 1.0 - self.steps_per_s / self.untimed_steps_per_s
 
     @property
+    def cpu_overhead(self) -> float | None:
+        """Relative worker CPU added by timing: timed / untimed OS-counted CPU per sample - 1 (None unless checked).
+
+        Less sensitive than throughput to other load on a shared machine, which slows a pass
+        without making its workers do more work.
+        """
+        timed, untimed = self.os_worker_cpu_ms_per_sample, self.untimed_os_worker_cpu_ms_per_sample
+        return None if not timed or not untimed else timed / untimed - 1.0
+
+    @property
     def overhead_noise(self) -> float | None:
         """The allowance for the overhead check, in steps/s: two standard errors of the difference, or ``tolerance``."""
         if self.untimed_steps_per_s is None:
@@ -462,6 +482,7 @@ class StageCosts:
             pipeline_samples_per_s=_finite(self.pipeline_samples_per_s),
             measured_worker_ms_per_sample=self.measured_worker_ms_per_sample, coverage=self.coverage,
             cpu_coverage=self.cpu_coverage, overhead=self.overhead, overhead_within_noise=self.overhead_within_noise,
+            cpu_overhead=self.cpu_overhead,
         )
         for stage in data["stages"]:
             stage["samples_per_s_alone"] = _finite(stage["samples_per_s_alone"])
@@ -471,11 +492,13 @@ class StageCosts:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    HEADERS = ("stage", "ms/sample", "CPU ms/sample", "of worker time", "samples/s alone")
+    HEADERS = ("stage", "ms/sample", "of worker time", "CPU ms/sample", "of worker CPU", "samples/s alone")
 
     def rows(self) -> list[tuple[str, ...]]:
-        rows = [(s.name, f"{s.ms_per_sample:.2f}", f"{s.cpu_ms_per_sample:.2f}", f"{s.share:.1%}", _rate(s.samples_per_s_alone)) for s in self.stages]
-        rows.append(("all stages", f"{self.total_ms_per_sample:.2f}", f"{self.total_cpu_ms_per_sample:.2f}", "100.0%", _rate(self.pipeline_samples_per_s)))
+        rows = [(s.name, f"{s.ms_per_sample:.2f}", f"{s.share:.1%}", f"{s.cpu_ms_per_sample:.2f}",
+                 "-" if math.isnan(s.cpu_share) else f"{s.cpu_share:.1%}", _rate(s.samples_per_s_alone)) for s in self.stages]
+        rows.append(("all stages", f"{self.total_ms_per_sample:.2f}", "100.0%", f"{self.total_cpu_ms_per_sample:.2f}", "100.0%",
+                     _rate(self.pipeline_samples_per_s)))
         return rows
 
     def _who(self) -> str:
@@ -510,7 +533,9 @@ class StageCosts:
             lines.append(
                 f"Check: the timed pass ran at {self.steps_per_s:.3f} steps/s, i.e. {measured:.2f} ms of worker time per sample; "
                 f"the stages sum to {self.coverage:.0%} of it"
-                + ("" if self.coverage >= 0.8 else " (workers idled: the pipeline kept up with the device, or the main process limited it)")
+                + (" (workers idled: the pipeline kept up with the device, or the main process limited it)" if self.coverage < 0.8 else
+                   " (more than the wall time allows: the machine's load changed during the pass; rerun with more --steps)"
+                   if self.coverage > 1.2 else "")
             )
         if self.cpu_coverage is not None and self.os_worker_cpu_ms_per_sample:
             lines.append(f"Check: the OS counted {self.os_worker_cpu_ms_per_sample:.2f} ms of worker CPU per sample; the stages' CPU sums to {self.cpu_coverage:.0%} of it")
@@ -518,14 +543,21 @@ class StageCosts:
             verdict = "within noise" if self.overhead_within_noise else "MORE than noise: treat these costs with care"
             lines.append(
                 f"Timing overhead: {self.steps_per_s:.3f} steps/s timed vs {self.untimed_steps_per_s:.3f} untimed "
+                f"({' and '.join(f'{v:.3f}' for v in self.untimed_passes)} before and after) "
                 f"({abs(self.overhead):.1%} {'slower' if self.overhead > 0 else 'faster'}; noise allowance "
                 f"±{self.overhead_noise:.3f} steps/s): {verdict}"
             )
+        if self.timing_us_per_sample is not None and self.total_ms_per_sample > 0:
+            lines.append(f"Timing itself costs {self.timing_us_per_sample:.1f} µs of CPU per sample "
+                         f"({self.timing_us_per_sample / 10 / self.total_ms_per_sample:.2f}% of the stages' time), measured in-process")
+        if self.cpu_overhead is not None:
+            lines.append(f"Timing overhead in worker CPU: {self.os_worker_cpu_ms_per_sample:.2f} ms per sample timed vs "
+                         f"{self.untimed_os_worker_cpu_ms_per_sample:.2f} untimed ({self.cpu_overhead:+.1%})")
         lines += [f"Note: {note}" for note in self.notes]
         return lines
 
     def markdown_lines(self) -> list[str]:
-        out = ["| " + " | ".join(self.HEADERS) + " |", "|---|---:|---:|---:|---:|"]
+        out = ["| " + " | ".join(self.HEADERS) + " |", "|---" + "|---:" * (len(self.HEADERS) - 1) + "|"]
         out += ["| " + " | ".join(row) + " |" for row in self.rows()]
         return out
 
@@ -539,7 +571,8 @@ class StageCosts:
 
         table = Table()
         for i, header in enumerate(self.HEADERS):
-            table.add_column(header if i < 4 else f"samples/s alone ({self.parallelism})", justify="left" if i == 0 else "right")
+            last = i == len(self.HEADERS) - 1
+            table.add_column(f"samples/s alone ({self.parallelism})" if last else header, justify="left" if i == 0 else "right")
         for row in self.rows():
             table.add_row(*row)
         buffer = io.StringIO()
@@ -572,6 +605,54 @@ def coerce_workload(source: "DataLoader | Workload", step: Callable[[Any], Any] 
     if step is None or not callable(step):
         raise ConfigError("pass step, a function step(batch) that runs one training step (or a Workload)")
     return Workload(loader=source, step=step, name=name or "workload")
+
+
+class _Noop:
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+class _ProbeDataset(Dataset):
+    """Free samples through ``stages`` no-op transforms: whatever reading it costs is fastpipe's own."""
+
+    def __init__(self, stages: int) -> None:
+        from torchvision.transforms import Compose
+
+        self.transform = Compose([_Noop() for _ in range(stages)])
+        self.sample = torch.zeros(4)
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Any:
+        return self.transform(self.sample)
+
+
+def timing_cost_us(stages: int, *, samples: int = 400, batch: int = 8, repeats: int = 3) -> float:
+    """CPU microseconds per sample that timing adds to a pipeline of ``stages`` transforms.
+
+    Measured in this process on a pipeline that costs nothing, read as a diagnosis reads it
+    (stages labelled, untimed) and as the stage-cost pass reads it (timed, labelled, collate
+    wrapped); the best of ``repeats`` of each. A busy machine cannot inflate this the way it
+    inflates an A/B comparison of throughput, since both sides run back to back on one thread.
+    """
+    from torch.utils.data import default_collate
+
+    probe = _ProbeDataset(stages)
+    pipeline, _ = find_pipeline(probe)
+    untimed, timed, collate = CachePointDataset(probe, pipeline, "baseline"), TimedDataset(probe, pipeline), TimedCollate(default_collate)
+
+    def cost(read: Callable[[int], Any], gather: Callable[[list[Any]], Any]) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            began = time.thread_time()
+            for start in range(0, samples, batch):
+                gather([read(i) for i in range(start, start + batch)])
+            best = min(best, time.thread_time() - began)
+        return best
+
+    extra = cost(timed.__getitem__, collate) - cost(untimed.__getitem__, default_collate)
+    return max(0.0, 1e6 * extra / samples)
 
 
 def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[DataLoader, list[str]]:
@@ -644,15 +725,30 @@ def round_noise(step_times: list[float], workers: int) -> float:
     return statistics.stdev(values) / statistics.fmean(values) / math.sqrt(len(values))
 
 
-def _timed_pass(workload: Workload, device: Device, steps: int, warmup: int, worker_timeout: float) -> tuple[Measurement, list[BatchTimings], float | None, list[str]]:
-    loader, notes = timed_loader(workload.loader, timeout=worker_timeout)
-    tap = _Tap(loader)
+def untimed_loader(loader: DataLoader, *, timeout: float | None = None) -> DataLoader:
+    """The diagnosis's baseline: ``loader``'s pipeline run as is, its stages labelled but not timed."""
+    pipeline, _ = find_pipeline(loader.dataset)
+    dataset = loader.dataset if pipeline is None else CachePointDataset(loader.dataset, pipeline, "baseline")
+    return loader_with(loader, dataset, timeout=timeout)
+
+
+@dataclass
+class _Pass:
+    measurement: Measurement
+    worker_cpu_s: float
+    samples: int
+    """Samples the loop consumed while ``worker_cpu_s`` was counted."""
+
+
+def _run_pass(workload: Workload, device: Device, loader: Any, steps: int, warmup: int, tap: _Tap | None = None) -> _Pass:
+    """The workload's own loop over ``loader`` (a DataLoader or a timing tap), timed after warm-up."""
     children = _ChildCpu()
-    batches = device_batches(dataclasses.replace(workload, loader=tap), device)  # type: ignore[arg-type]
+    batches = device_batches(dataclasses.replace(workload, loader=loader), device)
 
     def on_step(i: int) -> None:
         if i == warmup - 1:
-            tap.mark()
+            if tap is not None:
+                tap.mark()
             children.start()
 
     def run_step(batch: Any) -> None:
@@ -668,16 +764,20 @@ def _timed_pass(workload: Workload, device: Device, steps: int, warmup: int, wor
     except (FastpipeError, KeyboardInterrupt):
         raise
     except Exception as exc:
-        raise _pipeline_error(exc, "stage-cost pass") from exc
+        raise _pipeline_error(exc, "stage-cost pass" if tap is not None else "untimed pass") from exc
     finally:
         children.stop()
         batches.close()
-    records = tap.measured()
     # in steady state the workers produce what the loop consumes, so the window's samples are the steps' samples
-    # (the timings themselves arrive a batch or two ahead of the step, through the pin thread)
-    consumed = steps * workload.loader.batch_size if workload.loader.batch_size else sum(r.samples for r in records)
-    os_cpu = 1000 * children.seconds / consumed if workload.loader.num_workers > 0 and consumed and children.seconds > 0 else None
-    return measurement, records, os_cpu, notes
+    # (timings themselves arrive a batch or two ahead of their step, through the pin thread)
+    batch_size = workload.loader.batch_size
+    samples = steps * batch_size if batch_size else sum(r.samples for r in (tap.measured() if tap is not None else []))
+    return _Pass(measurement, children.seconds, samples)
+
+
+def _worker_cpu_ms(passes: list[_Pass], workers: int) -> float | None:
+    seconds, samples = sum(p.worker_cpu_s for p in passes), sum(p.samples for p in passes)
+    return 1000 * seconds / samples if workers > 0 and samples and seconds > 0 else None
 
 
 def measure_stage_costs(
@@ -698,8 +798,9 @@ def measure_stage_costs(
         source: a :class:`~fastpipe.Workload`, or a DataLoader with ``step``.
         device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS`` or a Device (default: cuda if present, else sim:290).
         steps, warmup: measured and untimed steps; steps round up to whole rounds of workers, as a diagnosis does.
-        check_overhead: also run the same loop untimed (the diagnosis's baseline) and record its steps/s,
-            so :attr:`StageCosts.overhead_within_noise` says whether timing perturbed throughput.
+        check_overhead: also run the loop untimed (the diagnosis's baseline) before and after the timed pass, so
+            :attr:`StageCosts.overhead_within_noise` says whether timing perturbed throughput; running it on both
+            sides lets drift of a busy machine show as noise instead of as overhead.
         tolerance: the smallest relative throughput difference the overhead check counts, besides noise.
         worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
 
@@ -717,23 +818,29 @@ def measure_stage_costs(
     workers = loader.num_workers
     steps = max(1, workers) * math.ceil(steps / max(1, workers))
     pipeline, _ = find_pipeline(loader.dataset)
-    untimed = None
+    untimed: list[_Pass] = []
+    timed, notes = timed_loader(loader, timeout=worker_timeout)
+    tap = _Tap(timed)
     with preserve_user_state(workload.model, workload.optimizer, loader):
         if check_overhead:
-            from fastpipe.diagnose import measure_points
-
-            untimed = measure_points(workload, device, ["baseline"], steps=steps, warmup=warmup, worker_timeout=worker_timeout)["baseline"]
-        measurement, records, os_cpu, notes = _timed_pass(workload, device, steps, warmup, worker_timeout)
-    stages, samples = summarize(records, pipeline.names() if pipeline is not None else [], workers)
+            untimed.append(_run_pass(workload, device, untimed_loader(loader, timeout=worker_timeout), steps, warmup))
+        result = _run_pass(workload, device, tap, steps, warmup, tap)
+        if check_overhead:
+            untimed.append(_run_pass(workload, device, untimed_loader(loader, timeout=worker_timeout), steps, warmup))
+    stages, samples = summarize(tap.measured(), pipeline.names() if pipeline is not None else [], workers)
     if workers == 0:
         notes.append("num_workers=0: the stages ran in the training process, between steps")
+    untimed_times = [t for p in untimed for t in p.measurement.step_times]
     return StageCosts(
         workload=workload.name, device=device.spec, num_workers=workers, batch_size=loader.batch_size, cores=usable_cores(),
-        steps=steps, warmup=warmup, stages=stages, samples=samples, steps_per_s=measurement.steps_per_s,
-        noise=round_noise(measurement.step_times, workers), cpu_util=measurement.cpu_util, system_cpu_util=measurement.system_cpu_util,
-        os_worker_cpu_ms_per_sample=os_cpu,
-        untimed_steps_per_s=None if untimed is None else untimed.steps_per_s,
-        untimed_noise=None if untimed is None else round_noise(untimed.step_times, workers), tolerance=tolerance, notes=notes,
+        steps=steps, warmup=warmup, stages=stages, samples=samples, steps_per_s=result.measurement.steps_per_s,
+        noise=round_noise(result.measurement.step_times, workers), cpu_util=result.measurement.cpu_util,
+        system_cpu_util=result.measurement.system_cpu_util, os_worker_cpu_ms_per_sample=_worker_cpu_ms([result], workers),
+        untimed_steps_per_s=len(untimed_times) / sum(untimed_times) if untimed_times else None,
+        untimed_noise=round_noise(untimed_times, workers) if untimed_times else None,
+        untimed_passes=[p.measurement.steps_per_s for p in untimed],
+        untimed_os_worker_cpu_ms_per_sample=_worker_cpu_ms(untimed, workers), tolerance=tolerance, notes=notes,
+        timing_us_per_sample=timing_cost_us(len(pipeline.stages) if pipeline is not None else 0),
     )
 
 

@@ -132,6 +132,10 @@ class Trial:
     """Relative standard error of ``steps_per_s``, over whole rounds of workers."""
     fraction_of_bound: float | None = None
     cpu_util: float | None = None
+    system_cpu_util: float | None = None
+    """The whole machine's CPU use meanwhile: other users of a shared machine show here."""
+    runs: int = 0
+    """Measurement runs pooled into this result: a noisy first run is extended (see ``tune(extensions=...)``)."""
     rss_peak_bytes: int | None = None
     shm_peak_bytes: int | None = None
     """Peak rise of ``/dev/shm`` use during the run (other users of the machine show here too)."""
@@ -185,17 +189,17 @@ class TuneResult:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    HEADERS = ("workers", "prefetch", "steps/s", "of bound", "noise", "CPU", "RSS (tree)", "/dev/shm peak", "shm estimate", "")
+    HEADERS = ("workers", "prefetch", "steps/s", "of bound", "noise", "runs", "CPU", "RSS (tree)", "/dev/shm peak", "shm estimate", "")
 
     def rows(self) -> list[tuple[str, ...]]:
-        rows = [("device bound", "", f"{self.bound_steps_per_s:.3f}", "100.0%", f"±{self.bound_noise:.1%}", "", "", "", "", "")]
+        rows = [("device bound", "", f"{self.bound_steps_per_s:.3f}", "100.0%", f"±{self.bound_noise:.1%}", "1", "", "", "", "", "")]
         for t in self.trials:
             mark = "<- recommended" if t is self.recommended else ("" if t.status == "measured" else t.status.upper())
             rows.append((
                 str(t.num_workers), str(t.prefetch_factor),
                 "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
                 "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
-                "-" if t.noise is None else f"±{t.noise:.1%}",
+                "-" if t.noise is None else f"±{t.noise:.1%}", str(t.runs),
                 "-" if t.cpu_util is None else f"{t.cpu_util:.0%}",
                 _size(t.rss_peak_bytes), _size(t.shm_peak_bytes), _size(t.shm_estimate_bytes), mark,
             ))
@@ -218,7 +222,7 @@ class TuneResult:
 
         table = Table()
         for i, header in enumerate(self.HEADERS):
-            table.add_column(header, justify="left" if i in (0, 9) else "right")
+            table.add_column(header, justify="left" if i in (0, len(self.HEADERS) - 1) else "right")
         for row in self.rows():
             table.add_row(*row)
         buffer = io.StringIO()
@@ -259,10 +263,10 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
 
 
 class _Sweep:
-    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float,
+    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float, extensions: int,
                  shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None) -> None:
         self.workload, self.device = workload, device
-        self.steps, self.warmup, self.tolerance = steps, warmup, tolerance
+        self.steps, self.warmup, self.tolerance, self.extensions = steps, warmup, tolerance, extensions
         self.shm_budget, self.worker_timeout, self.on_trial = shm_budget, worker_timeout, on_trial
         self.bound = math.nan
         self.bound_noise = 0.0
@@ -301,10 +305,17 @@ class _Sweep:
             return self._done(trial)
         loader = loader_with(self.workload.loader, self.workload.loader.dataset, num_workers=workers, prefetch_factor=prefetch)
         workload = dataclasses.replace(self.workload, loader=loader)
+        step_times: list[float] = []
+        cpu: list[tuple[float, float]] = []
         try:
             with _MemoryWatch() as memory:
-                result = measure_points(workload, self.device, ["baseline"], steps=self.steps, warmup=max(self.warmup, workers),
-                                        worker_timeout=self.worker_timeout)["baseline"]
+                for _ in range(1 + self.extensions):
+                    result = measure_points(workload, self.device, ["baseline"], steps=self.steps, warmup=max(self.warmup, workers),
+                                            worker_timeout=self.worker_timeout)["baseline"]
+                    step_times += result.step_times
+                    cpu.append((result.cpu_util, result.system_cpu_util))
+                    if not self.noisy(len(step_times) / sum(step_times), round_noise(step_times, workers)):
+                        break
         except PipelineError as exc:
             message = _memory_failure(exc, f"{_workers(workers)} with prefetch_factor {prefetch}")
             if message is None:
@@ -312,9 +323,17 @@ class _Sweep:
             trial.status, trial.message = "failed", message
             self.warnings.append(message)
             return self._done(trial)
-        trial.steps_per_s, trial.cpu_util = result.steps_per_s, result.cpu_util
-        trial.noise = round_noise(result.step_times, workers)
-        trial.fraction_of_bound = result.steps_per_s / self.bound
+        trial.runs = len(cpu)
+        trial.steps_per_s, trial.noise = len(step_times) / sum(step_times), round_noise(step_times, workers)
+        trial.cpu_util = sum(c for c, _ in cpu) / len(cpu)
+        trial.system_cpu_util = sum(m for _, m in cpu) / len(cpu)
+        trial.fraction_of_bound = trial.steps_per_s / self.bound
+        if self.noisy(trial.steps_per_s, trial.noise):
+            self.warnings.append(
+                f"{_workers(workers)} with prefetch_factor {prefetch}: throughput stayed noisy (±{trial.noise:.0%}) over "
+                f"{trial.runs} runs, with the machine {trial.system_cpu_util:.0%} busy; decisions near it are uncertain: "
+                "rerun on a quieter machine or with more --steps"
+            )
         trial.rss_peak_bytes, trial.shm_peak_bytes = memory.rss_peak, memory.shm_peak
         if free is not None and estimate > 0.5 * free:
             self.warnings.append(f"{_workers(workers)} with prefetch_factor {prefetch} need about {_size(estimate)} of the "
@@ -328,21 +347,34 @@ class _Sweep:
         return trial
 
     # ----- deciding ---------------------------------------------------------------------
-    def allowance(self, a: float, a_noise: float, b: float, b_noise: float) -> float:
-        """How far apart two steps/s may be and still count as equal: two standard errors, or ``tolerance`` of the bound."""
-        return max(2 * math.hypot(a * a_noise, b * b_noise), self.tolerance * self.bound)
+    def noisy(self, steps_per_s: float, noise: float) -> bool:
+        """Two standard errors wider than the tolerance: too noisy to decide on, so worth measuring longer."""
+        return 2 * noise * steps_per_s > self.tolerance * self.bound
+
+    def allowance(self, a: float, a_noise: float, b: float, b_noise: float, capped: bool) -> float:
+        """How far apart two steps/s may be and still count as equal: two standard errors, at least ``tolerance`` of the bound.
+
+        ``capped``: at most twice the tolerance, so that a noisy run cannot pass a large gap off as
+        "within noise" when claiming a setting is as good (at the bound, or as the best); claims
+        that one setting is *better* stay uncapped, so noise makes them harder, never easier.
+        """
+        floor = self.tolerance * self.bound
+        allowance = max(2 * math.hypot(a * a_noise, b * b_noise), floor)
+        return min(allowance, 2 * floor) if capped else allowance
 
     def at_bound(self, trial: Trial) -> bool:
         assert trial.steps_per_s is not None and trial.noise is not None
-        return self.bound - trial.steps_per_s <= self.allowance(self.bound, self.bound_noise, trial.steps_per_s, trial.noise)
+        return self.bound - trial.steps_per_s <= self.allowance(self.bound, self.bound_noise, trial.steps_per_s, trial.noise, capped=True)
 
     def better(self, trial: Trial, than: Trial) -> bool:
         assert trial.steps_per_s is not None and than.steps_per_s is not None
-        return trial.steps_per_s - than.steps_per_s > self.allowance(trial.steps_per_s, trial.noise or 0.0, than.steps_per_s, than.noise or 0.0)
+        allowance = self.allowance(trial.steps_per_s, trial.noise or 0.0, than.steps_per_s, than.noise or 0.0, capped=False)
+        return trial.steps_per_s - than.steps_per_s > allowance
 
     def equal(self, trial: Trial, best: Trial) -> bool:
         assert trial.steps_per_s is not None and best.steps_per_s is not None
-        return best.steps_per_s - trial.steps_per_s <= self.allowance(trial.steps_per_s, trial.noise or 0.0, best.steps_per_s, best.noise or 0.0)
+        allowance = self.allowance(trial.steps_per_s, trial.noise or 0.0, best.steps_per_s, best.noise or 0.0, capped=True)
+        return best.steps_per_s - trial.steps_per_s <= allowance
 
     def measured(self) -> list[Trial]:
         return [t for t in self.trials if t.measured]
@@ -431,6 +463,7 @@ def tune(
     max_workers: int | None = None,
     prefetch_factors: Iterable[int] = (2, 4),
     tolerance: float = 0.05,
+    extensions: int = 2,
     shm_budget_bytes: int | None = None,
     worker_timeout: float = 300.0,
     on_trial: Callable[[Trial], None] | None = None,
@@ -445,6 +478,8 @@ def tune(
         max_workers: the largest count tried (default: usable cores + 2).
         prefetch_factors: the values the second sweep may try at the chosen worker count.
         tolerance: differences below this fraction of the device bound count as noise, whatever the statistics say.
+        extensions: how many more runs a setting gets, pooled with the first, while two standard errors
+            of its throughput exceed ``tolerance`` of the bound (a busy machine).
         shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
         worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
         on_trial: called with each :class:`Trial` as it finishes (for progress output).
@@ -462,12 +497,14 @@ def tune(
         raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
     if not factors or factors[0] < 1:
         raise ConfigError(f"prefetch factors must be whole numbers >= 1, e.g. 2,4; got {list(prefetch_factors)}")
-    if not 0 <= tolerance < 1:
+    if not 0 < tolerance < 1:
         raise ConfigError(f"tolerance is a fraction of the device bound, e.g. 0.05; got {tolerance}")
+    if extensions < 0:
+        raise ConfigError(f"extensions must be 0 or more, got {extensions}")
     device = parse_device(device)
     loader = workload.loader
     base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
-    sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, shm_budget=shm_budget_bytes,
+    sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, extensions=extensions, shm_budget=shm_budget_bytes,
                    worker_timeout=worker_timeout, on_trial=on_trial)
     stops: list[str] = []
     with preserve_user_state(workload.model, workload.optimizer, loader):

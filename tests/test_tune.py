@@ -1,0 +1,122 @@
+"""The worker / prefetch tuner on planted sleep costs: where it stops, what it recommends, memory warnings."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torchvision.transforms as T
+from torch.utils.data import DataLoader, default_collate
+
+from fastpipe._tree import tree_nbytes
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.tune import TuneResult, _memory_failure, shm_estimate, tune
+from tests.fakes import Fast, PlantedDataset
+
+# The sim step loop adds the loader's own ~2 ms per step to the bound's; a 10% tolerance keeps
+# that (and a busy machine) from deciding, while the planted gaps below are 25% or more.
+TOLERANCE = 0.1
+
+
+def loader_for(raw_ms: float, shape: tuple[int, ...] = (3, 8, 8), workers: int = 2) -> DataLoader:
+    dataset = PlantedDataset(length=400, shape=shape, raw_ms=raw_ms, transform=T.Compose([Fast()]))
+    return DataLoader(dataset, batch_size=4, num_workers=workers)
+
+
+def run(loader: DataLoader, device: str, **kwargs) -> TuneResult:
+    kwargs.setdefault("steps", 8)
+    kwargs.setdefault("warmup", 2)
+    kwargs.setdefault("tolerance", TOLERANCE)
+    return tune(loader, device, step=lambda batch: None, **kwargs)
+
+
+def settings(result: TuneResult) -> list[tuple[int, int]]:
+    return [(t.num_workers, t.prefetch_factor) for t in result.trials]
+
+
+def test_stops_at_one_worker_when_one_reaches_the_bound() -> None:
+    # 4 samples x 2 ms = 8 ms a batch against a 100 ms step: one worker keeps up with room to spare
+    result = run(loader_for(raw_ms=2), "sim:100")
+    assert settings(result) == [(1, 2)], result.to_table()  # neither 2 workers nor prefetch 4 were tried
+    assert result.recommended is result.trials[0] and result.reaches_bound
+    assert "the fewest possible" in result.summary
+    assert any("reached the device bound" in stop for stop in result.stops)
+    assert any("prefetch_factor 4" in stop for stop in result.stops)
+
+
+def test_finds_the_smallest_worker_count_that_reaches_the_bound() -> None:
+    # 4 x 15 ms = 60 ms a batch per worker: one worker gives ~16.7 steps/s, two give 33 > the bound of 25
+    result = run(loader_for(raw_ms=15), "sim:40")
+    assert settings(result) == [(1, 2), (2, 2)], result.to_table()
+    one, two = result.trials
+    assert one.fraction_of_bound < 0.8 and result.recommended is two and result.reaches_bound
+    assert "1 worker did not" in result.summary and "smallest worker count" in result.summary
+    for trial in result.trials:  # memory is watched on every setting
+        assert trial.rss_peak_bytes and trial.rss_peak_bytes > 0
+        assert trial.shm_estimate_bytes == shm_estimate(result.batch_bytes, trial.num_workers, trial.prefetch_factor)
+
+
+def test_stops_when_more_workers_do_not_help() -> None:
+    # a pageable copy of 196 kB at 0.005 GB/s blocks the host for ~39 ms a step, whatever the workers do
+    result = run(loader_for(raw_ms=2, shape=(3, 64, 64)), "sim:10,h2d_gbps=0.005")
+    workers_tried = [t.num_workers for t in result.trials if t.phase == "workers"]
+    assert workers_tried == [1, 2], result.to_table()
+    assert any("no gain beyond noise" in stop for stop in result.stops)
+    assert not result.reaches_bound and result.recommended.num_workers == 1
+    assert "No setting tried reaches the device bound" in result.summary
+
+
+def test_a_setting_that_would_exhaust_shm_is_skipped_with_a_warning() -> None:
+    loader = loader_for(raw_ms=15)
+    batch_bytes = tree_nbytes(default_collate([loader.dataset[i] for i in range(4)]))
+    budget = (shm_estimate(batch_bytes, 1, 2) + shm_estimate(batch_bytes, 2, 2)) // 2  # room for one worker, not two
+    result = run(loader, "sim:40", shm_budget_bytes=budget)
+    # two workers, and then a deeper queue for one, would each hold 6 batches: neither is run
+    assert [(t.num_workers, t.prefetch_factor, t.status) for t in result.trials] == [(1, 2, "measured"), (2, 2, "skipped"), (1, 4, "skipped")]
+    assert result.trials[1].steps_per_s is None
+    assert any("Bus error" in w and "/dev/shm" in w and "--shm-size" in w for w in result.warnings)
+    assert result.recommended is result.trials[0]
+    assert "SKIPPED" in result.to_table()
+
+
+def test_memory_failures_become_clear_messages() -> None:
+    bus = PipelineError("the data pipeline failed: RuntimeError: DataLoader worker (pid 123) is killed by signal: Bus error.")
+    assert "/dev/shm filled up" in _memory_failure(bus, "3 workers")
+    oom = PipelineError("DataLoader worker (pid 7) is killed by signal: Killed.")
+    assert "OOM" in _memory_failure(oom, "3 workers")
+    assert _memory_failure(PipelineError("stage 'Raise' raised ValueError"), "3 workers") is None
+
+
+def test_renders_and_serializes() -> None:
+    result = run(loader_for(raw_ms=2), "sim:100")
+    data = json.loads(result.to_json())
+    assert data["schema"] == "fastpipe.tune/1" and data["recommended"]["num_workers"] == 1
+    assert data["trials"][0]["fraction_of_bound"] > 0 and data["bound_steps_per_s"] > 0
+    table = result.to_table()
+    assert "device bound" in table and "<- recommended" in table and "Recommended:" in table
+
+
+def test_bad_arguments() -> None:
+    loader = loader_for(raw_ms=0)
+    with pytest.raises(ConfigError, match="max_workers"):
+        run(loader, "sim:10", max_workers=0)
+    with pytest.raises(ConfigError, match="prefetch"):
+        run(loader, "sim:10", prefetch_factors=[0])
+    with pytest.raises(ConfigError, match="step"):
+        tune(loader, "sim:10")
+
+
+def test_cli_tune(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fastpipe.commands import tune as command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    out = tmp_path / "tune.json"
+    args = parser.parse_args(["tune", "toy:naive", "--device", "sim:50", "--steps", "2", "--warmup", "1", "--max-workers", "1",
+                              "--prefetch-factors", "2", "--batch-size", "2", "--raw-size", "64", "--img-size", "32", "--json", str(out)])
+    assert args.handler(args) == 0
+    captured = capsys.readouterr()
+    assert "Recommended:" in captured.out and "tried num_workers=1" in captured.err
+    assert json.loads(out.read_text())["recommended"]["num_workers"] == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["tune", "toy:naive", "--prefetch-factors", "two"])
