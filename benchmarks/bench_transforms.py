@@ -1,9 +1,9 @@
 """What the drop-in parts buy: per-op cost, per-sample worker cost, host-to-device bytes.
 
 One table, measured in this process with one thread (``torch.set_num_threads(1)``), which is
-what one DataLoader worker has. Every candidate of a group is timed once per round, round
-after round, and the median per candidate is reported, so a change of load on a shared
-machine hits naive and fast alike and the ratios stay honest. Times are CPU seconds of this
+what one DataLoader worker has. Every candidate of a group is timed once per round, in a
+shuffled order, round after round, and the median per candidate is reported, so a change of
+load on a shared machine hits naive and fast alike and the ratios stay honest. Times are CPU seconds of this
 thread (``time.thread_time``), which other processes' load disturbs less than wall time.
 
 Targets (issue 4), each printed as PASS or FAIL with the ratio measured in this run:
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -55,15 +56,23 @@ class Row:
 
 
 def interleaved_medians(candidates: dict[str, Callable[[], Any]], rounds: int, warmup: int = 3) -> dict[str, float]:
-    """Median thread-CPU seconds per call of each candidate, timed in alternating rounds."""
+    """Median thread-CPU seconds per call of each candidate, timed in alternating rounds.
+
+    The order is shuffled every round: whoever runs right after a cache-hungry candidate
+    (the naive mask, a 3 MB raw image) starts with cold caches, and a fixed order would hand
+    that penalty to the same candidate every time.
+    """
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
+    order = list(candidates)
+    shuffler = random.Random(0)
     for _ in range(rounds):
-        for name, fn in candidates.items():
+        shuffler.shuffle(order)
+        for name in order:
             start = time.thread_time()
-            fn()
+            candidates[name]()
             samples[name].append(time.thread_time() - start)
     return {name: statistics.median(times) for name, times in samples.items()}
 
@@ -197,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     results = targets(rows)
     print("-- targets (ratios from this run)")
     for label, value, goal, ok in results:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value:.1f}x (target {goal:g}x)")
+        measured = f"{value:.1f}x" if value == value else "not measured"
+        print(f"{'PASS' if ok else 'FAIL'}  {label}: {measured} (target {goal:g}x)")
     load = os.getloadavg()
     print(f"took {time.perf_counter() - began:.0f} s; load average {load[0]:.2f} at the end (a shared machine: other processes compete)")
     if args.json:

@@ -129,6 +129,25 @@ struct View {
   bool rgb_interleaved() const { return channels == 3 && interleaved(); }
 };
 
+// The uint8 HWC -> CHW copy-and-mask, the toy pipeline's hot loop. De-interleaving bytes needs
+// byte shuffles (SSSE3 and up), which the x86-64 baseline the extension is built for lacks; on
+// Linux with GCC or Clang an AVX2 clone is compiled next to the baseline one and picked at load time (ifunc).
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__INTEL_COMPILER)
+#define FASTPIPE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FASTPIPE_CLONES
+#endif
+
+FASTPIPE_CLONES void rgb_u8_to_planar(const uint8_t* __restrict__ src, uint8_t* __restrict__ r, uint8_t* __restrict__ g,
+                                      uint8_t* __restrict__ b, const uint8_t* __restrict__ hit, int64_t width) {
+  for (int64_t x = 0; x < width; ++x) {
+    const uint8_t keep = static_cast<uint8_t>(hit[x] == 0);
+    r[x] = static_cast<uint8_t>(src[3 * x] * keep);
+    g[x] = static_cast<uint8_t>(src[3 * x + 1] * keep);
+    b[x] = static_cast<uint8_t>(src[3 * x + 2] * keep);
+  }
+}
+
 // Loops that compilers vectorise. restrict: the flags never alias the images, and src and dst are
 // distinct in the *_copy versions (in place uses the single-pointer versions). Integers multiply by
 // 0 or 1 (exact); floats select, since a multiply would keep NaN and inf.
@@ -163,6 +182,10 @@ struct Runs {
   // RGB interleaved source (HWC memory) into three planar runs: the HWC -> CHW copy and the mask in one pass.
   static void rgb_to_planar(const scalar_t* __restrict__ src, scalar_t* __restrict__ r, scalar_t* __restrict__ g,
                             scalar_t* __restrict__ b, const uint8_t* __restrict__ hit, int64_t width) {
+    if constexpr (std::is_same<scalar_t, uint8_t>::value) {
+      rgb_u8_to_planar(src, r, g, b, hit, width);
+      return;
+    }
     for (int64_t x = 0; x < width; ++x) {
       r[x] = masked(src[3 * x], hit[x]);
       g[x] = masked(src[3 * x + 1], hit[x]);

@@ -80,7 +80,7 @@ def _numba() -> Any:
 
 
 def _is_integer(array: np.ndarray) -> bool:
-    return bool(np.issubdtype(array.dtype, np.integer))
+    return array.dtype.kind in "iu"  # np.issubdtype is ~10x slower, and this runs per sample
 
 
 def apply_mask(img: Image, mask: np.ndarray | torch.Tensor, backend: str = "auto", inplace: bool = True) -> Image:
@@ -148,7 +148,8 @@ def _numba_mask(img: Any, out: Any, mask: np.ndarray | None, seed: int = 0, bits
     src = _layout.planar_numpy(img)
     dst = src if inplace else _layout.planar_numpy(out)
     draws = _NO_MASK if mask is None else mask
-    src_flat, dst_flat = _layout.interleaved_flat(src), _layout.interleaved_flat(dst)
+    src_flat = _layout.interleaved_flat(src)
+    dst_flat = src_flat if inplace else _layout.interleaved_flat(dst)
     integer = _is_integer(src)
     channels, height = src.shape[0], src.shape[1]
     if src_flat is not None and (inplace or dst_flat is not None):
