@@ -23,10 +23,12 @@ class ConvertColorScale:
     """``Scale(ConvertColor(x))`` on a whole batch, as one affine map: ``(A/255) @ x + b/255``.
 
     Folding the 1/255 into the matrix and offset makes colour conversion and scaling one
-    expression over the batch: a batched 3x3 matmul with the offset added in place (on a
-    CPU this is ~25x faster than a 1x1 ``conv2d``; on a GPU either is memory-bound). It is
-    computed in float32 whatever the output dtype (uint8 values are exact there; bf16
-    weights would cost ~3 significant digits), then cast once.
+    affine expression over the batch, where the naive pipeline runs a matmul, an add, a cast
+    and a divide per sample. Eagerly it is the uint8 -> float32 cast, one batched 3x3 matmul
+    and an in-place add (on a CPU ~25x faster than the equivalent 1x1 ``conv2d``);
+    ``torch.compile`` can fuse the whole expression into one kernel. It is computed in
+    float32 whatever the output dtype (uint8 values are exact there; bf16 weights would cost
+    ~3 significant digits), then cast once.
 
     Args:
         dtype: output dtype: float32 (the article's), or bfloat16/float16 for low-precision models.
