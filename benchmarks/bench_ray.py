@@ -6,6 +6,10 @@ simulated device, and report steps/s, the fraction of the device bound, and the 
 CPU use. On one machine Ray cannot add CPUs, so this measures only what Ray costs; on a cluster
 the same ``toy:ray`` adds the other nodes' CPUs (README, "Data servers on a Ray cluster").
 
+"CPU s/batch" is the CPU the whole process tree (driver, DataLoader workers or Ray's tasks and
+its own processes) spent per batch: what each batch costs whatever the machine's load, and so
+what another node's cores would buy.
+
 Two devices by default: ``sim:290`` (the article's A10G bound, which both loaders may reach, so
 the overhead hides behind the step) and a faster one that leaves both input-bound, where the
 overhead shows in full. Local and Ray runs alternate, round after round, so drift from other
@@ -54,6 +58,11 @@ class Row:
     @property
     def mean(self) -> float:
         return statistics.fmean(self.steps_per_s)
+
+    @property
+    def cpu_s_per_batch(self) -> float:
+        """CPU seconds the process tree (driver, workers, Ray's own processes) spent per batch: load-robust cost."""
+        return statistics.fmean(u * usable_cores() / s for u, s in zip(self.cpu_util, self.steps_per_s))
 
     @property
     def stderr(self) -> float:
@@ -112,11 +121,11 @@ def print_table(rows: list[Row], bounds: dict[str, float], args: argparse.Namesp
     print(f"toy:optimized, batch {args.batch_size}, raw {args.raw_size}, crop {args.img_size}; {args.workers} DataLoader workers "
           f"vs {args.workers} Ray CPUs (local cluster); {args.rounds} round(s) of {args.steps} steps after {args.warmup} warm-up; "
           f"{usable_cores()} usable cores; {elapsed:.0f} s")
-    print(f"{'device':<9} {'loader':<11} {'steps/s':>14} {'of bound':>9} {'CPU (tree)':>11} {'CPU (machine)':>14}")
+    print(f"{'device':<9} {'loader':<11} {'steps/s':>14} {'of bound':>9} {'CPU (tree)':>11} {'CPU s/batch':>12} {'CPU (machine)':>14}")
     for row in rows:
         bound = bounds[row.device]
         print(f"{row.device:<9} {row.loader:<11} {row.mean:>7.3f} ±{2 * row.stderr:<5.3f} {row.mean / bound:>9.1%} "
-              f"{statistics.fmean(row.cpu_util):>11.0%} {statistics.fmean(row.system_cpu_util):>14.0%}")
+              f"{statistics.fmean(row.cpu_util):>11.0%} {row.cpu_s_per_batch:>12.3f} {statistics.fmean(row.system_cpu_util):>14.0%}")
     for device, bound in bounds.items():
         local = next(r for r in rows if r.device == device and r.loader == "DataLoader")
         ray = next(r for r in rows if r.device == device and r.loader == "Ray Data")

@@ -208,11 +208,12 @@ class RayLoader:
         Known without a cluster when ``num_cpus`` is given or fastpipe will start a local one;
         otherwise read from the cluster, connecting to it if need be.
         """
-        if self._num_cpus is not None and self.nodes is None:
-            return max(1, int(self._num_cpus))
-        if self.address is None and not os.environ.get("RAY_ADDRESS") and self.nodes is None and not _ray_running():
-            return usable_cores() if self._num_cpus is None else max(1, int(self._num_cpus))
-        return int(self._cpus(self._connect()))
+        if self.nodes is None:
+            if self._num_cpus is not None:
+                return max(1, int(self._num_cpus))
+            if self.address is None and not os.environ.get("RAY_ADDRESS") and not _ray_running():
+                return usable_cores()  # the local cluster fastpipe will start
+        return max(1, int(self._cpus(self._connect())))
 
     @property
     def supported_cache_points(self) -> tuple[str, ...]:
