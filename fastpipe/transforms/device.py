@@ -25,8 +25,9 @@ class ConvertColorScale:
     Folding the 1/255 into the matrix and offset makes colour conversion and scaling one
     affine expression over the batch, where the naive pipeline runs a matmul, an add, a cast
     and a divide per sample. Eagerly it is the uint8 -> float32 cast, one batched 3x3 matmul
-    and an in-place add (on a CPU ~25x faster than the equivalent 1x1 ``conv2d``);
-    ``torch.compile`` can fuse the whole expression into one kernel. It is computed in
+    and an in-place add (on a CPU ~25x faster than the equivalent 1x1 ``conv2d``); wrap
+    ``transform.images`` in ``torch.compile`` to let inductor fuse them (it compiles and
+    matches on a CPU; not measured on a GPU here). It is computed in
     float32 whatever the output dtype (uint8 values are exact there; bf16 weights would cost
     ~3 significant digits), then cast once.
 
