@@ -13,11 +13,13 @@ from fastpipe.errors import (
 from fastpipe.measure import Measurement, measure_workload
 from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.report import Report
+from fastpipe.transforms.device import ConvertColorScale
 from fastpipe.workload import Workload, load_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvertColorScale",
     "DevicePrefetcher",
     "make_prefetcher",
     "compare",
