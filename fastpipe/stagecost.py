@@ -543,9 +543,9 @@ class StageCosts:
             verdict = "within noise" if self.overhead_within_noise else "MORE than noise: treat these costs with care"
             lines.append(
                 f"Timing overhead: {self.steps_per_s:.3f} steps/s timed vs {self.untimed_steps_per_s:.3f} untimed "
-                f"({' and '.join(f'{v:.3f}' for v in self.untimed_passes)} before and after) "
-                f"({abs(self.overhead):.1%} {'slower' if self.overhead > 0 else 'faster'}; noise allowance "
-                f"±{self.overhead_noise:.3f} steps/s): {verdict}"
+                f"({', '.join(f'{v:.3f} {when}' for v, when in zip(self.untimed_passes, ('before', 'after')))}): "
+                f"{abs(self.overhead):.1%} {'slower' if self.overhead > 0 else 'faster'}, noise allowance "
+                f"±{self.overhead_noise:.3f} steps/s: {verdict}"
             )
         if self.timing_us_per_sample is not None and self.total_ms_per_sample > 0:
             lines.append(f"Timing itself costs {self.timing_us_per_sample:.1f} µs of CPU per sample "

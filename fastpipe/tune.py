@@ -428,6 +428,9 @@ def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list
         if factor > current and best is not None and not sweep.better(trial, best):
             stops.append(f"prefetch sweep at prefetch_factor {factor}: no gain beyond noise over {best.prefetch_factor}, so deeper queues were not tried")
             return
+        if factor > current and sweep.at_bound(trial):
+            stops.append(f"prefetch sweep at prefetch_factor {factor}: it reached the device bound within noise, so deeper queues were not tried")
+            return
         best = trial if best is None or trial.steps_per_s > best.steps_per_s else best  # type: ignore[operator]
 
 
@@ -446,10 +449,16 @@ def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
             text += ", the fewest possible."
         return text, True
     cpu = max((t.cpu_util or 0.0) for t in sweep.measured())
-    why = (f"the CPU is saturated ({cpu:.0%} of the cores): cut the per-sample work (fastpipe costs shows where it goes)"
-           if cpu >= 0.9 else "the limit is not the worker count: run fastpipe diagnose to find it")
+    machine = max((t.system_cpu_util or 0.0) for t in sweep.measured())
+    if cpu >= 0.9:
+        why = f"the pipeline saturates the CPU ({cpu:.0%} of the cores): cut the per-sample work (fastpipe costs shows where it goes)"
+    elif machine >= 0.9:
+        why = (f"the machine's CPU is saturated ({machine:.0%}), {machine - cpu:.0%} of it by other processes: "
+               "measure on a quieter machine before trusting this")
+    else:
+        why = "the CPU has room, so the limit is not the worker count: run fastpipe diagnose to find it"
     text = (f"Recommended: {setting}, the cheapest setting within noise of the best ({rate}). No setting tried reaches the "
-            f"device bound, and more workers stopped helping: {why}.")
+            f"device bound: {why}.")
     return text, False
 
 
