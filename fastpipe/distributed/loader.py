@@ -413,7 +413,7 @@ def _collate_class() -> Any:
             self._specs: dict[bytes, Any] = {}
 
         def __call__(self, batch: dict[str, np.ndarray]) -> _Collated:
-            raw = bytes(batch[SPEC_COLUMN][0])
+            raw = np.ascontiguousarray(batch[SPEC_COLUMN][0]).tobytes()
             spec = self._specs.get(raw)
             if spec is None:
                 spec = self._specs[raw] = pickle.loads(raw)
