@@ -17,7 +17,7 @@ treat them as immutable, and copying a large one would add a cost the real pipel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -206,5 +206,3 @@ def stage_of_error(exc: BaseException) -> str | None:
     """The pipeline stage a worker error came from, if fastpipe labelled it."""
     return StageError.stage_of(str(exc))
 
-
-PointFactory = Callable[[str], CachePointDataset]

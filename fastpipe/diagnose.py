@@ -114,7 +114,6 @@ class _Diagnosis:
         self.points, self.unavailable = self._plan(why_not)
         self.components = self._components()
         self.results: dict[str, ExperimentResult] = {}
-        self.measurements: dict[str, Measurement] = {}
         self.host_batches: list[Any] = []
         self.progress = _Progress(progress, 0)
         self.report = Report(
@@ -218,7 +217,6 @@ class _Diagnosis:
         finally:
             if close is not None:
                 close()
-        self.measurements[point] = measurement
         result = ExperimentResult(
             name=point_label(point), cache_point=point, steps_per_s=measurement.steps_per_s, fraction_of_bound=math.nan,
             spread=measurement.spread, noise=measurement.rel_stderr, cpu_util=measurement.cpu_util,
