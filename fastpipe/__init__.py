@@ -13,12 +13,19 @@ from fastpipe.errors import (
 from fastpipe.measure import Measurement, measure_workload
 from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.report import Report
+from fastpipe.stagecost import StageCosts, explain_saturation, measure_stage_costs
 from fastpipe.transforms.device import ConvertColorScale
+from fastpipe.tune import TuneResult, tune
 from fastpipe.workload import Workload, load_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "measure_stage_costs",
+    "StageCosts",
+    "explain_saturation",
+    "tune",
+    "TuneResult",
     "ConvertColorScale",
     "DevicePrefetcher",
     "make_prefetcher",

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline
 
@@ -193,7 +193,9 @@ def rebuild_loader(loader: DataLoader, dataset: Any, *, timeout: float | None = 
         kwargs["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         kwargs["in_order"] = loader.in_order
-    if loader.batch_size is not None:  # the DataLoader built its own BatchSampler from these
+    if isinstance(dataset, IterableDataset):  # no sampler: the dataset orders itself
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_size is not None:  # the DataLoader built its own BatchSampler from these
         kwargs.update(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
     elif loader.batch_sampler is not None:
         kwargs["batch_sampler"] = loader.batch_sampler

@@ -16,9 +16,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _subcommand_modules() -> list[Any]:
-    from fastpipe.commands import compare, diagnose, run
+    from fastpipe.commands import compare, costs, diagnose, run, tune
 
-    return [diagnose, compare, run]
+    return [diagnose, compare, costs, tune, run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from fastpipe.cache import CachePointDataset, UnavailablePoint, rebuild_loader, stage_of_error
 from fastpipe.devices import Device, parse_device
-from fastpipe.errors import ConfigError, FastpipeError, PipelineError
+from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.measure import LoaderCycle, Measurement, device_batches, measure_steps
 from fastpipe.report import Bottleneck, ExperimentResult, Report, Unavailable
 from fastpipe.snapshot import preserve_user_state
@@ -34,6 +34,7 @@ from fastpipe.stages import RAW_STAGE, StageError, find_pipeline
 from fastpipe.workload import Workload
 
 SATURATED_CPU = 0.9
+SATURATION_CAVEAT_START = "the CPU was saturated"
 VERDICT_BANDS = ((0.05, "not input-bound"), (0.20, "moderately input-bound"), (math.inf, "highly input-bound"))
 COPY, COLLATE = "host-to-device copy", "collate/IPC"
 RECOMMENDATIONS = {
@@ -313,7 +314,7 @@ class _Diagnosis:
             if b.cpu_saturated:
                 cpu = self.results[b.between[1]].cpu_util
                 caveats.append(
-                    f"the CPU was saturated ({cpu:.0%} of the cores) once {b.stage} was added: it may only be tipping "
+                    f"{SATURATION_CAVEAT_START} ({cpu:.0%} of the cores) once {b.stage} was added: it may only be tipping "
                     "an already-saturated CPU over, rather than being slow itself"
                 )
         if self.pool == 1:
@@ -392,6 +393,7 @@ def diagnose(
     progress: bool = True,
     worker_timeout: float = 300.0,
     name: str | None = None,
+    stage_costs: bool = True,
 ) -> Report:
     """Find where an input pipeline loses throughput, by caching data at successive points.
 
@@ -408,6 +410,9 @@ def diagnose(
         progress: show a progress bar on the terminal.
         worker_timeout: seconds a worker may take for a batch before the run stops, used only
             when the loader sets no timeout of its own.
+        stage_costs: when a bottleneck appears at a saturated CPU, time each stage inside the
+            workers in one more short pass, to tell "this stage is slow" from "the pipeline as a
+            whole exceeds the cores" (:mod:`fastpipe.stagecost`).
 
     Returns:
         A :class:`~fastpipe.report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
@@ -443,11 +448,29 @@ def diagnose(
             diagnosis.run()
         except KeyboardInterrupt:
             diagnosis.report.interrupted = True
-        except FastpipeError:
-            raise
         finally:
             diagnosis.progress.close()
-    return diagnosis.finish(time.perf_counter() - started)
+        report = diagnosis.finish(time.perf_counter() - started)
+        if stage_costs and not report.interrupted and any(b.cpu_saturated for b in report.bottlenecks):
+            _settle_saturation(report, workload, device, steps=steps, warmup=warmup, worker_timeout=worker_timeout)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _settle_saturation(report: Report, workload: Workload, device: Device, **options: Any) -> None:
+    """Time each stage inside the workers, and say for each saturated drop whether the stage or the whole pipeline is at fault."""
+    from fastpipe.stagecost import explain_saturation, measure_stage_costs
+
+    try:
+        costs = measure_stage_costs(workload, device, **options)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        return
+    report.stage_costs = costs.to_dict()
+    report.stage_cost_lines = costs.table_lines()
+    explained = explain_saturation(report, costs)
+    if explained:
+        report.caveats = [c for c in report.caveats if not c.startswith(SATURATION_CAVEAT_START)] + explained
 
 
 def measure_points(

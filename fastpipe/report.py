@@ -21,7 +21,9 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "bottlenecks": [{"stage": str, "kind": "raw load" | "transform" | "collate/IPC" | "host-to-device copy",
                        "drop_fraction": float,  # steps/s lost, as a fraction of the device bound
                        "between": [str, str], "cpu_saturated": bool, "recommendation": str}],
-      "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float
+      "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
+      "stage_costs": null | {...}              # fastpipe.stagecost.StageCosts.to_dict(), measured when
+                                               # a bottleneck appeared at a saturated CPU
     }
 """
 from __future__ import annotations
@@ -87,6 +89,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
     elapsed_s: float = 0.0
+    stage_costs: dict[str, Any] | None = None
+    stage_cost_lines: list[str] = field(default_factory=list, repr=False)
+    """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
 
     def experiment(self, cache_point: str) -> ExperimentResult | None:
         return next((e for e in self.experiments if e.cache_point == cache_point), None)
@@ -94,6 +99,7 @@ class Report:
     # ----- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("stage_cost_lines")
         data = {"schema": SCHEMA, **data}
         for bottleneck in data["bottlenecks"]:
             bottleneck["between"] = list(bottleneck["between"])
@@ -127,6 +133,8 @@ class Report:
             lines.append(f"Note: {note}")
         return lines
 
+    STAGE_COSTS_TITLE = "Stage costs inside the workers (measured to settle the saturation caveat):"
+
     def title(self) -> str:
         return f"fastpipe diagnosis: {self.workload} on {self.device} ({self.num_workers} workers, batch {self.batch_size}, {self.steps} steps after {self.warmup} warm-up)"
 
@@ -134,6 +142,8 @@ class Report:
         out = [f"### {self.title()}", "", "| cache point | steps/s | of device bound | step spread | CPU |", "|---|---:|---:|---:|---:|"]
         out += [f"| {' | '.join(row)} |" for row in self._rows()]
         out += [""] + [f"{line}  " if not line.startswith("  -") else f"- {line[4:]}" for line in self._summary_lines()]
+        if self.stage_cost_lines:
+            out += ["", self.STAGE_COSTS_TITLE, "", "```", *self.stage_cost_lines, "```"]
         return "\n".join(out) + "\n"
 
     def to_table(self) -> str:
@@ -152,6 +162,9 @@ class Report:
         console.print(table)
         for line in self._summary_lines():
             console.print(line, highlight=False, markup=False)
+        if self.stage_cost_lines:
+            for line in ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]:
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
         return buffer.getvalue()
 
     def __str__(self) -> str:

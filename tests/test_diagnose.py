@@ -13,6 +13,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
 from fastpipe import PipelineError, diagnose
+from fastpipe.devices import parse_device
 from fastpipe.errors import ConfigError
 from tests.fakes import AddOne, Fast, NoTransformDataset, PlantedDataset, Raise, Slow
 
@@ -283,3 +284,34 @@ def test_cli_diagnose_bad_input_exit_2(spec: str, fix: str, capsys) -> None:
     assert main(["diagnose", spec, "--device", STEP, "--steps", "2", "--warmup", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert fix in err and "Traceback" not in err and err.startswith("fastpipe: error:")
+
+
+def test_iterable_dataset_gets_device_host_and_baseline() -> None:
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(10_000):
+                yield torch.zeros(3, 8, 8), i % 10
+
+    report = run(DataLoader(Stream(), batch_size=4, num_workers=0), threshold=0.0)
+    assert {"device", "baseline"} <= {e.cache_point for e in report.experiments}
+    assert any("IterableDataset" in u.reason for u in report.unavailable)
+
+
+def test_saturated_drop_is_settled_with_stage_costs() -> None:
+    from fastpipe.diagnose import _settle_saturation
+    from fastpipe.workload import Workload
+
+    loader = loader_for(PlantedDataset(transform=T.Compose([Fast(), Slow(PLANTED_MS)])))
+    report = run(loader, stage_costs=False)
+    assert [b.stage for b in report.bottlenecks] == ["Slow"]
+    # Sleeps never saturate a CPU, so mark the drop as saturated to exercise the settling pass.
+    report.bottlenecks[0].cpu_saturated = True
+    report.caveats.insert(0, "the CPU was saturated (95% of the cores) once Slow was added: ...")
+    _settle_saturation(report, Workload(loader=loader, step=lambda b: None), parse_device(STEP), steps=4, warmup=1, worker_timeout=60)
+    assert report.stage_costs is not None and {s["name"] for s in report.stage_costs["stages"]} >= {"Slow", "raw load"}
+    assert not any(c.startswith("the CPU was saturated") for c in report.caveats)
+    assert any("this stage is slow" in c for c in report.caveats), report.caveats
+    assert "Stage costs inside the workers" in report.to_table() and "```" in report.to_markdown()
+    assert "stage_costs" in json.loads(report.to_json())

@@ -21,6 +21,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the report as Markdown here")
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
+    parser.add_argument("--no-stage-costs", action="store_true",
+                        help="skip the extra pass that times each stage when a drop appears at a saturated CPU")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(args.spec, device, **toy_options(args))
     report = diagnose(
         workload, device=device, steps=args.steps, warmup=args.warmup, pool=args.pool, threshold=args.threshold,
-        strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(),
+        strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(), stage_costs=not args.no_stage_costs,
     )
     write_outputs(report, args)
     return 130 if report.interrupted else 0
