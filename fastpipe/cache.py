@@ -177,6 +177,8 @@ def rebuild_loader(loader: DataLoader, dataset: Any, *, timeout: float | None = 
     The sampler (hence shuffling and its generator), or a custom batch sampler, is reused as is.
     ``timeout`` replaces the loader's only when the loader has none, as a guard against hangs.
     """
+    if not isinstance(loader, DataLoader) and hasattr(loader, "with_dataset"):
+        return loader.with_dataset(dataset)  # e.g. a RayLoader rebuilds itself around the wrapped dataset
     workers = loader.num_workers
     kwargs: dict[str, Any] = dict(
         num_workers=workers,

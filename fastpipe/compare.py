@@ -156,7 +156,12 @@ def compare(
         options = dict(toy_options or {}) if spec.startswith("toy") else {}
         workload = load_workload(spec, device, **options)
         points = ["device", "baseline"] if i == 0 else ["baseline"]
-        measured = measure_points(workload, device, points, steps=steps, warmup=warmup, progress=progress)
+        try:
+            measured = measure_points(workload, device, points, steps=steps, warmup=warmup, progress=progress)
+        finally:
+            close = getattr(workload.loader, "close", None)  # e.g. a Ray cluster fastpipe started for this variant
+            if close is not None:
+                close()
         if i == 0:
             bound = measured["device"].steps_per_s
         results.append((name, spec, measured["baseline"]))

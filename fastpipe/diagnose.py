@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from fastpipe.cache import CachePointDataset, UnavailablePoint, rebuild_loader, stage_of_error
 from fastpipe.devices import Device, parse_device
+from fastpipe.distributed.stats import ray_stats_notes
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.measure import LoaderCycle, Measurement, device_batches, measure_steps
 from fastpipe.report import Bottleneck, ExperimentResult, Report, Unavailable
@@ -112,6 +113,8 @@ class _Diagnosis:
         self.warmup, self.pool, self.threshold, self.strategy = warmup, pool, threshold, strategy
         self.worker_timeout = worker_timeout
         self.pipeline, why_not = find_pipeline(loader.dataset)
+        if getattr(loader, "unsupported_point_reason", None):  # a RayLoader: its stages run inside Ray tasks
+            self.pipeline, why_not = None, loader.unsupported_point_reason
         self.points, self.unavailable = self._plan(why_not)
         self.components = self._components()
         self.results: dict[str, ExperimentResult] = {}
@@ -426,7 +429,7 @@ def diagnose(
         if step is not None:
             workload = dataclasses.replace(workload, step=step)
     else:
-        if not isinstance(loader, DataLoader):
+        if not isinstance(loader, DataLoader) and not hasattr(loader, "with_dataset"):
             raise ConfigError(f"diagnose needs a torch.utils.data.DataLoader (or a fastpipe.Workload), not {type(loader).__name__}")
         if step is None or not callable(step):
             raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
@@ -451,7 +454,9 @@ def diagnose(
         finally:
             diagnosis.progress.close()
         report = diagnosis.finish(time.perf_counter() - started)
-        if stage_costs and not report.interrupted and any(b.cpu_saturated for b in report.bottlenecks):
+        report.notes += ray_stats_notes(workload.loader)  # [] unless the loader is Ray-backed
+        in_workers = not getattr(workload.loader, "unsupported_point_reason", None)  # stage timers need DataLoader workers
+        if stage_costs and in_workers and not report.interrupted and any(b.cpu_saturated for b in report.bottlenecks):
             _settle_saturation(report, workload, device, steps=steps, warmup=warmup, worker_timeout=worker_timeout)
     report.elapsed_s = time.perf_counter() - started
     return report

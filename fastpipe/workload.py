@@ -65,7 +65,7 @@ def as_workload(obj: Any, name: str) -> Workload:
         workload = Workload(loader=obj[0], step=obj[1], name=name)
     else:
         raise ConfigError(f"'{name}' must return (loader, step) or a fastpipe.Workload, not {type(obj).__name__}")
-    if not isinstance(workload.loader, DataLoader):
+    if not isinstance(workload.loader, DataLoader) and not hasattr(workload.loader, "with_dataset"):
         raise ConfigError(f"'{name}' returned a {type(workload.loader).__name__} where a torch.utils.data.DataLoader was expected")
     if not callable(workload.step):
         raise ConfigError(f"'{name}' returned a step that is not callable; pass a function step(batch)")

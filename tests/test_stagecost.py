@@ -68,9 +68,14 @@ def test_planted_costs_are_ranked_and_sum_to_the_worker_time() -> None:
 
 
 def test_timing_does_not_perturb_throughput_and_the_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
-    costs = costs_of(planted_loader(), check_overhead=True)
-    assert costs.untimed_steps_per_s is not None and costs.overhead_within_noise, costs.to_table()
-    assert abs(costs.overhead) < 0.1
+    # an A/B on a shared machine: one retry, so a burst of someone else's load cannot fail it alone
+    for attempt in range(2):
+        costs = costs_of(planted_loader(), check_overhead=True)
+        assert costs.untimed_steps_per_s is not None
+        if costs.overhead_within_noise and abs(costs.overhead) < 0.1:
+            break
+    else:
+        pytest.fail(f"timing perturbed throughput beyond noise twice:\n{costs.to_table()}")
 
     # control: the same check catches timing that costs 15 ms a sample (~30% of the pipeline)
     slow_end = _Ledger.end_sample

@@ -31,3 +31,5 @@ __all__ = [
     "make_toy_variant",
     "make_optimized",
 ]
+
+from fastpipe.distributed import toy as _ray_toy  # noqa: E402,F401  (registers toy:ray; imports ray only when it is built)
