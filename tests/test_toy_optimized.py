@@ -1,6 +1,8 @@
 """The toy workload's optimized variants, FastFakeDataset and uniform_noise."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,8 @@ LADDER = ["fast-transforms", "uint8-host", "prefetch", "fast-raw", "optimized"]
 
 
 def test_variants_are_registered_in_ladder_order() -> None:
-    assert list(VARIANT_OPTIMIZATIONS) == LADDER
+    assert list(VARIANT_OPTIMIZATIONS) == [*LADDER, "crop-first"]
+    assert VARIANT_OPTIMIZATIONS["crop-first"] == replace(VARIANT_OPTIMIZATIONS["optimized"], prefetch=False)
     assert all(name in VARIANTS for name in ["naive", *LADDER])
     flags = [VARIANT_OPTIMIZATIONS[name] for name in LADDER]
     for before, after in zip(flags, flags[1:]):  # cumulative: each step keeps every fix of the one before

@@ -11,6 +11,8 @@ Each variant adds one fix to the one before, so ``fastpipe compare`` can show wh
 ``toy:fast-raw``          + the raw image comes from a fast generator as an array, not a PIL image
                           (what a faster decoder buys; not a step of the compare ladder)
 ``toy:optimized``         + crop-first raw loading: only the 256x256 crop is ever generated
+``toy:crop-first``        ``toy:optimized`` without the prefetcher: the compare ladder adds the
+                          prefetcher last, where the copy is what remains of the gap
 ========================  =====================================================================
 
 All take the same options as ``toy:naive`` (batch size, workers, sizes, model), plus
@@ -61,6 +63,7 @@ UINT8_HOST = replace(FAST_TRANSFORMS, uint8_host=True)
 PREFETCH = replace(UINT8_HOST, prefetch=True)
 FAST_RAW = replace(PREFETCH, fast_raw=True)
 OPTIMIZED = replace(FAST_RAW, crop_first=True)
+CROP_FIRST = replace(OPTIMIZED, prefetch=False)
 
 
 def optimized_transform(
@@ -145,6 +148,7 @@ VARIANT_OPTIMIZATIONS: dict[str, Optimizations] = {
     "prefetch": PREFETCH,
     "fast-raw": FAST_RAW,
     "optimized": OPTIMIZED,
+    "crop-first": CROP_FIRST,
 }
 
 
