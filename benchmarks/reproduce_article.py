@@ -106,7 +106,7 @@ def _plot(table: list[dict], device: str, path: Path) -> None:
     ax.set_yticks(y, labels, fontsize=8)
     ax.axvline(100, color="black", linestyle="--", linewidth=1)
     ax.set_xlabel("% of the device bound")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

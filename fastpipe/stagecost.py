@@ -886,7 +886,7 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
         head = f"{b.stage}, at a saturated CPU ({cpu:.0%} of the cores): "
         own = _costs_for(b.stage, costs)
         if own is None:
-            lines.append(head + f"it runs in the training process, not in the workers; {consumers}.")
+            lines.append(head + f"it runs in the training process, not in the workers;")
             continue
         own_ms = sum(s.ms_per_sample for s in own)
         alone = workers * 1000.0 / own_ms if own_ms > 0 else math.inf
@@ -894,7 +894,7 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
             lines.append(
                 head + f"this stage is slow. Alone it takes {own_ms:.2f} ms per sample, so {workers} workers could deliver "
                 f"at most {_rate(alone)} samples/s, below the {needed:,.0f} samples/s the device bound needs "
-                f"({bound:.2f} steps/s x {batch}); it is slow in itself, not only tipping a saturated CPU over. {consumers}."
+                f"({bound:.2f} steps/s x {batch}); it is slow in itself, not only tipping a saturated CPU over."
             )
         elif whole < needed:
             scope = (
@@ -907,12 +907,14 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
             lines.append(
                 head + f"this stage is not slow by itself ({own_ms:.2f} ms per sample allows {_rate(alone)} samples/s with "
                 f"{workers} workers, above the {needed:,.0f} needed), but all stages together take {costs.total_ms_per_sample:.2f} ms "
-                f"per sample ({_rate(whole)} samples/s): {scope}. {consumers}."
+                f"per sample ({_rate(whole)} samples/s): {scope}."
             )
         else:
             lines.append(
                 head + f"the workers' stages fit the budget ({costs.total_ms_per_sample:.2f} ms per sample allows {_rate(whole)} "
                 f"samples/s, {needed:,.0f} needed), so the CPU went elsewhere: the training process (pinning, copies, "
-                f"a step on the CPU) or other processes (the machine was {point.system_cpu_util if point else math.nan:.0%} busy). {consumers}."
+                f"a step on the CPU) or other processes (the machine was {point.system_cpu_util if point else math.nan:.0%} busy)."
             )
+    if lines:
+        lines[-1] += f" {consumers}."  # once, after the last explanation, not on every line
     return lines

@@ -185,7 +185,7 @@ def test_saturation_says_when_the_stage_itself_is_slow() -> None:
     # bound 2 steps/s x 256 = 512 samples/s; raw load alone: 2 workers / 6 ms = 333 samples/s
     lines = explain_saturation(saturated_report("raw load"), hand_costs(raw_ms=6.0, mask_ms=1.0, other_ms=0.5))
     assert len(lines) == 1 and "this stage is slow" in lines[0] and "333 samples/s" in lines[0]
-    assert "CPU per sample goes to: raw load" in lines[0]
+    assert "CPU per sample goes to: raw load" in lines[-1]
 
 
 def test_saturation_says_when_the_whole_pipeline_exceeds_the_cores() -> None:
