@@ -40,7 +40,7 @@ class VariantResult:
     gap_closed: float | None
     """Share of the previous rung's remaining gap to the bound that this rung closed (None for the first)."""
     improved: bool | None
-    """Whether the gain exceeds two standard errors and closes enough of the remaining gap (None for the first)."""
+    """Whether the gain exceeds two standard errors and run-to-run drift (None for the first)."""
     noise: float
     spread: float
     cpu_util: float
@@ -65,7 +65,7 @@ class Comparison:
         rows = [("device bound", f"{self.device_bound_steps_per_s:.3f}", "100.0%", "", "")]
         for v in self.variants:
             closed = "" if v.gap_closed is None else f"{v.gap_closed:.0%}"
-            verdict = "" if v.improved is None else ("closed part of the gap" if v.improved else "NO GAIN beyond noise")
+            verdict = "" if v.improved is None else ("closed part of the gap" if v.improved else "NO GAIN beyond noise or drift")
             rows.append((v.name, f"{v.steps_per_s:.3f}", f"{v.fraction_of_bound:.1%}", closed, verdict))
         return rows
 
@@ -116,7 +116,7 @@ class Comparison:
         ax.axvline(100, color="black", linestyle="--", linewidth=1, label=f"device bound ({self.device_bound_steps_per_s:.2f} steps/s)")
         for y, value in enumerate(fractions[::-1]):
             ax.text(value, y, f" {value:.0f}%", va="center", fontsize=8)
-        ax.set_xlabel("% of the device bound (red: no gain beyond noise)")
+        ax.set_xlabel("% of the device bound (red: no gain beyond noise or drift)")
         ax.set_title(f"fastpipe compare on {self.device}", fontsize=10)
         ax.legend(loc="lower right")
         fig.tight_layout()
@@ -142,14 +142,15 @@ def compare(
     warmup: int = 3,
     progress: bool = False,
     toy_options: dict[str, Any] | None = None,
-    min_gap_closed: float = 0.1,
+    drift: float = 0.05,
 ) -> Comparison:
     """Measure each variant's baseline, and the first variant's device bound, in one run.
 
     A rung counts as closing part of the gap when its gain over the previous rung exceeds two
-    standard errors and closes at least ``min_gap_closed`` of the gap the previous rung left:
-    the standard error only sees the noise within a run, not the drift between runs on a
-    shared machine.
+    standard errors and also ``drift`` times the smaller of the previous rung's throughput and
+    its gap to the bound: the standard error only sees the noise within a run, not the drift
+    between runs on a shared machine, which grows with the rate measured and shrinks near the
+    bound, where the device sets the pace.
     """
     device = parse_device(device)
     variants = resolve_variants(specs)
@@ -180,13 +181,15 @@ def compare(
             gap_closed = (fraction - previous_fraction) / gap if gap > 0 else 0.0
             noise = 2 * math.hypot(result.steps_per_s * result.noise, previous.steps_per_s * previous.noise)
             gain = result.steps_per_s - previous.steps_per_s
-            improved = gain > noise and gap_closed >= min_gap_closed
-            if not improved:
+            floor = drift * min(previous.steps_per_s, max(0.0, bound - previous.steps_per_s))
+            improved = gain > max(noise, floor)
+            if gain <= noise:
                 comparison.flags.append(
-                    f"'{name}' did not close the gap beyond noise: {gain:+.3f} steps/s against noise of ±{noise:.3f}, "
-                    f"{gap_closed:.0%} of the remaining gap"
+                    f"'{name}' did not close the gap beyond noise: {gain:+.3f} steps/s against noise of ±{noise:.3f}"
                     + (" (the previous rung was already at the bound)" if gap <= 0.03 else "")
                 )
+            elif not improved:
+                comparison.flags.append(f"'{name}' gained {gain:+.3f} steps/s, within run-to-run drift (±{floor:.3f})")
         comparison.variants.append(VariantResult(
             name=name, spec=spec, steps_per_s=result.steps_per_s, fraction_of_bound=fraction, gap_closed=gap_closed,
             improved=improved, noise=result.noise, spread=result.spread, cpu_util=result.cpu_util,
