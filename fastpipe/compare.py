@@ -6,7 +6,6 @@ flagged: an "optimization" that buys nothing should say so.
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -14,7 +13,8 @@ from typing import Any
 
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnose import measure_points
-from fastpipe.errors import ConfigError, OptionalDependencyError
+from fastpipe._render import pyplot, render_table
+from fastpipe.errors import ConfigError
 from fastpipe.workload import load_workload
 
 SCHEMA = "fastpipe.compare/1"
@@ -79,35 +79,17 @@ class Comparison:
         return "\n".join(out) + "\n"
 
     def to_table(self) -> str:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table()
-        for header in self.HEADERS:
-            table.add_column(header, justify="left" if header in ("variant", "verdict") else "right")
-        for row in self._rows():
-            table.add_row(*row)
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=120, color_system=None)
-        console.print(f"fastpipe compare on {self.device} ({self.steps} steps after {self.warmup} warm-up)", markup=False, highlight=False)
-        console.print(table)
-        for flag in self.flags:
-            console.print(f"Flag: {flag}", markup=False, highlight=False)
+        columns = [(header, "left" if header in ("variant", "verdict") else "right") for header in self.HEADERS]
+        lines = [f"Flag: {flag}" for flag in self.flags]
         if not self.flags and len(self.variants) > 1:
-            console.print("Every rung closed part of the gap beyond noise.", markup=False, highlight=False)
-        return buffer.getvalue()
+            lines.append("Every rung closed part of the gap beyond noise.")
+        return render_table(f"fastpipe compare on {self.device} ({self.steps} steps after {self.warmup} warm-up)", columns, self._rows(), lines)
 
     def __str__(self) -> str:
         return self.to_table()
 
     def plot(self, path: str) -> str:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise OptionalDependencyError("plotting needs matplotlib: pip install 'fastpipe[plot]'") from exc
+        plt = pyplot()
         names = [v.name for v in self.variants]
         fractions = [100 * v.fraction_of_bound for v in self.variants]
         colors = ["#c0392b" if v.improved is False else "#2c7fb8" for v in self.variants]

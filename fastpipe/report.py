@@ -28,12 +28,11 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
 """
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastpipe.errors import OptionalDependencyError
+from fastpipe._render import pyplot, render_table
 
 SCHEMA = "fastpipe.report/1"
 
@@ -148,24 +147,11 @@ class Report:
 
     def to_table(self) -> str:
         """The console rendering (rich), as plain text."""
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table()
-        for header, justify in (("cache point", "left"), ("steps/s", "right"), ("of bound", "right"), ("spread", "right"), ("CPU", "right")):
-            table.add_column(header, justify=justify)  # type: ignore[arg-type]
-        for row in self._rows():
-            table.add_row(*row)
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=120, force_terminal=False, color_system=None)
-        console.print(self.title(), highlight=False, markup=False)
-        console.print(table)
-        for line in self._summary_lines():
-            console.print(line, highlight=False, markup=False)
+        columns = [("cache point", "left"), ("steps/s", "right"), ("of bound", "right"), ("spread", "right"), ("CPU", "right")]
+        lines = self._summary_lines()
         if self.stage_cost_lines:
-            for line in ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]:
-                console.print(line, highlight=False, markup=False, soft_wrap=True)
-        return buffer.getvalue()
+            lines += ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]
+        return render_table(self.title(), columns, self._rows(), lines)
 
     def __str__(self) -> str:
         return self.to_table()
@@ -173,13 +159,7 @@ class Report:
     # ----- picture ----------------------------------------------------------------------
     def plot(self, path: str) -> str:
         """A horizontal bar chart of steps/s per cache point, bottleneck drops in red; returns ``path``."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise OptionalDependencyError("plotting needs matplotlib: pip install 'fastpipe[plot]'") from exc
+        plt = pyplot()
         names = [e.name for e in self.experiments][::-1]
         values = [e.steps_per_s for e in self.experiments][::-1]
         culprits = {b.between[1] for b in self.bottlenecks}

@@ -27,7 +27,6 @@ throughput (beyond noise) nor the workers' CPU per sample.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import os
@@ -41,6 +40,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from fastpipe._render import render_table
 from fastpipe._system import usable_cores
 from fastpipe.cache import CachePointDataset, rebuild_loader, stage_of_error
 from fastpipe.devices import Device, parse_device
@@ -566,22 +566,9 @@ class StageCosts:
 
     def to_table(self) -> str:
         """The console rendering (rich), as plain text."""
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table()
-        for i, header in enumerate(self.HEADERS):
-            last = i == len(self.HEADERS) - 1
-            table.add_column(f"samples/s alone ({self.parallelism})" if last else header, justify="left" if i == 0 else "right")
-        for row in self.rows():
-            table.add_row(*row)
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=120, force_terminal=False, color_system=None)
-        console.print(self.title(), highlight=False, markup=False)
-        console.print(table)
-        for line in self.summary_lines():
-            console.print(line, highlight=False, markup=False)
-        return buffer.getvalue()
+        columns = [(f"samples/s alone ({self.parallelism})" if i == len(self.HEADERS) - 1 else header, "left" if i == 0 else "right")
+                   for i, header in enumerate(self.HEADERS)]
+        return render_table(self.title(), columns, self.rows(), self.summary_lines())
 
     def __str__(self) -> str:
         return self.to_table()
@@ -886,7 +873,7 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
         head = f"{b.stage}, at a saturated CPU ({cpu:.0%} of the cores): "
         own = _costs_for(b.stage, costs)
         if own is None:
-            lines.append(head + f"it runs in the training process, not in the workers;")
+            lines.append(head + "it runs in the training process, not in the workers.")
             continue
         own_ms = sum(s.ms_per_sample for s in own)
         alone = workers * 1000.0 / own_ms if own_ms > 0 else math.inf

@@ -18,7 +18,6 @@ estimated shared memory exceeds what is free is not run; it gets a warning inste
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import shutil
@@ -29,6 +28,7 @@ from typing import Any, Callable, Iterable
 import psutil
 from torch.utils.data import DataLoader
 
+from fastpipe._render import render_table
 from fastpipe._system import usable_cores
 from fastpipe._tree import tree_nbytes
 from fastpipe.devices import Device, parse_device
@@ -217,21 +217,8 @@ class TuneResult:
         return lines
 
     def to_table(self) -> str:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table()
-        for i, header in enumerate(self.HEADERS):
-            table.add_column(header, justify="left" if i in (0, len(self.HEADERS) - 1) else "right")
-        for row in self.rows():
-            table.add_row(*row)
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=140, force_terminal=False, color_system=None)
-        console.print(self.title(), highlight=False, markup=False)
-        console.print(table)
-        for line in self.summary_lines():
-            console.print(line, highlight=False, markup=False)
-        return buffer.getvalue()
+        columns = [(header, "left" if i in (0, len(self.HEADERS) - 1) else "right") for i, header in enumerate(self.HEADERS)]
+        return render_table(self.title(), columns, self.rows(), self.summary_lines(), width=140)
 
     def __str__(self) -> str:
         return self.to_table()

@@ -41,3 +41,17 @@ def toy_option_values(args: argparse.Namespace, is_toy: bool) -> dict[str, Any]:
 def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     """``toy_option_values`` for subcommands that take a single SPEC."""
     return toy_option_values(args, args.spec.startswith("toy"))
+
+
+def write_outputs(result: Any, args: argparse.Namespace) -> None:
+    """A result's table on stdout, plus the --json, --markdown and --plot files asked for."""
+    print(result.to_table())
+    for path, render in ((getattr(args, "json", None), result.to_json), (getattr(args, "markdown", None), result.to_markdown)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render())
+            print(f"wrote {path}")
+    plot = getattr(args, "plot", None)
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {result.plot(str(plot))}")

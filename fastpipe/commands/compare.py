@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_toy_options, toy_option_values
+from fastpipe.commands.common import add_toy_options, toy_option_values, write_outputs
 from fastpipe.errors import ConfigError
 
 
@@ -25,7 +25,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.commands.diagnose import write_outputs
     from fastpipe.compare import compare
 
     if args.steps < 1 or args.warmup < 0:

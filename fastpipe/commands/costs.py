@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_workload_arguments, toy_options
+from fastpipe.commands.common import add_workload_arguments, toy_options, write_outputs
 from fastpipe.errors import ConfigError
 
 
@@ -30,10 +30,5 @@ def run(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     workload = load_workload(args.spec, device, **toy_options(args))
     costs = measure_stage_costs(workload, device, steps=args.steps, warmup=args.warmup, check_overhead=args.check_overhead)
-    print(costs.to_table())
-    for path, render in ((args.json, costs.to_json), (args.markdown, costs.to_markdown)):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render())
-            print(f"wrote {path}")
+    write_outputs(costs, args)
     return 0

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_workload_arguments, toy_options
+from fastpipe.commands.common import add_workload_arguments, toy_options, write_outputs
 from fastpipe.errors import ConfigError
 
 
@@ -25,19 +25,6 @@ def add_parser(subparsers: Any) -> None:
                         help="skip the extra pass that times each stage when a drop appears at a saturated CPU")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
-
-
-def write_outputs(report: Any, args: argparse.Namespace) -> None:
-    """The report on stdout, plus the files asked for."""
-    print(report.to_table())
-    for path, render in ((args.json, report.to_json), (args.markdown, report.to_markdown)):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render())
-            print(f"wrote {path}")
-    if args.plot is not None:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {report.plot(str(args.plot))}")
 
 
 def run(args: argparse.Namespace) -> int:
