@@ -111,6 +111,7 @@ class CachePointDataset(Dataset):
         self.cut = self._cut_index(point)
         self._entries: dict[int, _Entry] = {}
         self._calls = 0
+        self._staged: Any = None
 
     def _cut_index(self, point: str) -> int | None:
         if point in ("sample", "baseline"):
@@ -143,7 +144,9 @@ class CachePointDataset(Dataset):
         if self.point == "baseline":
             if self.pipeline is None:
                 return self._read(self.dataset, index)
-            return self._read(self.pipeline.with_transform(self.dataset, self.pipeline.run), index)
+            if self._staged is None:  # once, so state the dataset caches on itself (open files) persists
+                self._staged = self.pipeline.with_transform(self.dataset, self.pipeline.run)
+            return self._read(self._staged, index)
         slot = self._calls % self.pool
         self._calls += 1
         entry = self._entries.get(slot)

@@ -2,7 +2,7 @@
 
 Points, from the device upwards (see :mod:`fastpipe.cache`)::
 
-    device  one batch on the device, the step repeated (the device bound)
+    device  one batch on the device, the step (and any device transform) repeated: the device bound
     host    one batch on the host, copied every step as the user's loop copies it
     sample  one finished sample per worker; collate, IPC, pinning and the copy still run
     after:S the output of transform stage S; later stages rerun (last stage to first)
@@ -141,9 +141,10 @@ class _Diagnosis:
             names = self.pipeline.names()
             points.append("sample")
             points += [f"after:{name}" for name in reversed(names[:-1])]
-            points.append("raw")
-            if not names:
-                unavailable.append(Unavailable("after:<stage>", "the transform has no stages"))
+            if names:
+                points.append("raw")
+            else:  # with no stages, the raw sample is the finished sample
+                unavailable += [Unavailable("after:<stage>", "the transform has no stages"), Unavailable("raw", "the transform has no stages")]
         points.append("baseline")
         return points, unavailable
 
@@ -184,10 +185,11 @@ class _Diagnosis:
         """(next_batch, close) for one experiment."""
         non_blocking = bool(self.workload.loader.pin_memory)
         if point == "device":
-            cached = [self._device_transform(self.device.to_device(b, non_blocking=False)) for b in self._host_batches()]
+            # the device transform is device work, part of the bound: it runs every step, as in the loop
+            cached = [self.device.to_device(b, non_blocking=False) for b in self._host_batches()]
             self.device.synchronize()
             cycle = _Repeat(cached, False).__iter__()
-            return (lambda: next(cycle)), (lambda: None)
+            return (lambda: self._device_transform(next(cycle))), (lambda: None)
         if point == "host":
             repeat = _Repeat(self._host_batches(), non_blocking)
             if self.workload.prefetch_depth > 0:
@@ -272,18 +274,24 @@ class _Diagnosis:
                 self._copy_costs[point] = 0.0
         return self._copy_costs[point]
 
-    def _stage_drop(self, upper: str, lower: str) -> float:
-        """Steps/s lost between two points, less what copying the cached values adds or hides.
+    def _without_copy(self, point: str) -> float:
+        """Steps/s at ``point`` with the cache's own per-sample copy taken out.
 
         A point copies its cached value for every sample, so in-place transforms cannot pile up;
-        that copy is not the pipeline's. In a worker-bound run it adds batch x copy / workers
-        to each step, and is discounted here.
+        that copy is not the pipeline's. In a worker-bound run it adds batch x copy / workers to
+        each step; taking it out never makes a point faster than the device bound.
         """
-        u, l = self.results[upper], self.results[lower]
+        rate = self.results[point].steps_per_s
         batch = self.workload.loader.batch_size
-        extra = 0.0 if not batch else batch * (self._copy_seconds(lower) - self._copy_seconds(upper)) / max(1, self.workers)
-        lower_step = 1 / l.steps_per_s - extra
-        return u.steps_per_s - (1 / lower_step if lower_step > 0 else l.steps_per_s)
+        if not batch:
+            return rate
+        bound_step = 1 / self.results["device"].steps_per_s
+        step = max(bound_step, 1 / rate - batch * self._copy_seconds(point) / max(1, self.workers))
+        return 1 / step
+
+    def _stage_drop(self, upper: str, lower: str) -> float:
+        """Steps/s lost between two points, the cache's own copies discounted."""
+        return self._without_copy(upper) - self._without_copy(lower)
 
     def run(self) -> None:
         points = self.points

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device
-from fastpipe.pinning import pinned_iter, shutdown_iterator
+from fastpipe.pinning import forget_dead_iterator, pinned_iter, shutdown_iterator
 from fastpipe.workload import Workload
 
 
@@ -147,7 +147,8 @@ class LoaderCycle:
         try:
             return next(self._iterator)
         except StopIteration:
-            self.close()
+            if not _persistent(self.loader):  # persistent workers carry on into the next epoch
+                self.close()
             self._iterator = self._start()
             return next(self._iterator)  # an empty loader raises StopIteration here, on purpose
 
@@ -159,6 +160,19 @@ class LoaderCycle:
         iterator, self._iterator = self._iterator, None
         if iterator is not None:
             shutdown_iterator(iterator)
+        owner = self.loader
+        while owner is not None:  # a persistent loader, even behind wrappers, must not keep the dead iterator
+            forget_dead_iterator(owner)
+            owner = getattr(owner, "loader", None)
+
+
+def _persistent(loader: Any) -> bool:
+    """Whether ``loader`` (or the DataLoader it wraps) keeps its workers across epochs."""
+    while loader is not None:
+        if getattr(loader, "persistent_workers", False):
+            return True
+        loader = getattr(loader, "loader", None)
+    return False
 
 
 def measure_steps(

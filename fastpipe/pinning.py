@@ -78,8 +78,20 @@ class PinningIterator:
         shutdown_iterator(self._source)
 
 
+def forget_dead_iterator(loader: Any) -> None:
+    """Drop a persistent-workers DataLoader's reference to an iterator whose workers were shut down.
+
+    Such a loader keeps its iterator to reuse the workers; once fastpipe has shut them down, the
+    next ``iter(loader)`` (fastpipe's or the user's own) must start fresh ones instead.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and getattr(iterator, "_shutdown", False):
+        loader._iterator = None
+
+
 def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
     """``iter(loader)``, with modelled pinning added when the loader wants pinning the machine cannot give."""
+    forget_dead_iterator(loader)
     if not pinning_is_emulated(bool(getattr(loader, "pin_memory", False)), device):
         return iter(loader)
     with warnings.catch_warnings():  # "no accelerator is found": fastpipe pins in its stead

@@ -1,8 +1,9 @@
 """How a dataset's pipeline splits into named stages: the raw load, then each transform.
 
-Stages are found in the dataset's ``transform`` (or ``transforms``) attribute, which may be
-a torchvision v1 or v2 Compose, an ``nn.Sequential``, a list, or any single callable; nested
-composites are flattened. Wrapper datasets that hold the real one in ``.dataset`` (such as
+Stages are found in the dataset's ``transform`` attribute, which may be a torchvision v1 or
+v2 Compose, an ``nn.Sequential``, a list, or any single callable; nested composites are
+flattened. A joint ``transforms(image, target)`` is recognised but not split (its stages take
+two arguments); the report says so. Wrapper datasets that hold the real one in ``.dataset`` (such as
 ``Subset``) are looked through. Each stage is named by its class, with ``#2``, ``#3``... for
 repeats, which is how reports and cache points (``after:RandomMask``) refer to it.
 """
@@ -27,15 +28,21 @@ class Stage:
     transform: Callable[[Any], Any]
 
 
+def _composites() -> tuple[type, ...]:
+    import torchvision.transforms as v1
+    import torchvision.transforms.v2 as v2
+
+    return (v1.Compose, v2.Compose)
+
+
 def _flatten(transform: Any) -> list[Any]:
+    """Leaves of a composite, in order. Only plain chains are opened: RandomApply, RandomChoice or
+    RandomOrder also hold a list, but run it conditionally, so they stay one stage."""
     if transform is None:
         return []
-    inner = getattr(transform, "transforms", None)
-    if isinstance(inner, (list, tuple)) and not isinstance(transform, StandardTransform):
-        return [leaf for item in inner for leaf in _flatten(item)]
-    if isinstance(transform, torch.nn.Sequential):
-        return [leaf for item in transform for leaf in _flatten(item)]
-    if isinstance(transform, (list, tuple)):
+    if isinstance(transform, _composites()):
+        return [leaf for item in transform.transforms for leaf in _flatten(item)]
+    if isinstance(transform, (torch.nn.Sequential, list, tuple)):
         return [leaf for item in transform for leaf in _flatten(item)]
     return [transform]
 
@@ -81,7 +88,7 @@ class TransformPipeline:
     path: tuple[str, ...]
     """Attributes to follow from the loader's dataset to the owner of the transform (e.g. ``("dataset",)``)."""
     attr: str
-    """``"transform"`` or ``"transforms"``."""
+    """The attribute that holds it: ``"transform"``."""
     stages: list[Stage]
     timer: StageTimer | None = field(default=None, repr=False)
     """Called with (stage name, seconds) after each stage runs; set inside workers for stage costs."""
@@ -149,7 +156,10 @@ def find_pipeline(dataset: Any) -> tuple[TransformPipeline | None, str | None]:
             return TransformPipeline(tuple(path), "transform", split_transform(transform)), None
         joint = getattr(owner, "transforms", None)
         if joint is not None and not isinstance(joint, StandardTransform):
-            return TransformPipeline(tuple(path), "transforms", split_transform(joint)), None
+            return None, (
+                f"{type(owner).__name__} uses joint `transforms(image, target)`, whose stages take two arguments; "
+                "per-stage points need a `transform` of the image alone"
+            )
         inner = getattr(owner, "dataset", None)
         if inner is None:
             break

@@ -315,3 +315,33 @@ def test_saturated_drop_is_settled_with_stage_costs() -> None:
     assert any("this stage is slow" in c for c in report.caveats), report.caveats
     assert "Stage costs inside the workers" in report.to_table() and "```" in report.to_markdown()
     assert "stage_costs" in json.loads(report.to_json())
+
+
+def test_conditional_transforms_stay_one_stage() -> None:
+    from fastpipe.stages import split_transform
+
+    transform = T.Compose([T.RandomApply([Slow(1)], p=0.1), T.Compose([Fast(), T.RandomChoice([Fast(), Slow(1)])])])
+    assert [s.name for s in split_transform(transform)] == ["RandomApply", "Fast", "RandomChoice"]
+
+
+def test_joint_transforms_are_reported_not_split() -> None:
+    from fastpipe.stages import find_pipeline
+
+    class Joint(PlantedDataset):
+        transforms = staticmethod(lambda image, target: (image, target))
+
+    pipeline, why = find_pipeline(Joint(transform=None))
+    assert pipeline is None and "transforms(image, target)" in why
+
+
+def test_empty_transform_has_no_raw_point() -> None:
+    report = run(loader_for(PlantedDataset(transform=T.Compose([]))), threshold=0.0)
+    assert "raw" not in {e.cache_point for e in report.experiments}
+    assert any(u.cache_point == "raw" for u in report.unavailable)
+
+
+def test_cli_run_rejects_zero_steps(capsys) -> None:
+    from fastpipe.cli import main
+
+    assert main(["run", "toy:naive", "--steps", "0", "--device", STEP]) == 2
+    assert "--steps" in capsys.readouterr().err

@@ -53,3 +53,13 @@ def test_toy_on_cpu_trains_a_real_model(small_toy_options: dict) -> None:
 def test_toy_on_sim_builds_no_model(small_toy_options: dict) -> None:
     workload = load_workload("toy:naive", "sim:1", **small_toy_options)
     assert workload.model is None and any("not built" in note for note in workload.notes)
+
+
+def test_persistent_workers_survive_epochs_and_the_users_loader_still_works() -> None:
+    from tests.fakes import PlantedDataset
+
+    loader = DataLoader(PlantedDataset(length=8), batch_size=4, num_workers=1, persistent_workers=True)
+    workload = Workload(loader=loader, step=lambda batch: None)
+    result = measure_workload(workload, parse_device("sim:1"), warmup=1, steps=6)  # 3 epochs of 2 batches
+    assert len(result.step_times) == 6
+    assert [batch[1].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the user's own loop

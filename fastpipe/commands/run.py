@@ -5,6 +5,7 @@ import argparse
 from typing import Any
 
 from fastpipe.commands.common import add_workload_arguments, toy_options
+from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -20,6 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.measure import measure_workload
     from fastpipe.workload import load_workload
 
+    if args.steps < 1 or args.warmup < 0:
+        raise ConfigError("--steps must be at least 1 and --warmup at least 0")
     device = parse_device(args.device)
     workload = load_workload(args.spec, device, **toy_options(args))
     result = measure_workload(workload, device, warmup=args.warmup, steps=args.steps)
