@@ -38,6 +38,27 @@ def toy_option_values(args: argparse.Namespace, is_toy: bool) -> dict[str, Any]:
     return options
 
 
+def add_step_arguments(parser: argparse.ArgumentParser, per: str) -> None:
+    """--steps and --warmup, measured per experiment, variant or setting (``per``)."""
+    parser.add_argument("--steps", type=int, default=10, help=f"measured steps per {per} (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help=f"untimed warm-up steps per {per} (default 3)")
+
+
+def check_steps(args: argparse.Namespace) -> None:
+    if args.steps < 1 or args.warmup < 0:
+        raise ConfigError("--steps must be at least 1 and --warmup at least 0")
+
+
+def workload_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(device, workload) for a single-SPEC subcommand, after checking --steps/--warmup."""
+    from fastpipe.devices import parse_device
+    from fastpipe.workload import load_workload
+
+    check_steps(args)
+    device = parse_device(args.device)
+    return device, load_workload(args.spec, device, **toy_options(args))
+
+
 def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     """``toy_option_values`` for subcommands that take a single SPEC."""
     return toy_option_values(args, args.spec.startswith("toy"))
@@ -46,10 +67,11 @@ def toy_options(args: argparse.Namespace) -> dict[str, Any]:
 def write_outputs(result: Any, args: argparse.Namespace) -> None:
     """A result's table on stdout, plus the --json, --markdown and --plot files asked for."""
     print(result.to_table())
-    for path, render in ((getattr(args, "json", None), result.to_json), (getattr(args, "markdown", None), result.to_markdown)):
+    for option, render in (("json", "to_json"), ("markdown", "to_markdown")):
+        path = getattr(args, option, None)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render())
+            path.write_text(getattr(result, render)())
             print(f"wrote {path}")
     plot = getattr(args, "plot", None)
     if plot is not None:

@@ -6,15 +6,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_workload_arguments, toy_options, write_outputs
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
 from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("diagnose", help="find the bottleneck stages by caching data at successive points")
     add_workload_arguments(parser)
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per experiment (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per experiment (default 3)")
+    add_step_arguments(parser, "experiment")
     parser.add_argument("--pool", type=int, default=1, help="different samples/batches each cache point cycles through (default 1)")
     parser.add_argument("--threshold", type=float, default=0.05, help="smallest drop, as a fraction of the device bound, that counts (default 0.05)")
     parser.add_argument("--strategy", choices=("linear", "bisect"), default="linear", help="measure every point, or bisect over the stages")
@@ -28,14 +27,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.devices import parse_device
     from fastpipe.diagnose import diagnose
-    from fastpipe.workload import load_workload
 
-    if args.steps < 1 or args.warmup < 0 or args.pool < 1:
-        raise ConfigError("--steps and --pool must be at least 1 and --warmup at least 0")
-    device = parse_device(args.device)
-    workload = load_workload(args.spec, device, **toy_options(args))
+    if args.pool < 1:
+        raise ConfigError("--pool must be at least 1")
+    device, workload = workload_from_args(args)
     report = diagnose(
         workload, device=device, steps=args.steps, warmup=args.warmup, pool=args.pool, threshold=args.threshold,
         strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(), stage_costs=not args.no_stage_costs,

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_workload_arguments, toy_options
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
 from fastpipe.errors import ConfigError
 
 
@@ -23,8 +23,7 @@ def _factors(text: str) -> list[int]:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("tune", help="sweep num_workers and prefetch_factor; recommend the cheapest setting that keeps up")
     add_workload_arguments(parser)
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per setting (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per setting, at least one per worker (default 3)")
+    add_step_arguments(parser, "setting")
     parser.add_argument("--max-workers", type=int, default=None, help="most workers to try (default: usable cores + 2)")
     parser.add_argument("--prefetch-factors", type=_factors, default=[2, 4], help="prefetch_factor values to try at the chosen count (default 2,4)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="differences below this fraction of the device bound count as noise (default 0.05)")
@@ -39,25 +38,16 @@ def _progress(trial: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.devices import parse_device
     from fastpipe.tune import tune
-    from fastpipe.workload import load_workload
 
-    if args.steps < 1 or args.warmup < 0:
-        raise ConfigError("--steps must be at least 1 and --warmup at least 0")
     if args.max_workers is not None and args.max_workers < 1:
         raise ConfigError(f"--max-workers must be at least 1, got {args.max_workers}")
     if args.shm_budget_mb is not None and args.shm_budget_mb <= 0:
         raise ConfigError(f"--shm-budget-mb must be positive, got {args.shm_budget_mb}")
-    device = parse_device(args.device)
-    workload = load_workload(args.spec, device, **toy_options(args))
+    device, workload = workload_from_args(args)
     result = tune(
         workload, device, steps=args.steps, warmup=args.warmup, max_workers=args.max_workers, prefetch_factors=args.prefetch_factors,
         tolerance=args.tolerance, shm_budget_bytes=None if args.shm_budget_mb is None else int(args.shm_budget_mb * 1e6), on_trial=_progress,
     )
-    print(result.to_table())
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(result.to_json())
-        print(f"wrote {args.json}")
+    write_outputs(result, args)
     return 0
