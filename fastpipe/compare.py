@@ -99,8 +99,9 @@ class Comparison:
         for y, value in enumerate(fractions[::-1]):
             ax.text(value, y, f" {value:.0f}%", va="center", fontsize=8)
         ax.set_xlabel("% of the device bound (red: no gain beyond noise or drift)")
-        ax.set_title(f"fastpipe compare on {self.device}", fontsize=10)
-        ax.legend(loc="lower right")
+        ax.set_xlim(0, max(110, max(fractions, default=0) + 10))
+        ax.set_title(f"fastpipe compare on {self.device}", fontsize=10, pad=24)
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
