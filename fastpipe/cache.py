@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline
+from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, read_sample
 
 _MISSING = object()
 
@@ -131,22 +131,13 @@ class CachePointDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _read(self, dataset: Any, index: int) -> Any:
-        """``dataset[index]``, with failures outside any transform stage labelled as the raw load."""
-        try:
-            return dataset[index]
-        except StageError:
-            raise
-        except Exception as exc:
-            raise StageError.wrap(RAW_STAGE, exc) from exc
-
     def __getitem__(self, index: int) -> Any:
         if self.point == "baseline":
             if self.pipeline is None:
-                return self._read(self.dataset, index)
+                return read_sample(self.dataset, index)
             if self._staged is None:  # once, so state the dataset caches on itself (open files) persists
                 self._staged = self.pipeline.with_transform(self.dataset, self.pipeline.run)
-            return self._read(self._staged, index)
+            return read_sample(self._staged, index)
         slot = self._calls % self.pool
         self._calls += 1
         entry = self._entries.get(slot)
@@ -159,9 +150,9 @@ class CachePointDataset(Dataset):
 
     def _capture(self, index: int) -> _Entry:
         if self.cut is None:
-            return _Entry(template=self._read(self.dataset, index), path=None, cached=None)
+            return _Entry(template=read_sample(self.dataset, index), path=None, cached=None)
         recorder = _Recorder(self.pipeline, self.cut)
-        sample = self._read(self.pipeline.with_transform(self.dataset, recorder), index)
+        sample = read_sample(self.pipeline.with_transform(self.dataset, recorder), index)
         path = _locate(sample, recorder.output) if recorder.output is not _MISSING else None
         if path is None:
             raise StageError.wrap(

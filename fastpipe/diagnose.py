@@ -527,6 +527,19 @@ def _settle_saturation(report: Report, workload: Workload, device: Device, **opt
         report.caveats = [c for c in report.caveats if not c.startswith(SATURATION_CAVEAT_START)] + explained
 
 
+def measure_device_bound(
+    workload: Workload, device: "str | Device | None", *, steps: int = 10, warmup: int = 3, worker_timeout: float = 300.0
+) -> tuple[ExperimentResult, int]:
+    """The device point alone, and the bytes of its cached batch (what one batch weighs in shared memory)."""
+    from fastpipe._tree import tree_nbytes
+
+    device = parse_device(device)
+    diagnosis = _Diagnosis(workload, device, steps, warmup, 1, 0.0, "linear", False, worker_timeout)
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader):
+        result = diagnosis.measure("device")
+    return result, max(tree_nbytes(batch) for batch in diagnosis.host_batches)
+
+
 def measure_points(
     workload: Workload,
     device: "str | Device | None",

@@ -78,6 +78,16 @@ class StageError(RuntimeError):
         return message[start:end] if end > start else None
 
 
+def read_sample(dataset: Any, index: Any) -> Any:
+    """``dataset[index]``, with failures outside any transform stage labelled as the raw load."""
+    try:
+        return dataset[index]
+    except StageError:
+        raise
+    except Exception as exc:
+        raise StageError.wrap(RAW_STAGE, exc) from exc
+
+
 StageTimer = Callable[[str, float], None]
 
 

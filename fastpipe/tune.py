@@ -30,7 +30,6 @@ from torch.utils.data import DataLoader
 
 from fastpipe._render import render_table
 from fastpipe._system import usable_cores
-from fastpipe._tree import tree_nbytes
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.snapshot import preserve_user_state
@@ -264,13 +263,13 @@ class _Sweep:
     # ----- measuring --------------------------------------------------------------------
     def measure_bound(self) -> None:
         """One batch cached on the device, the step repeated: the diagnosis's device point."""
-        from fastpipe.diagnose import _Diagnosis
+        from fastpipe.diagnose import measure_device_bound
 
-        diagnosis = _Diagnosis(self.workload, self.device, self.steps, self.warmup, 1, 0.0, "linear", False, self.worker_timeout)
-        result = diagnosis.measure("device")
+        result, self.batch_bytes = measure_device_bound(
+            self.workload, self.device, steps=self.steps, warmup=self.warmup, worker_timeout=self.worker_timeout
+        )
         self.bound = result.steps_per_s
         self.bound_noise = round_noise(result.step_times, 1)
-        self.batch_bytes = max(tree_nbytes(b) for b in diagnosis.host_batches)
 
     def _free_shm(self) -> int | None:
         return self.shm_budget if self.shm_budget is not None else shm_free()

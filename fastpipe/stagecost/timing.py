@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastpipe.cache import CachePointDataset, rebuild_loader
 from fastpipe.pinning import shutdown_iterator
-from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, find_pipeline
+from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, find_pipeline, read_sample
 
 COLLATE_STAGE = "collate"
 RAW_LABEL, COLLATE_LABEL = f"fastpipe/{RAW_STAGE}", f"fastpipe/{COLLATE_STAGE}"
@@ -139,12 +139,7 @@ class TimedDataset(Dataset):
         ledger.start_sample()
         wall0, cpu0 = time.perf_counter(), ledger.cpu_clock()
         with torch.profiler.record_function(RAW_LABEL):
-            try:
-                sample = source[index]
-            except StageError:
-                raise
-            except Exception as exc:
-                raise StageError.wrap(RAW_STAGE, exc) from exc
+            sample = read_sample(source, index)
         ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0)
         return sample
 
