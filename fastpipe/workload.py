@@ -1,22 +1,47 @@
 """A Workload bundles what fastpipe runs: the user's DataLoader and training step.
 
-Commands take a SPEC that names one: ``toy:VARIANT`` for the article's workload, or
-``package.module:function`` for a user's own, where the function returns ``(loader, step)``
-or a :class:`Workload`. The function may take a ``device`` argument, which fastpipe passes
-as a :class:`~fastpipe.devices.Device`, so the factory can put its model there.
+Commands take a SPEC that names one:
+
+* ``toy:VARIANT``: the article's workload (:mod:`fastpipe.toy`);
+* ``jpeg:VARIANT``: the real-JPEG workload (:mod:`fastpipe.jpeg`);
+* ``package.module:function``: the user's own. The module is imported as ``python -m`` and
+  pytest would: the current directory comes first on ``sys.path``, so
+  ``fastpipe diagnose train:make_workload`` finds ``train.py`` in the folder it is run from.
+
+The user's function returns ``(loader, step)`` or a :class:`Workload`. It may take either or
+both of these arguments, by name:
+
+* ``device``: a :class:`torch.device` to put the model on (``model.to(device)``): ``cpu`` for
+  ``--device cpu``, ``cuda:N`` for ``--device cuda[:N]``, and ``cpu`` for ``--device sim:...``,
+  where the step stands in for the model and the model is never run.
+* ``fastpipe_device``: fastpipe's own :class:`~fastpipe.devices.Device`, for a factory that wants
+  to know more, e.g. ``fastpipe_device.runs_model`` is False on ``sim`` (skip building a large model).
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils.data import DataLoader
 
-from fastpipe.devices import Device, parse_device
+from fastpipe.devices import Device, default_device_spec, parse_device
 from fastpipe.errors import ConfigError, FastpipeError
+
+#: Built-in workload families: the SPEC prefix, and the module whose ``make_workload(variant, device, **options)`` builds one.
+#: A family module may set ``DEFAULT_SIM_SPEC`` (e.g. ``"sim:222"``): the device its SPECs get when none is given and no GPU is present.
+FAMILIES = {"toy": "fastpipe.toy", "jpeg": "fastpipe.jpeg"}
+#: A family's variant when the SPEC names none (``toy`` means ``toy:naive``).
+DEFAULT_VARIANTS = {"toy": "naive"}
+
+FACTORY_CONTRACT = (
+    "the function may take `device` (a torch.device for model.to(device); cpu on sim, where the model is not run) "
+    "and/or `fastpipe_device` (fastpipe's Device), and must return (loader, step) or a fastpipe.Workload"
+)
 
 
 @dataclass
@@ -47,14 +72,49 @@ class Workload:
     notes: list[str] = field(default_factory=list)
 
 
+def family_of(spec: str) -> str | None:
+    """``"toy"`` for ``toy`` or ``toy:naive``, likewise for every built-in family; None for a user's ``module:function``."""
+    prefix, sep, _ = spec.partition(":")
+    return prefix if prefix in FAMILIES and (sep or spec == prefix) else None
+
+
+def _family_module(family: str) -> Any:
+    name = FAMILIES[family]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):
+            raise ConfigError(f"the '{family}:' workloads need {name}, which this fastpipe does not include; "
+                              "update fastpipe, or use toy:naive or your own package.module:function") from exc
+        raise
+
+
+def default_device_for(specs: "str | Iterable[str]") -> str:
+    """The device SPECs run on when the user names none: ``cuda`` when a GPU is present, else the simulated step
+    their family asks for (its ``DEFAULT_SIM_SPEC``) when all SPECs agree on one, else :func:`default_device_spec`."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    fallback = default_device_spec()
+    if torch.cuda.is_available() or not specs:
+        return fallback
+    asked = set()
+    for spec in specs:
+        family = family_of(spec)
+        asked.add(None if family is None else getattr(_family_module(family), "DEFAULT_SIM_SPEC", None))
+    choice = asked.pop() if len(asked) == 1 else None
+    return choice if choice is not None else fallback
+
+
 def _call_factory(factory: Callable[..., Any], device: Device) -> Any:
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         parameters = {}
+    kwargs: dict[str, Any] = {}
     if "device" in parameters:
-        return factory(device=device)
-    return factory()
+        kwargs["device"] = device.torch_device
+    if "fastpipe_device" in parameters:
+        kwargs["fastpipe_device"] = device
+    return factory(**kwargs)
 
 
 def as_workload(obj: Any, name: str) -> Workload:
@@ -72,21 +132,55 @@ def as_workload(obj: Any, name: str) -> Workload:
     return workload
 
 
-def load_workload(spec: str, device: "str | Device | None" = None, **toy_options: Any) -> Workload:
-    """Build the workload a SPEC names, for ``device``. ``toy_options`` go to the toy builder."""
-    device = parse_device(device)
-    if spec.startswith("toy:") or spec == "toy":
-        from fastpipe.toy import make_workload
+def _cwd_first_on_path() -> None:
+    """Put the current directory first on ``sys.path``, as ``python -m`` and pytest do.
 
-        variant = spec.partition(":")[2] or "naive"
-        return make_workload(variant, device, **toy_options)
+    The entry stays for the whole process: the user's module may import its neighbours later,
+    and DataLoader workers started with ``spawn`` re-import it with the parent's ``sys.path``.
+    """
+    cwd = os.getcwd()
+    if sys.path[:1] not in ([cwd], [""]):
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+
+
+def _import_user_module(spec: str, module_name: str) -> Any:
+    _cwd_first_on_path()
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ConfigError(
+                f"bad SPEC '{spec}': no module '{module_name}' in the current directory ({os.getcwd()}) or on sys.path; "
+                f"run fastpipe from the folder that holds {module_name.split('.')[0]}.py, or add that folder to PYTHONPATH"
+            ) from exc
+        raise ConfigError(f"bad SPEC '{spec}': importing '{module_name}' failed: {exc}; install what it imports") from exc
+    except FastpipeError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"bad SPEC '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
+
+
+def load_workload(spec: str, device: "str | Device | None" = None, **options: Any) -> Workload:
+    """Build the workload a SPEC names, for ``device``. ``options`` go to a family's builder (``toy:``, ``jpeg:``).
+
+    ``device=None`` means :func:`default_device_for` the SPEC.
+    """
+    device = parse_device(default_device_for(spec) if device is None else device)
+    family = family_of(spec)
+    if family is not None:
+        module = _family_module(family)
+        variant = spec.partition(":")[2] or DEFAULT_VARIANTS.get(family, "")
+        if not variant:
+            raise ConfigError(f"bad SPEC '{spec}': name a variant, e.g. {family}:naive")
+        return module.make_workload(variant, device, **options)
+    if options:
+        raise ConfigError(f"options {sorted(options)} only apply to the built-in workloads ({', '.join(FAMILIES)}); "
+                          "size your own workload in its factory")
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"bad SPEC '{spec}': use toy:naive, toy:optimized, or package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"bad SPEC '{spec}': cannot import module '{module_name}' ({exc}); is it on PYTHONPATH?") from exc
+        raise ConfigError(f"bad SPEC '{spec}': use toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function")
+    module = _import_user_module(spec, module_name)
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise ConfigError(f"bad SPEC '{spec}': module '{module_name}' has no function '{attr}'")
@@ -95,5 +189,5 @@ def load_workload(spec: str, device: "str | Device | None" = None, **toy_options
     except FastpipeError:
         raise
     except Exception as exc:
-        raise ConfigError(f"the workload factory '{spec}' raised {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"the workload factory '{spec}' raised {type(exc).__name__}: {exc} ({FACTORY_CONTRACT})") from exc
     return as_workload(result, spec)

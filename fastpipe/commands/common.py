@@ -19,10 +19,28 @@ def add_toy_options(parser: argparse.ArgumentParser) -> None:
     toy.add_argument("--model", default=None, help="torchvision model name for cpu/cuda (default resnet50)")
 
 
+DEVICE_HELP = ("cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else the SPEC's own simulated step: "
+               "sim:290 for toy and your own SPECs). Your factory's `device` argument is the matching torch.device "
+               "(cpu on sim); ask for `fastpipe_device` to get fastpipe's Device")
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help=DEVICE_HELP)
+
+
+def resolve_device(device: str | None, specs: "str | list[str]") -> Any:
+    """The Device to run ``specs`` on: the one asked for, or the default for those SPECs (see default_device_for)."""
+    from fastpipe.devices import parse_device
+    from fastpipe.workload import default_device_for
+
+    return parse_device(default_device_for(specs) if device is None else device)
+
+
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """SPEC, --device and the toy workload's size options, shared by every subcommand that runs one."""
-    parser.add_argument("spec", metavar="SPEC", help="toy:naive, toy:optimized, or package.module:function")
-    parser.add_argument("--device", default=None, help="cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else sim:290)")
+    parser.add_argument("spec", metavar="SPEC", help="toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function "
+                        "(looked up in the current directory first, as python -m does)")
+    add_device_argument(parser)
     add_toy_options(parser)
 
 
@@ -51,17 +69,18 @@ def check_steps(args: argparse.Namespace) -> None:
 
 def workload_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """(device, workload) for a single-SPEC subcommand, after checking --steps/--warmup."""
-    from fastpipe.devices import parse_device
     from fastpipe.workload import load_workload
 
     check_steps(args)
-    device = parse_device(args.device)
+    device = resolve_device(args.device, args.spec)
     return device, load_workload(args.spec, device, **toy_options(args))
 
 
 def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     """``toy_option_values`` for subcommands that take a single SPEC."""
-    return toy_option_values(args, args.spec.startswith("toy"))
+    from fastpipe.workload import family_of
+
+    return toy_option_values(args, family_of(args.spec) == "toy")
 
 
 def write_outputs(result: Any, args: argparse.Namespace) -> None:

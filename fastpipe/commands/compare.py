@@ -6,14 +6,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_toy_options, toy_option_values, write_outputs
+from fastpipe.commands.common import add_device_argument, add_toy_options, resolve_device, toy_option_values, write_outputs
 from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("compare", help="measure a ladder of variants against the device bound")
     parser.add_argument("specs", metavar="SPEC", nargs="+", help="'toy' for the toy ladder, or two or more SPECs (module:function)")
-    parser.add_argument("--device", default=None, help="cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else sim:290)")
+    add_device_argument(parser)
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per variant (default 3)")
     parser.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("compare needs 'toy' or at least two SPECs, e.g. fastpipe compare mypkg.before:make mypkg.after:make")
     is_toy = all(spec == "toy" or spec.startswith("toy:") for spec in args.specs)
     comparison = compare(
-        args.specs, args.device, steps=args.steps, warmup=args.warmup,
+        args.specs, resolve_device(args.device, args.specs), steps=args.steps, warmup=args.warmup,
         progress=not args.no_progress and sys.stderr.isatty(), toy_options=toy_option_values(args, is_toy),
     )
     write_outputs(comparison, args)
