@@ -187,6 +187,10 @@ def measure_steps(
 ) -> Measurement:
     """Time ``steps`` iterations of fetch-then-step after ``warmup`` untimed ones.
 
+    Step times are read on the device's timeline (CUDA events, the sim's modelled queue), from
+    the end of one step to the end of the next: on an asynchronous device the host only launches
+    steps, so host-side intervals would time the launches, not the steps.
+
     ``next_batch`` returns a batch ready for the step (fetched, copied, transformed);
     ``run_step`` runs the step on it. ``on_step(i)`` is called after every iteration,
     warm-up included, for progress bars. ``round_size`` is the number of loader workers (see
@@ -198,19 +202,15 @@ def measure_steps(
         run_step(next_batch())
         if on_step is not None:
             on_step(i)
-    device.synchronize()
-    step_times: list[float] = []
+    marks = [device.timeline_mark()]
     with CpuMonitor() as monitor:
-        last = time.perf_counter()
         for i in range(steps):
             run_step(next_batch())
-            if i == steps - 1:
-                device.synchronize()
-            now = time.perf_counter()
-            step_times.append(now - last)
-            last = now
+            marks.append(device.timeline_mark())
             if on_step is not None:
                 on_step(warmup + i)
+        device.synchronize()  # the device's own clock: what each step took there, not when the host launched it
+    step_times = [device.seconds_between(a, b) for a, b in zip(marks, marks[1:])]
     return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util, round_size=round_size)
 
 

@@ -130,8 +130,9 @@ class PrefetchIterator(Iterator[Any]):
                 batch = device.to_device(batch)
                 return _InFlight(batch if transform is None else transform(batch))
             batch = _pin_host_tensors(device, batch)
-            if self._stream is None:  # sim: the modelled copy engine takes the place of the stream
-                batch = device.to_device(batch, non_blocking=True)
+            if self._stream is None:  # sim: the modelled copy engine's side stream takes the place of CUDA's
+                with device.side_stream():
+                    batch = device.to_device(batch, non_blocking=True)
                 return _InFlight(batch if transform is None else transform(batch))
             with torch.cuda.stream(self._stream):
                 batch = device.to_device(batch, non_blocking=True)

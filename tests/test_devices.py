@@ -49,6 +49,7 @@ def test_sim_steps_take_wall_time_but_no_cpu() -> None:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(5):
         device.run_step(lambda batch: pytest.fail("sim must not run the step"), None)
+    device.synchronize()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     assert wall >= 0.250
     assert cpu < 0.05
@@ -70,6 +71,7 @@ def test_pinned_nonblocking_copy_returns_at_once_and_step_waits_for_it() -> None
     on_device = device.to_device(batch, non_blocking=True)
     assert time.perf_counter() - start < 0.01
     device.run_step(lambda b: None, on_device)
+    device.synchronize()
     # the step waited for its input (40 ms), then ran (10 ms)
     assert time.perf_counter() - start >= 0.050
 
@@ -80,11 +82,66 @@ def test_pinned_copy_during_a_step_costs_no_extra_wall_time() -> None:
     following = device.pin(torch.zeros(30_000_000, dtype=torch.uint8))  # 30 ms copy < 60 ms step
     current = device.to_device(current, non_blocking=True)
     start = time.perf_counter()
-    following = device.to_device(following, non_blocking=True)  # issued before the step: overlaps it
+    with device.side_stream():  # as a prefetcher does: the copy does not queue behind the step
+        following = device.to_device(following, non_blocking=True)
     device.run_step(lambda b: None, current)
     device.run_step(lambda b: None, following)
+    device.synchronize()
     elapsed = time.perf_counter() - start
     assert 0.120 <= elapsed < 0.120 + 0.02
+
+
+def test_a_copy_on_the_compute_stream_waits_for_the_step_before_it() -> None:
+    device = parse_device("sim:60,h2d_gbps=1")
+    current = device.to_device(device.pin(torch.zeros(1000, dtype=torch.uint8)), non_blocking=True)
+    following = device.pin(torch.zeros(30_000_000, dtype=torch.uint8))  # 30 ms copy
+    start = time.perf_counter()
+    device.run_step(lambda b: None, current)
+    following = device.to_device(following, non_blocking=True)  # tensor.to(device) on the step's stream
+    device.run_step(lambda b: None, following)
+    device.synchronize()
+    elapsed = time.perf_counter() - start
+    assert 0.150 <= elapsed < 0.150 + 0.02  # step, then copy, then step: nothing overlaps
+
+
+def _loop_with_host_cost(spec: str, host_ms: float, steps: int = 12) -> float:
+    """Seconds per step of a loop whose host spends ``host_ms`` (CPU-free) per batch before each step."""
+    from fastpipe.measure import measure_steps
+
+    device = parse_device(spec)
+
+    def next_batch() -> None:
+        time.sleep(host_ms / 1000)  # receiving, pinning: main-process work per batch
+
+    measurement = measure_steps(next_batch, lambda batch: device.run_step(None, batch), warmup=2, steps=steps, device=device)
+    return measurement.mean_step_s
+
+
+def test_async_step_hides_main_process_work_and_sync_does_not() -> None:
+    asynchronous = _loop_with_host_cost("sim:60", 20)
+    synchronous = _loop_with_host_cost("sim:60,sync=1", 20)
+    assert asynchronous == pytest.approx(0.060, rel=0.08)  # at the bound: the host works while the step runs
+    assert synchronous == pytest.approx(0.080, rel=0.08)  # every step waits for the host's 20 ms
+
+
+def test_host_blocks_only_when_the_queue_is_full() -> None:
+    device = parse_device("sim:50,queue=2")
+    start = time.perf_counter()
+    device.run_step(None, None)
+    device.run_step(None, None)
+    launched_two = time.perf_counter() - start
+    device.run_step(None, None)  # the third waits for the first to finish
+    launched_three = time.perf_counter() - start
+    device.synchronize()
+    assert launched_two < 0.02
+    assert 0.05 <= launched_three < 0.07
+    assert time.perf_counter() - start >= 0.150
+
+
+@pytest.mark.parametrize("spec", ["sim:10,sync=2", "sim:10,queue=0", "sim:10,queue=1.5", "sim:10,speed=3"])
+def test_bad_sim_options_say_how_to_fix(spec: str) -> None:
+    with pytest.raises(ConfigError, match=r"e\.g\. --device"):
+        parse_device(spec)
 
 
 def test_pin_is_a_copy_marked_pinned() -> None:
