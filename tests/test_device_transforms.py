@@ -1,4 +1,4 @@
-"""ConvertColorScale: the naive per-sample ConvertColor + Scale, as one batched expression on the device."""
+"""Device-side transforms: Normalize (torchvision's ToTensor + Normalize, fused) and the article's ConvertColorScale."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,10 @@ import torch
 
 from fastpipe.errors import ConfigError
 from fastpipe.toy.naive import ConvertColor, Scale
-from fastpipe.transforms.device import ConvertColorScale
+import torchvision.transforms as T
+
+import fastpipe.transforms
+from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, ConvertColorScale, Normalize
 
 
 def naive(images: torch.Tensor) -> torch.Tensor:
@@ -73,3 +76,80 @@ def test_runs_on_the_tensors_device_and_matches_cpu() -> None:
     assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.float32
     assert (on_gpu.cpu() - transform(images)).abs().max().item() <= 1e-5
     assert ConvertColorScale(torch.bfloat16)(images.cuda()).dtype == torch.bfloat16
+
+
+def every_value_batch() -> torch.Tensor:
+    """Every uint8 value in every channel, plus random pixels: (3, 3, 16, 32)."""
+    ramp = torch.arange(256, dtype=torch.uint8).view(16, 16).repeat(1, 2)
+    images = batch(3, 16, 32)
+    images[0] = ramp
+    images[1] = ramp.flip(0)
+    return images
+
+
+def torchvision_recipe(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """ToTensor() + Normalize(mean, std), per sample, on HWC arrays as a PIL-based pipeline feeds them."""
+    recipe = T.Compose([T.ToTensor(), T.Normalize(mean, std)])
+    return torch.stack([recipe(img.permute(1, 2, 0).numpy()) for img in images])
+
+
+@pytest.mark.parametrize("mean, std", [(IMAGENET_MEAN, IMAGENET_STD), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.1, 0.9, 0.3), (0.3, 1.7, 0.31))])
+def test_normalize_equals_torchvision_to_tensor_then_normalize(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    images = every_value_batch()
+    before = images.clone()
+    out = Normalize(mean, std)(images)
+    expected = torchvision_recipe(images, mean, std)
+    assert out.dtype == torch.float32 and out.shape == expected.shape
+    assert (out - expected).abs().max().item() <= 1e-6
+    assert torch.equal(images, before)
+
+
+def test_imagenet_preset_is_torchvisions_imagenet_recipe() -> None:
+    images = every_value_batch()
+    expected = torchvision_recipe(images, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert (Normalize.imagenet()(images) - expected).abs().max().item() <= 1e-6
+    labels = torch.arange(3)
+    out = Normalize.imagenet()((images, labels))
+    assert isinstance(out, tuple) and out[1] is labels and (out[0] - expected).abs().max().item() <= 1e-6
+    assert (Normalize.imagenet()(images[2]) - expected[2]).abs().max().item() <= 1e-6
+
+
+def test_the_first_device_transform_a_user_finds_keeps_rgb() -> None:
+    """Issue 14 item 5: the package's device-side normalization matches torchvision; the YCbCr one says what it does."""
+    assert fastpipe.transforms.Normalize is Normalize
+    assert fastpipe.transforms.__all__.index("Normalize") < fastpipe.transforms.__all__.index("ConvertColorScale")
+    assert "COLOUR SPACE" in (ConvertColorScale.__doc__ or "")
+    images = every_value_batch()
+    ycbcr = ConvertColorScale()(images)
+    assert (ycbcr - images.float() / 255).abs().max().item() > 0.1  # it really is not a plain rescale
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_normalize_low_precision_is_the_float32_result_rounded_once(dtype: torch.dtype) -> None:
+    images = every_value_batch()
+    out = Normalize.imagenet(dtype)(images)
+    assert out.dtype == dtype and torch.equal(out, Normalize.imagenet()(images).to(dtype))
+
+
+def test_normalize_bad_arguments_say_what_to_pass() -> None:
+    with pytest.raises(ConfigError, match="one mean and one std per channel"):
+        Normalize((0.5, 0.5), (0.5,))
+    with pytest.raises(ConfigError, match="positive stds"):
+        Normalize((0.5,), (0.0,))
+    with pytest.raises(ConfigError, match="dtype"):
+        Normalize.imagenet(torch.int32)
+    with pytest.raises(ConfigError, match="torchvision.transforms.Normalize"):
+        Normalize.imagenet()(torch.rand(2, 3, 4, 4))
+    with pytest.raises(ConfigError, match=r"\(N, 3, H, W\)"):
+        Normalize.imagenet()(torch.zeros(2, 1, 4, 4, dtype=torch.uint8))
+    grey = Normalize((0.5,), (0.25,))(torch.full((1, 1, 2, 2), 255, dtype=torch.uint8))
+    assert torch.allclose(grey, torch.full((1, 1, 2, 2), 2.0))
+
+
+@pytest.mark.gpu
+def test_normalize_on_the_gpu_matches_cpu() -> None:
+    images = every_value_batch()
+    transform = Normalize.imagenet()
+    on_gpu = transform(images.cuda())
+    assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.float32
+    assert (on_gpu.cpu() - torchvision_recipe(images, IMAGENET_MEAN, IMAGENET_STD)).abs().max().item() <= 1e-6

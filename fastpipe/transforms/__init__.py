@@ -5,12 +5,14 @@
 * :func:`uniform_noise`: uniform uint8 noise fast enough to stand in for a decoder.
 * :class:`ToCHWTensor`: an HWC NumPy array to a CHW uint8 tensor, without PIL
   (and :class:`Contiguous`, to compact a crop view).
-* :mod:`fastpipe.transforms.device`: :class:`ConvertColorScale`, colour conversion and
-  scaling fused into one op on a uint8 batch already on the device.
+* :mod:`fastpipe.transforms.device`, for a uint8 batch already on the device:
+  :class:`Normalize` (``Normalize.imagenet()``), torchvision's ``ToTensor() + Normalize(mean, std)``
+  fused into the uint8 -> float conversion, the one to reach for; and :class:`ConvertColorScale`,
+  the article's toy step, which also changes the colour space (RGB -> YCbCr).
 * :mod:`fastpipe.transforms.jpeg`: JPEG decoding at reduced DCT scale when the crop allows.
 """
 from fastpipe.transforms.convert import Contiguous, ToCHWTensor
-from fastpipe.transforms.device import ConvertColorScale
+from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, ConvertColorScale, Normalize
 from fastpipe.transforms.mask import BACKENDS, RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
 from fastpipe.transforms.noise import uniform_noise
 
@@ -25,5 +27,8 @@ __all__ = [
     "uniform_noise",
     "ToCHWTensor",
     "Contiguous",
+    "Normalize",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "ConvertColorScale",
 ]
