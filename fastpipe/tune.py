@@ -9,8 +9,17 @@ loader rebuilt at each setting, against the device bound (one batch cached on th
 2. ``prefetch_factor`` at the chosen count, unless the bound is already reached (a deeper
    queue cannot beat the bound; a shallower one is still tried, since it is cheaper).
 
+Settings are compared in time per step (1 / steps/s), the unit in which costs add up: a
+setting is better when its step is shorter beyond noise (two standard errors of the time per
+step, from both measurements) and beyond ``tolerance`` of the device step. Differences of
+steps/s would hide real gains far from the bound: with a bound of 10 steps/s, going from 0.4
+to 0.8 steps/s is under 5% of the bound in steps/s, yet it halves the step (2.5 s to 1.25 s).
+
 The recommendation is the cheapest setting (fewest workers, then smallest prefetch) that
-reaches the bound within noise or, when none does, the cheapest within noise of the best. Memory is watched on every setting: the RSS of the process tree and the
+reaches the bound within noise or, when none does, the cheapest within noise of the best.
+Interrupted (Ctrl-C), the sweep returns what it measured so far, marked ``interrupted``.
+
+Memory is watched on every setting: the RSS of the process tree and the
 use of ``/dev/shm``, where DataLoader workers put every batch they hand over. A setting whose
 estimated shared memory exceeds what is free is not run; it gets a warning instead of the
 "Bus error" that kills workers when ``/dev/shm`` fills (common in containers with a 64 MB one).
@@ -148,6 +157,11 @@ class Trial:
         return self.status == "measured" and self.steps_per_s is not None
 
     @property
+    def step_ms(self) -> float | None:
+        """Time per step in ms: the unit settings are compared in."""
+        return None if self.steps_per_s is None else 1000.0 / self.steps_per_s
+
+    @property
     def cost(self) -> tuple[int, int]:
         """What a setting costs: workers first (cores, memory), then queued batches."""
         return self.num_workers, self.prefetch_factor
@@ -175,27 +189,41 @@ class TuneResult:
     stops: list[str] = field(default_factory=list)
     """Why each sweep stopped where it did."""
     warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    """Ctrl-C stopped the sweep: ``trials`` holds the settings measured before it."""
+
+    @property
+    def bound_step_ms(self) -> float:
+        return 1000.0 / self.bound_steps_per_s
 
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": SCHEMA, **dataclasses.asdict(self)}
         data["current"] = {"num_workers": self.current[0], "prefetch_factor": self.current[1]}
         data["recommended"] = None if self.recommended is None else {
             "num_workers": self.recommended.num_workers, "prefetch_factor": self.recommended.prefetch_factor,
-            "steps_per_s": self.recommended.steps_per_s, "fraction_of_bound": self.recommended.fraction_of_bound,
+            "steps_per_s": self.recommended.steps_per_s, "step_ms": self.recommended.step_ms,
+            "fraction_of_bound": self.recommended.fraction_of_bound,
         }
+        data["bound_step_ms"] = self.bound_step_ms
+        for trial, row in zip(self.trials, data["trials"]):
+            row["step_ms"] = trial.step_ms
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    HEADERS = ("workers", "prefetch", "steps/s", "of bound", "noise", "runs", "CPU", "RSS (tree)", "/dev/shm peak", "shm estimate", "")
+    HEADERS = ("workers", "prefetch", "ms/step", "steps/s", "of bound", "noise", "runs", "CPU", "RSS (tree)", "/dev/shm peak",
+               "shm estimate", "")
 
     def rows(self) -> list[tuple[str, ...]]:
-        rows = [("device bound", "", f"{self.bound_steps_per_s:.3f}", "100.0%", f"±{self.bound_noise:.1%}", "1", "", "", "", "", "")]
+        bound_ms = "-" if not self.bound_steps_per_s > 0 else f"{self.bound_step_ms:.1f}"
+        bound_rate = "-" if math.isnan(self.bound_steps_per_s) else f"{self.bound_steps_per_s:.3f}"
+        rows = [("device bound", "", bound_ms, bound_rate, "100.0%", f"±{self.bound_noise:.1%}", "1", "", "", "", "", "")]
         for t in self.trials:
             mark = "<- recommended" if t is self.recommended else ("" if t.status == "measured" else t.status.upper())
             rows.append((
                 str(t.num_workers), str(t.prefetch_factor),
+                "-" if t.step_ms is None else f"{t.step_ms:.1f}",
                 "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
                 "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
                 "-" if t.noise is None else f"±{t.noise:.1%}", str(t.runs),
@@ -210,7 +238,11 @@ class TuneResult:
                 f"{self.cores} usable cores; the loader has {_workers(workers)}, prefetch_factor {prefetch})")
 
     def summary_lines(self) -> list[str]:
-        lines = [self.summary] if self.summary else []
+        lines = []
+        if self.interrupted:
+            lines.append(f"Interrupted (Ctrl-C) after {len(self.trials)} setting(s): the sweep is incomplete; "
+                         "the table holds what was measured before it.")
+        lines += [self.summary] if self.summary else []
         lines += [f"Stopped: {stop}" for stop in self.stops]
         lines += [f"Warning: {warning}" for warning in self.warnings]
         return lines
@@ -248,6 +280,37 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
     return None
 
 
+def _measure_bound(workload: Workload, device: Device, *, steps: int, warmup: int, worker_timeout: float) -> tuple[Any, int]:
+    """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here)."""
+    from fastpipe.diagnose import measure_device_bound
+
+    return measure_device_bound(workload, device, steps=steps, warmup=warmup, worker_timeout=worker_timeout)
+
+
+def _measure_setting(workload: Workload, device: Device, *, steps: int, warmup: int, worker_timeout: float) -> Any:
+    """One run of the user's loop (nothing cached) with the loader at one setting: an ExperimentResult-like object
+    with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam where each setting's measurement comes in."""
+    from fastpipe.diagnose import measure_points
+
+    return measure_points(workload, device, ["baseline"], steps=steps, warmup=warmup, worker_timeout=worker_timeout)["baseline"]
+
+
+def _pool(results: list[Any], workers: int) -> tuple[float, float]:
+    """(steps/s, relative standard error of the mean step time) of several runs of one setting, pooled.
+
+    With every run's step times at hand, the noise is taken over whole rounds of workers (:func:`round_noise`);
+    otherwise the runs' mean step times are averaged, weighted by their steps, and their standard errors combined.
+    """
+    times = [t for r in results for t in (getattr(r, "step_times", None) or [])]
+    if times and all(getattr(r, "step_times", None) for r in results):
+        return len(times) / sum(times), round_noise(times, workers)
+    weights = [max(1, len(getattr(r, "step_times", None) or [])) for r in results]
+    total = sum(weights)
+    step = sum(w / r.steps_per_s for w, r in zip(weights, results)) / total
+    error = math.sqrt(sum((w * r.noise / r.steps_per_s) ** 2 for w, r in zip(weights, results))) / total
+    return 1.0 / step, error / step
+
+
 class _Sweep:
     def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float, extensions: int,
                  shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None) -> None:
@@ -263,20 +326,16 @@ class _Sweep:
     # ----- measuring --------------------------------------------------------------------
     def measure_bound(self) -> None:
         """One batch cached on the device, the step repeated: the diagnosis's device point."""
-        from fastpipe.diagnose import measure_device_bound
-
-        result, self.batch_bytes = measure_device_bound(
+        result, self.batch_bytes = _measure_bound(
             self.workload, self.device, steps=self.steps, warmup=self.warmup, worker_timeout=self.worker_timeout
         )
         self.bound = result.steps_per_s
-        self.bound_noise = round_noise(result.step_times, 1)
+        self.bound_noise = result.noise
 
     def _free_shm(self) -> int | None:
         return self.shm_budget if self.shm_budget is not None else shm_free()
 
     def run_trial(self, workers: int, prefetch: int, phase: str) -> Trial:
-        from fastpipe.diagnose import measure_points
-
         estimate = shm_estimate(self.batch_bytes, workers, prefetch)
         trial = Trial(num_workers=workers, prefetch_factor=prefetch, status="measured", shm_estimate_bytes=estimate, phase=phase)
         free = self._free_shm()
@@ -291,16 +350,13 @@ class _Sweep:
             return self._done(trial)
         loader = loader_with(self.workload.loader, self.workload.loader.dataset, num_workers=workers, prefetch_factor=prefetch)
         workload = dataclasses.replace(self.workload, loader=loader)
-        step_times: list[float] = []
-        cpu: list[tuple[float, float]] = []
+        results: list[Any] = []
         try:
             with _MemoryWatch() as memory:
                 for _ in range(1 + self.extensions):
-                    result = measure_points(workload, self.device, ["baseline"], steps=self.steps, warmup=max(self.warmup, workers),
-                                            worker_timeout=self.worker_timeout)["baseline"]
-                    step_times += result.step_times
-                    cpu.append((result.cpu_util, result.system_cpu_util))
-                    if not self.noisy(len(step_times) / sum(step_times), round_noise(step_times, workers)):
+                    results.append(_measure_setting(workload, self.device, steps=self.steps, warmup=max(self.warmup, workers),
+                                                    worker_timeout=self.worker_timeout))
+                    if not self.noisy(*_pool(results, workers)):
                         break
         except PipelineError as exc:
             message = _memory_failure(exc, f"{_workers(workers)} with prefetch_factor {prefetch}")
@@ -309,14 +365,14 @@ class _Sweep:
             trial.status, trial.message = "failed", message
             self.warnings.append(message)
             return self._done(trial)
-        trial.runs = len(cpu)
-        trial.steps_per_s, trial.noise = len(step_times) / sum(step_times), round_noise(step_times, workers)
-        trial.cpu_util = sum(c for c, _ in cpu) / len(cpu)
-        trial.system_cpu_util = sum(m for _, m in cpu) / len(cpu)
+        trial.runs = len(results)
+        trial.steps_per_s, trial.noise = _pool(results, workers)
+        trial.cpu_util = sum(r.cpu_util for r in results) / len(results)
+        trial.system_cpu_util = sum(r.system_cpu_util for r in results) / len(results)
         trial.fraction_of_bound = trial.steps_per_s / self.bound
         if self.noisy(trial.steps_per_s, trial.noise):
             self.warnings.append(
-                f"{_workers(workers)} with prefetch_factor {prefetch}: throughput stayed noisy (±{trial.noise:.0%}) over "
+                f"{_workers(workers)} with prefetch_factor {prefetch}: the time per step stayed noisy (±{trial.noise:.0%}) over "
                 f"{trial.runs} runs, with the machine {trial.system_cpu_util:.0%} busy; decisions near it are uncertain: "
                 "rerun on a quieter machine or with more --steps"
             )
@@ -332,35 +388,47 @@ class _Sweep:
             self.on_trial(trial)
         return trial
 
-    # ----- deciding ---------------------------------------------------------------------
-    def noisy(self, steps_per_s: float, noise: float) -> bool:
-        """Two standard errors wider than the tolerance: too noisy to decide on, so worth measuring longer."""
-        return 2 * noise * steps_per_s > self.tolerance * self.bound
+    # ----- deciding, in time per step ----------------------------------------------------
+    @property
+    def bound_ms(self) -> float:
+        return 1000.0 / self.bound
 
-    def allowance(self, a: float, a_noise: float, b: float, b_noise: float, capped: bool) -> float:
-        """How far apart two steps/s may be and still count as equal: two standard errors, at least ``tolerance`` of the bound.
+    def floor_ms(self) -> float:
+        """Differences below ``tolerance`` of the device step count as equal, whatever the statistics say."""
+        return self.tolerance * self.bound_ms
+
+    def noisy(self, steps_per_s: float, noise: float) -> bool:
+        """Two standard errors of the time per step wider than the tolerance: too noisy to decide on, so worth measuring longer."""
+        return 2 * noise * 1000.0 / steps_per_s > self.floor_ms()
+
+    def allowance(self, a_ms: float, a_noise: float, b_ms: float, b_noise: float, capped: bool) -> float:
+        """How far apart two times per step may be and still count as equal: two standard errors of their
+        difference (noise in time, from both measurements), at least ``tolerance`` of the device step.
 
         ``capped``: at most twice the tolerance, so that a noisy run cannot pass a large gap off as
         "within noise" when claiming a setting is as good (at the bound, or as the best); claims
         that one setting is *better* stay uncapped, so noise makes them harder, never easier.
         """
-        floor = self.tolerance * self.bound
-        allowance = max(2 * math.hypot(a * a_noise, b * b_noise), floor)
+        floor = self.floor_ms()
+        allowance = max(2 * math.hypot(a_ms * a_noise, b_ms * b_noise), floor)
         return min(allowance, 2 * floor) if capped else allowance
 
     def at_bound(self, trial: Trial) -> bool:
-        assert trial.steps_per_s is not None and trial.noise is not None
-        return self.bound - trial.steps_per_s <= self.allowance(self.bound, self.bound_noise, trial.steps_per_s, trial.noise, capped=True)
+        assert trial.step_ms is not None and trial.noise is not None
+        allowance = self.allowance(self.bound_ms, self.bound_noise, trial.step_ms, trial.noise, capped=True)
+        return trial.step_ms - self.bound_ms <= allowance
 
     def better(self, trial: Trial, than: Trial) -> bool:
-        assert trial.steps_per_s is not None and than.steps_per_s is not None
-        allowance = self.allowance(trial.steps_per_s, trial.noise or 0.0, than.steps_per_s, than.noise or 0.0, capped=False)
-        return trial.steps_per_s - than.steps_per_s > allowance
+        """``trial``'s step is shorter than ``than``'s beyond noise and tolerance."""
+        assert trial.step_ms is not None and than.step_ms is not None
+        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, than.step_ms, than.noise or 0.0, capped=False)
+        return than.step_ms - trial.step_ms > allowance
 
     def equal(self, trial: Trial, best: Trial) -> bool:
-        assert trial.steps_per_s is not None and best.steps_per_s is not None
-        allowance = self.allowance(trial.steps_per_s, trial.noise or 0.0, best.steps_per_s, best.noise or 0.0, capped=True)
-        return best.steps_per_s - trial.steps_per_s <= allowance
+        """``trial``'s step is within noise of ``best``'s."""
+        assert trial.step_ms is not None and best.step_ms is not None
+        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, best.step_ms, best.noise or 0.0, capped=True)
+        return trial.step_ms - best.step_ms <= allowance
 
     def measured(self) -> list[Trial]:
         return [t for t in self.trials if t.measured]
@@ -391,7 +459,7 @@ def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[s
             return
         if best is not None and not sweep.better(trial, best):
             stops.append(f"worker sweep at {_workers(workers)}: no gain beyond noise over {_workers(best.num_workers)} "
-                         f"({trial.steps_per_s:.3f} vs {best.steps_per_s:.3f} steps/s), so more workers were not tried")
+                         f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step), so more workers were not tried")
             return
         best = trial  # the first, or better than the best beyond noise
     stops.append(f"worker sweep: tried every count up to {counts[-1]}")
@@ -423,14 +491,15 @@ def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list
 def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
     reaches = sweep.at_bound(chosen)
     setting = f"num_workers={chosen.num_workers}, prefetch_factor={chosen.prefetch_factor}"
-    rate = f"{chosen.steps_per_s:.3f} of {sweep.bound:.3f} steps/s, {chosen.fraction_of_bound:.0%} of the device bound"
+    rate = (f"{chosen.step_ms:.1f} ms per step against the device's {sweep.bound_ms:.1f} ms; {chosen.steps_per_s:.3f} of "
+            f"{sweep.bound:.3f} steps/s, {chosen.fraction_of_bound:.0%} of the device bound")
     fewer = [t for t in sweep.measured() if t.num_workers < chosen.num_workers]
     if reaches:
         verb = "reaches" if chosen.num_workers == 1 else "reach"
         text = f"Recommended: {setting}. {_workers(chosen.num_workers)} {verb} the device bound within noise ({rate})"
         if fewer:
             most = max(fewer, key=lambda t: t.num_workers)
-            text += f"; {_workers(most.num_workers)} did not ({most.steps_per_s:.3f} steps/s), so this is the smallest worker count that does."
+            text += f"; {_workers(most.num_workers)} did not ({most.step_ms:.1f} ms per step), so this is the smallest worker count that does."
         else:
             text += ", the fewest possible."
         return text, True
@@ -472,12 +541,17 @@ def tune(
         steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
         max_workers: the largest count tried (default: usable cores + 2).
         prefetch_factors: the values the second sweep may try at the chosen worker count.
-        tolerance: differences below this fraction of the device bound count as noise, whatever the statistics say.
+        tolerance: differences in time per step below this fraction of the device step count as noise, whatever
+            the statistics say.
         extensions: how many more runs a setting gets, pooled with the first, while two standard errors
             of its throughput exceed ``tolerance`` of the bound (a busy machine).
         shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
         worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
         on_trial: called with each :class:`Trial` as it finishes (for progress output).
+
+    Returns:
+        The sweep and the recommendation. Interrupted (Ctrl-C), the settings measured so far, with
+        ``interrupted`` set, rather than a KeyboardInterrupt that would lose them.
 
     Raises:
         ConfigError: bad arguments. PipelineError: the pipeline or step failed for a reason other than shared memory.
@@ -493,7 +567,7 @@ def tune(
     if not factors or factors[0] < 1:
         raise ConfigError(f"prefetch factors must be whole numbers >= 1, e.g. 2,4; got {list(prefetch_factors)}")
     if not 0 < tolerance < 1:
-        raise ConfigError(f"tolerance is a fraction of the device bound, e.g. 0.05; got {tolerance}")
+        raise ConfigError(f"tolerance is a fraction of the device step, e.g. 0.05; got {tolerance}")
     if extensions < 0:
         raise ConfigError(f"extensions must be 0 or more, got {extensions}")
     device = parse_device(device)
@@ -502,22 +576,32 @@ def tune(
     sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, extensions=extensions, shm_budget=shm_budget_bytes,
                    worker_timeout=worker_timeout, on_trial=on_trial)
     stops: list[str] = []
-    with preserve_user_state(workload.model, workload.optimizer, loader):
-        sweep.measure_bound()
-        _worker_sweep(sweep, list(range(1, top + 1)), base_prefetch, stops)
-        chosen = sweep.recommend(sweep.measured())
-        if chosen is not None:
-            _prefetch_sweep(sweep, chosen.num_workers, factors, stops)
+    interrupted = False
+    try:
+        with preserve_user_state(workload.model, workload.optimizer, loader):
+            sweep.measure_bound()
+            _worker_sweep(sweep, list(range(1, top + 1)), base_prefetch, stops)
+            chosen = sweep.recommend(sweep.measured())
+            if chosen is not None:
+                _prefetch_sweep(sweep, chosen.num_workers, factors, stops)
+    except KeyboardInterrupt:
+        interrupted = True  # keep what was measured: the partial table is worth printing
     result = TuneResult(
         workload=workload.name, device=device.spec, batch_size=loader.batch_size, cores=cores,
         current=(loader.num_workers, loader.prefetch_factor if loader.num_workers > 0 else None),
         bound_steps_per_s=sweep.bound, bound_noise=sweep.bound_noise, batch_bytes=sweep.batch_bytes,
         shm_budget_bytes=shm_budget_bytes if shm_budget_bytes is not None else shm_free(), tolerance=tolerance,
-        trials=sweep.trials, stops=stops, warnings=sweep.warnings,
+        trials=sweep.trials, stops=stops, warnings=sweep.warnings, interrupted=interrupted,
     )
+    if math.isnan(sweep.bound):
+        result.summary = "Interrupted while measuring the device bound: no setting was measured."
+        return result
     result.recommended = sweep.recommend(sweep.measured())
     if result.recommended is None:
-        result.summary = "No setting could be measured: see the warnings."
+        result.summary = "No setting was measured before the interruption." if interrupted else "No setting could be measured: see the warnings."
+    elif interrupted:
+        text, result.reaches_bound = _summary(sweep, result.recommended)
+        result.summary = "Of the settings measured so far: " + text[0].lower() + text[1:]
     else:
         result.summary, result.reaches_bound = _summary(sweep, result.recommended)
     return result

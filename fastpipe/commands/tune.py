@@ -26,14 +26,15 @@ def add_parser(subparsers: Any) -> None:
     add_step_arguments(parser, "setting")
     parser.add_argument("--max-workers", type=int, default=None, help="most workers to try (default: usable cores + 2)")
     parser.add_argument("--prefetch-factors", type=_factors, default=[2, 4], help="prefetch_factor values to try at the chosen count (default 2,4)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="differences below this fraction of the device bound count as noise (default 0.05)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="differences in time per step below this fraction of the device step count as noise (default 0.05)")
     parser.add_argument("--shm-budget-mb", type=float, default=None, help="shared memory the loader may use, in MB (default: what /dev/shm has free)")
     parser.add_argument("--json", type=Path, default=None, help="write the sweep as JSON here")
     parser.set_defaults(handler=run)
 
 
 def _progress(trial: Any) -> None:
-    rate = "not run" if trial.steps_per_s is None else f"{trial.steps_per_s:.3f} steps/s ({trial.fraction_of_bound:.0%} of the bound)"
+    rate = "not run" if trial.step_ms is None else (
+        f"{trial.step_ms:.1f} ms per step, {trial.steps_per_s:.3f} steps/s ({trial.fraction_of_bound:.0%} of the bound)")
     print(f"tried num_workers={trial.num_workers}, prefetch_factor={trial.prefetch_factor}: {rate}", file=sys.stderr)
 
 
@@ -50,4 +51,4 @@ def run(args: argparse.Namespace) -> int:
         tolerance=args.tolerance, shm_budget_bytes=None if args.shm_budget_mb is None else int(args.shm_budget_mb * 1e6), on_trial=_progress,
     )
     write_outputs(result, args)
-    return 0
+    return 130 if result.interrupted else 0
