@@ -1,0 +1,170 @@
+"""Each stage gets its own remedy, with a snippet that runs against fastpipe's real API."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from fastpipe.advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
+
+IMAGENET = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                      T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+COMPILED_KERNEL_WORDS = ("Numba", "C++", "compile")
+
+ALL_CASES = [
+    ("RandomResizedCrop", TRANSFORM), ("RandomCrop", TRANSFORM), ("CenterCrop", TRANSFORM), ("Resize", TRANSFORM),
+    ("RandomHorizontalFlip", TRANSFORM), ("ToTensor", TRANSFORM), ("Normalize", TRANSFORM), ("PILToTensor", TRANSFORM),
+    ("RandomMask", TRANSFORM), ("ConvertColor", TRANSFORM), (RAW, RAW), (COLLATE, COLLATE), (COPY, COPY), ("workers", WORKERS),
+    ("raw load + PILToTensor + collate/IPC", TRANSFORM),
+]
+
+
+def run_snippet(advice: Advice, **names) -> dict:
+    assert advice.snippet is not None
+    namespace = dict(names)
+    exec(compile(advice.snippet, "<advice snippet>", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture
+def image_root(tmp_path: Path) -> Path:
+    """An ImageFolder of two classes of 500x375 JPEGs (the size of a typical photo dataset's images)."""
+    generator = torch.Generator().manual_seed(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(2):
+            pixels = torch.randint(0, 256, (375, 500, 3), dtype=torch.uint8, generator=generator).numpy()
+            Image.fromarray(pixels).save(tmp_path / cls / f"{i}.jpg", quality=90)
+    return tmp_path
+
+
+@pytest.mark.parametrize("stage, kind", ALL_CASES)
+def test_every_snippet_compiles_and_every_summary_names_the_stage(stage: str, kind: str) -> None:
+    advice = recommend(stage, kind, transform=IMAGENET)
+    assert advice.summary and "\n" not in advice.summary
+    if advice.snippet is not None:
+        compile(advice.snippet, f"<{stage}>", "exec")
+    if kind != WORKERS:
+        assert stage.split(" + ")[0].lower() in advice.summary.lower()
+
+
+def test_random_resized_crop_gets_decode_and_crop_not_a_compiled_kernel() -> None:
+    advice = recommend("RandomResizedCrop", TRANSFORM, transform=IMAGENET)
+    assert "fastpipe.datasets.ImageFolder(root, size=224)" in advice.summary and "DecodeCropLoader(224)" in advice.summary
+    assert not any(word in advice.summary for word in COMPILED_KERNEL_WORDS)
+    assert "RandomMask" not in advice.summary
+
+
+def test_a_slow_custom_transform_gets_compile_or_move_to_the_device() -> None:
+    advice = recommend("ConvertColor", TRANSFORM)
+    assert "Numba" in advice.summary and "TORCH_LIBRARY" in advice.summary and "DevicePrefetcher" in advice.summary
+    assert "ImageFolder" not in advice.summary
+
+
+def test_a_merged_span_is_not_called_a_transform() -> None:
+    advice = recommend("raw load + PILToTensor + collate/IPC", TRANSFORM, transform=IMAGENET)
+    assert "measured as one span" in advice.summary and "fastpipe costs" in advice.summary
+    assert "custom transform" not in advice.summary and "Numba" not in advice.summary
+    assert "Decode only the crop" in advice.summary  # the raw load's own remedy is among the parts'
+
+
+def test_the_drop_in_says_when_dct_scaling_cannot_help() -> None:
+    small = recommend(RAW, RAW, transform=IMAGENET, image_size=(375, 500))
+    assert "500x375" in small.caveat and "cannot help" in small.caveat and "448 px" in small.caveat
+    assert recommend(RAW, RAW, transform=IMAGENET, image_size=(1200, 1600)).caveat is None
+    assert "did not see your image sizes" in recommend(RAW, RAW, transform=IMAGENET).caveat
+    resize = recommend("Resize", TRANSFORM, transform=T.Compose([T.Resize(256), T.CenterCrop(224)]), image_size=(375, 500))
+    assert "cannot help" in resize.caveat and "512 px" in resize.caveat
+
+
+def test_image_sizes_are_read_from_an_image_folder(image_root: Path) -> None:
+    import torchvision
+
+    dataset = torchvision.datasets.ImageFolder(str(image_root), transform=IMAGENET)
+    advice = recommend(RAW, RAW, transform=IMAGENET, dataset=dataset)
+    assert "500x375" in advice.caveat and "cannot help" in advice.caveat
+
+
+def test_raw_load_without_a_crop_says_the_drop_in_cannot_help() -> None:
+    advice = recommend(RAW, RAW, transform=T.Compose([T.ToTensor()]))
+    assert advice.snippet is None and "cannot help" in advice.caveat
+
+
+def test_decode_and_crop_snippet_runs(image_root: Path) -> None:
+    pytest.importorskip("fastpipe.datasets")
+    namespace = run_snippet(recommend("RandomResizedCrop", TRANSFORM, transform=IMAGENET), root=str(image_root))
+    image, label = namespace["dataset"][0]
+    assert image.dtype == torch.uint8 and tuple(image.shape) == (3, 224, 224) and label == 0
+    out = namespace["normalize"](image[None])
+    assert out.dtype == torch.float32 and tuple(out.shape) == (1, 3, 224, 224)
+
+
+@pytest.mark.parametrize("transform, shape", [
+    (T.Compose([T.RandomCrop(64), T.ToTensor()]), (3, 64, 64)),
+    (T.Compose([T.CenterCrop(64), T.ToTensor()]), (3, 64, 64)),
+    (T.Compose([T.Resize(64), T.ToTensor()]), (3, 64, 85)),  # 375x500 -> shorter side 64
+])
+def test_box_loader_snippets_run(image_root: Path, transform: T.Compose, shape: tuple[int, ...]) -> None:
+    crop = type(transform.transforms[0]).__name__
+    advice = recommend(crop, TRANSFORM, transform=transform, image_size=(375, 500))
+    namespace = run_snippet(advice, root=str(image_root))
+    image, _ = namespace["dataset"][0]
+    assert image.dtype == torch.uint8 and tuple(image.shape) == shape
+
+
+def test_uint8_and_device_normalize_snippet_matches_torchvision() -> None:
+    advice = recommend("Normalize", TRANSFORM, transform=IMAGENET)
+    assert "PILToTensor" in advice.summary and "fastpipe.transforms.Normalize" in advice.summary
+    namespace = run_snippet(advice)
+    image = Image.fromarray(torch.randint(0, 256, (300, 400, 3), dtype=torch.uint8).numpy())
+    torch.manual_seed(1)
+    ours = namespace["normalize"](namespace["transform"](image)[None])[0]
+    torch.manual_seed(1)
+    theirs = IMAGENET(image)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_custom_transform_device_snippet_runs() -> None:
+    loader = DataLoader([(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(6)], batch_size=2)
+    seen = []
+    run_snippet(recommend("ConvertColor", TRANSFORM), loader=loader, device=torch.device("cpu"),
+                convert_color=lambda images: images.flip(1), step=seen.append)
+    assert len(seen) == 3 and seen[0][0].shape == (2, 3, 4, 4)
+
+
+def test_random_mask_gets_the_compiled_drop_in() -> None:
+    from fastpipe.transforms import RandomMask
+
+    advice = recommend("RandomMask", TRANSFORM)
+    assert "fastpipe.transforms.RandomMask" in advice.summary and hasattr(RandomMask, "warm_up")
+    compile(advice.snippet, "<mask>", "exec")
+    assert recommend("RandomMask", TRANSFORM, transform=T.Compose([RandomMask()])).summary.startswith("RandomMask: a custom")
+
+
+def test_collate_snippet_runs_and_names_float_output(capsys: pytest.CaptureFixture[str]) -> None:
+    advice = recommend(COLLATE, COLLATE, transform=IMAGENET)
+    assert "uint8" in advice.summary and "ToTensor" in advice.caveat
+    loader = DataLoader([(torch.zeros(3, 8, 8), 0)] * 4, batch_size=4)
+    run_snippet(advice, loader=loader)
+    assert "torch.float32 (4, 3, 8, 8)" in capsys.readouterr().out
+    assert recommend(COLLATE, COLLATE, transform=T.Compose([T.PILToTensor()])).caveat is None
+
+
+def test_copy_snippet_runs() -> None:
+    advice = recommend(COPY, COPY)
+    assert "pin_memory" in advice.summary and "non_blocking" in advice.summary and "DevicePrefetcher" in advice.summary
+    seen = []
+    run_snippet(advice, loader=DataLoader(torch.arange(8), batch_size=2), device=torch.device("cpu"), step=seen.append)
+    assert [b.tolist() for b in seen] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_too_few_workers_points_at_tune() -> None:
+    import fastpipe
+
+    advice = recommend("raw load", WORKERS)
+    assert "fastpipe tune SPEC" in advice.summary and callable(fastpipe.tune)
+    compile(advice.snippet, "<tune>", "exec")
