@@ -244,6 +244,12 @@ images, labels = next(iter(loader))
 print(images.dtype, tuple(images.shape), f"{images.element_size() * images.nelement() / 1e6:.1f} MB a batch")
 """
 
+_RECYCLED_LINES = """\
+from fastpipe.recycle import recycled
+
+loader = recycled(loader)  # workers collate into a ring of reused shared-memory buffers, no fresh pages per batch
+"""
+
 _TUNE_SNIPPET = """\
 import fastpipe
 
@@ -369,15 +375,19 @@ def _collate(transform: object | None) -> Advice:
     recycled = _recycled_available()
     summary = ("Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: "
                "uint8 images (PILToTensor, normalize on the device with fastpipe.transforms.Normalize), smaller dtypes, no padding")
-    summary += (", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else ".")
+    summary += (", and reuse batch memory with fastpipe.recycle.recycled(loader, slots=...)." if recycled else ".")
     caveat = f"your transform ends in {', '.join(floats)}: float32 out, 4x the bytes of uint8" if floats else None
-    return Advice(summary=summary, snippet=_PAYLOAD_SNIPPET, caveat=caveat)
+    return Advice(summary=summary, snippet=_PAYLOAD_SNIPPET + ("\n" + _RECYCLED_LINES if recycled else ""), caveat=caveat)
 
 
 def _recycled_available() -> bool:
-    import fastpipe
+    """Recycled batch memory is a newer part of fastpipe: advise it only where it is there."""
+    import importlib.util
 
-    return callable(getattr(fastpipe, "recycled", None))
+    try:
+        return importlib.util.find_spec("fastpipe.recycle") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _copy() -> Advice:

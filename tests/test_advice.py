@@ -149,8 +149,11 @@ def test_collate_snippet_runs_and_names_float_output(capsys: pytest.CaptureFixtu
     advice = recommend(COLLATE, COLLATE, transform=IMAGENET)
     assert "uint8" in advice.summary and "ToTensor" in advice.caveat
     loader = DataLoader([(torch.zeros(3, 8, 8), 0)] * 4, batch_size=4)
-    run_snippet(advice, loader=loader)
+    namespace = run_snippet(advice, loader=loader)
     assert "torch.float32 (4, 3, 8, 8)" in capsys.readouterr().out
+    assert "fastpipe.recycle.recycled" in advice.summary
+    images, labels = next(iter(namespace["loader"]))  # the recycled loader yields the same batches
+    assert torch.equal(images, torch.zeros(4, 3, 8, 8)) and labels.tolist() == [0] * 4
     assert recommend(COLLATE, COLLATE, transform=T.Compose([T.PILToTensor()])).caveat is None
 
 
