@@ -10,22 +10,37 @@ index from that capture, rerunning only the stages after the point:
 * ``baseline``: nothing is cached; stages run through :class:`~fastpipe.stages.TransformPipeline`
   so a failure names its stage.
 
-Cached values are copied before they are handed to the stages, so in-place transforms such
-as RandomMask cannot pile up over steps. (PIL images are not copied: torchvision's transforms
-treat them as immutable, and copying a large one would add a cost the real pipeline lacks.)
+A dataset that calls its transform more than once per sample (two views, as in SimCLR) has
+each call cached and rerun, so the repeated cost stays with the transform; the capture counts
+the calls (``calls_per_sample``).
+
+Cached values are handed to the later stages as copies, so in-place transforms such as
+RandomMask cannot pile up over steps, unless the capture shows the later stages leave the value
+untouched: then it is served without a copy, guarded by the tensors' version counters (an
+in-place write found later switches that value back to copies). NumPy arrays have no version
+counter and are always copied; PIL images are never copied (torchvision treats them as
+immutable). Each dataset times its own copies inside the workers into a shared-memory ledger,
+read in the main process with :meth:`CachePointDataset.copy_seconds_per_sample`.
+
+A point that cannot be built raises :class:`UnavailablePoint` (catchable, also when re-raised
+from a worker); :func:`check_point` finds that out in the main process before any worker starts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, read_sample
+from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, current_part, read_sample
 
-_MISSING = object()
+_UNNEST = object()
+"""Path marker: ``__getitem__`` returned the transform's batch-of-one dict unnested (Hugging Face datasets)."""
+MAX_WORKERS = 256
 
 
 def fresh_copy(value: Any) -> Any:
@@ -41,24 +56,103 @@ def fresh_copy(value: Any) -> Any:
     return value
 
 
-def _locate(sample: Any, target: Any) -> tuple[Any, ...] | None:
-    """The index path at which ``target`` (by identity) sits inside ``sample``."""
-    if sample is target:
-        return ()
-    if isinstance(sample, (list, tuple)):
-        items = enumerate(sample)
-    elif isinstance(sample, dict):
-        items = sample.items()
-    else:
+class UnavailablePoint(Exception):
+    """A cache point cannot be built for this dataset; the message names the point and says why.
+
+    One string argument, so a DataLoader re-raises it from a worker as the same type; :attr:`point`
+    and :attr:`reason` are read back from the message either way.
+    """
+
+    PREFIX = "[fastpipe unavailable point: "
+
+    @classmethod
+    def because(cls, point: str, reason: str) -> "UnavailablePoint":
+        return cls(f"{cls.PREFIX}{point}] {reason}")
+
+    @property
+    def point(self) -> str | None:
+        parsed = _parse_unavailable(str(self))
+        return parsed[0] if parsed else None
+
+    @property
+    def reason(self) -> str:
+        parsed = _parse_unavailable(str(self))
+        return parsed[1] if parsed else str(self)
+
+
+def _parse_unavailable(message: str) -> tuple[str, str] | None:
+    start = message.find(UnavailablePoint.PREFIX)
+    if start < 0:
         return None
-    for key, item in items:
-        found = _locate(item, target)
-        if found is not None:
-            return (key, *found)
-    return None
+    start += len(UnavailablePoint.PREFIX)
+    end = message.find("] ", start)
+    if end < 0:
+        return None
+    return message[start:end], message[end + 2:].splitlines()[0]
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    return [value]
+
+
+def _versions(value: Any) -> list[int] | None:
+    """The version counters of the tensors in ``value``; None when a leaf cannot be guarded (an array)."""
+    versions = []
+    for leaf in _leaves(value):
+        if isinstance(leaf, np.ndarray):
+            return None
+        if isinstance(leaf, torch.Tensor):
+            try:
+                versions.append(leaf._version)
+            except RuntimeError:  # inference-mode tensors keep no version counter
+                return None
+    return versions
+
+
+def _same(value: Any, pristine: Any) -> bool:
+    """Whether ``value`` still equals its pristine copy (tensors by content, other leaves by identity)."""
+    a, b = _leaves(value), _leaves(pristine)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)):
+                return False
+        elif x is not y:
+            return False
+    return True
+
+
+def _locate_all(sample: Any, target: Any) -> list[tuple[Any, ...]]:
+    """Every index path at which ``target`` (by identity) sits inside ``sample``, depth first."""
+    if sample is target:
+        return [()]
+    if isinstance(sample, (list, tuple)):
+        items = list(enumerate(sample))
+    elif isinstance(sample, dict):
+        items = list(sample.items())
+    else:
+        return []
+    return [(key, *found) for key, item in items for found in _locate_all(item, target)]
+
+
+def _unnested_in(sample: Any, output: Any) -> bool:
+    """``sample`` is ``output``'s first row (``{k: v[0]}``), as a Hugging Face dataset returns it."""
+    if not (isinstance(sample, dict) and isinstance(output, dict) and output):
+        return False
+    try:
+        return all(k in sample and len(v) == 1 and sample[k] is v[0] for k, v in output.items())
+    except TypeError:
+        return False
 
 
 def _substitute(sample: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if path == (_UNNEST,):
+        return {**sample, **{key: items[0] for key, items in value.items()}}
     if not path:
         return value
     key, rest = path[0], path[1:]
@@ -68,30 +162,91 @@ def _substitute(sample: Any, path: tuple[Any, ...], value: Any) -> Any:
     return type(sample)(*items) if hasattr(sample, "_fields") else type(sample)(items)
 
 
-class UnavailablePoint(Exception):
-    """A cache point cannot be built for this dataset; the message says why."""
+@dataclass
+class _Call:
+    """One call of the transform during a capture."""
+
+    part: int
+    pristine: Any
+    """A copy of the value at the point, taken before any later stage ran."""
+    shared: Any
+    """The value itself, when the later stages left it untouched (served without a copy), else None."""
+    versions: list[int] | None
+    output: Any
 
 
 class _Recorder:
-    """Stands in for the dataset's transform during capture: runs the real stages and keeps a copy at the point."""
+    """Stands in for the dataset's transform during capture: runs the real stages and keeps the value at the point.
 
-    def __init__(self, pipeline: TransformPipeline, cut: int) -> None:
-        self.pipeline, self.cut = pipeline, cut
-        self.cached: Any = _MISSING
-        self.output: Any = _MISSING
+    Counts its calls: a dataset calling its transform twice per sample (two views) is recorded twice.
+    """
+
+    def __init__(self, pipeline: TransformPipeline, cut: int, skip_copies: bool) -> None:
+        self.pipeline, self.cut, self.skip_copies = pipeline, cut, skip_copies
+        self.calls: list[_Call] = []
 
     def __call__(self, x: Any) -> Any:
-        x = self.pipeline.run(x, 0, self.cut)
-        self.cached = fresh_copy(x)
-        self.output = self.pipeline.run(x, self.cut)
-        return self.output
+        part = current_part()
+        stages = self.pipeline.part(part)
+        x = stages.run(x, 0, self.cut)
+        pristine = fresh_copy(x)
+        before = _versions(x) if self.skip_copies else None
+        output = stages.run(x, self.cut)
+        after = _versions(x) if before is not None else None
+        untouched = before is not None and before == after and _same(x, pristine)
+        self.calls.append(_Call(part, pristine, x if untouched else None, after if untouched else None, output))
+        return output
+
+
+@dataclass
+class _View:
+    path: tuple[Any, ...]
+    part: int
+    source: Any
+    """The pristine value: copied for every sample unless ``shared`` is set."""
+    shared: Any = None
+    versions: list[int] | None = None
+
+    def take(self) -> tuple[Any, bool]:
+        """The value to run the later stages on, and whether it was copied."""
+        if self.shared is not None and _versions(self.shared) == self.versions:
+            return self.shared, False
+        self.shared = None  # written to since the capture: copies from now on
+        return fresh_copy(self.source), True
+
+    def check(self) -> None:
+        """After the later stages ran on the shared value: if they wrote to it, copy from now on."""
+        if self.shared is not None and _versions(self.shared) != self.versions:
+            self.shared = None
 
 
 @dataclass
 class _Entry:
     template: Any
-    path: tuple[Any, ...] | None
-    cached: Any
+    views: list[_View] = field(default_factory=list)
+
+
+@dataclass
+class _Capture:
+    sample: Any
+    calls: list[_Call]
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class CopyStats:
+    """The cache's own copies, over every process that served samples since the last reset."""
+
+    samples: int
+    """Samples served from the cache."""
+    copied: int
+    """Of those, samples whose cached values were copied (the rest were served without a copy)."""
+    seconds: float
+    """Time spent copying, in all."""
+
+    @property
+    def seconds_per_sample(self) -> float:
+        return self.seconds / self.samples if self.samples else 0.0
 
 
 class CachePointDataset(Dataset):
@@ -102,31 +257,50 @@ class CachePointDataset(Dataset):
         pipeline: its located transform, or None when it has none (then only ``sample`` and ``baseline`` apply).
         point: ``"sample"``, ``"raw"``, ``"after:<Stage>"`` or ``"baseline"``.
         pool: how many different captures each worker keeps and cycles through.
+        skip_copies: serve a cached value without copying it when the capture shows the later
+            stages leave it untouched (guarded by version counters); False copies every time.
+        clock: the timer for the copy ledger (tests pass a fake one).
+
+    Raises:
+        UnavailablePoint: the point names no stage, or needs a transform the dataset lacks;
+            later, from ``__getitem__``, when the dataset changes its transform's output.
     """
 
-    def __init__(self, dataset: Any, pipeline: TransformPipeline | None, point: str, pool: int = 1) -> None:
+    def __init__(self, dataset: Any, pipeline: TransformPipeline | None, point: str, pool: int = 1, *,
+                 skip_copies: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         if pool < 1:
             raise ValueError(f"pool must be at least 1, got {pool}")
         self.dataset, self.pipeline, self.point, self.pool = dataset, pipeline, point, pool
+        self.skip_copies, self.clock = skip_copies, clock
         self.cut = self._cut_index(point)
+        self.calls_per_sample: int | None = None
+        """How many times the dataset called its transform for one sample (set by this process's first capture)."""
         self._entries: dict[int, _Entry] = {}
         self._calls = 0
         self._staged: Any = None
+        # one row per process (0: the main process, 1 + worker id), columns: samples, copied samples, seconds;
+        # in shared memory, so the workers' rows are read in the main process
+        self._copy_ledger = torch.zeros((MAX_WORKERS + 1, 3), dtype=torch.float64).share_memory_()
 
     def _cut_index(self, point: str) -> int | None:
         if point in ("sample", "baseline"):
             return None
         if self.pipeline is None:
-            raise UnavailablePoint("the dataset has no transform to split")
+            raise UnavailablePoint.because(point, "the dataset has no transform to split")
         if point == "raw":
             return 0
         if point.startswith("after:"):
             names = self.pipeline.names()
             stage = point[len("after:"):]
             if stage not in names:
-                raise UnavailablePoint(f"no stage named {stage!r}; the stages are {names}")
+                raise UnavailablePoint.because(point, f"no stage named {stage!r}; the stages are {names}")
             return names.index(stage) + 1
         raise ValueError(f"unknown cache point {point!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_entries"], state["_staged"], state["_calls"] = {}, None, 0  # captured again in each worker
+        return state
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -142,65 +316,204 @@ class CachePointDataset(Dataset):
         self._calls += 1
         entry = self._entries.get(slot)
         if entry is None:
-            entry = self._entries[slot] = self._capture(index)
+            entry = self._entries[slot] = self._entry(index)
         if self.cut is None:
             return entry.template
-        output = self.pipeline.run(fresh_copy(entry.cached), self.cut)
-        return _substitute(entry.template, entry.path, output)
+        began = self.clock()
+        taken = [view.take() for view in entry.views]
+        seconds = self.clock() - began
+        sample = entry.template
+        for view, (value, _) in zip(entry.views, taken):
+            output = self.pipeline.part(view.part).run(value, self.cut)
+            view.check()
+            sample = _substitute(sample, view.path, output)
+        copied = any(was_copied for _, was_copied in taken)
+        self._record(seconds if copied else 0.0, copied)
+        return sample
 
-    def _capture(self, index: int) -> _Entry:
+    # ----- the copy ledger ----------------------------------------------------------------
+    def _record(self, seconds: float, copied: bool) -> None:
+        info = get_worker_info()
+        row = self._copy_ledger[0 if info is None else 1 + info.id % MAX_WORKERS]
+        row[0] += 1
+        row[1] += int(copied)
+        row[2] += seconds
+
+    def copy_stats(self) -> CopyStats:
+        """The copies made by every process serving this dataset (workers included) since the last reset."""
+        samples, copied, seconds = self._copy_ledger.sum(dim=0).tolist()
+        return CopyStats(samples=int(samples), copied=int(copied), seconds=seconds)
+
+    def copy_seconds_per_sample(self) -> float:
+        """Seconds this cache spent copying per sample served (0.0 when it served none, or copied none)."""
+        return self.copy_stats().seconds_per_sample
+
+    def reset_copy_stats(self) -> None:
+        self._copy_ledger.zero_()
+
+    # ----- capture ------------------------------------------------------------------------
+    def _entry(self, index: int) -> _Entry:
+        capture = self._capture(index)
+        if capture.reason is not None:
+            raise UnavailablePoint.because(self.point, capture.reason)
+        return _entry_from(capture, self.skip_copies)
+
+    def _capture(self, index: int) -> _Capture:
         if self.cut is None:
-            return _Entry(template=read_sample(self.dataset, index), path=None, cached=None)
-        recorder = _Recorder(self.pipeline, self.cut)
+            return _Capture(read_sample(self.dataset, index), [], None)
+        recorder = _Recorder(self.pipeline, self.cut, self.skip_copies)
         sample = read_sample(self.pipeline.with_transform(self.dataset, recorder), index)
-        path = _locate(sample, recorder.output) if recorder.output is not _MISSING else None
-        if path is None:
-            raise StageError.wrap(
-                RAW_STAGE,
-                UnavailablePoint(
-                    f"cannot cache at {self.point}: {type(self.dataset).__name__}.__getitem__ does not return its "
-                    "transform's output as-is, so a cached value cannot be put back in its place"
-                ),
-            )
-        return _Entry(template=sample, path=path, cached=recorder.cached)
+        self.calls_per_sample = len(recorder.calls)
+        return _Capture(sample, recorder.calls, self._unplaceable(sample, recorder.calls))
+
+    def _unplaceable(self, sample: Any, calls: list[_Call]) -> str | None:
+        """Why the captured outputs cannot be put back in the sample, or None."""
+        owner = type(self.dataset).__name__
+        if not calls:
+            return f"{owner}.__getitem__ did not call its transform for this sample, so there is nothing to cache"
+        for call in calls:
+            if not _locate_all(sample, call.output) and not _unnested_in(sample, call.output):
+                return (f"{owner}.__getitem__ changes its transform's output before returning it (e.g. "
+                        "`return self.transform(img).float(), y`), so a cached value cannot be put back in its place; "
+                        "to get this point, make that last step the transform's final stage (e.g. append it to the Compose)")
+        return None
 
 
-def rebuild_loader(loader: DataLoader, dataset: Any, *, timeout: float | None = None) -> DataLoader:
-    """A new DataLoader over ``dataset`` with every setting of ``loader`` kept.
+def _entry_from(capture: _Capture, skip_copies: bool) -> _Entry:
+    entry = _Entry(template=capture.sample)
+    used: set[tuple[Any, ...]] = set()
+    for call in capture.calls:
+        paths = [p for p in _locate_all(capture.sample, call.output) if p not in used]
+        path = paths[0] if paths else (_UNNEST,)
+        used.add(path)
+        shared = call.shared if skip_copies else None
+        entry.views.append(_View(path, call.part, call.pristine, shared, call.versions if shared is not None else None))
+    return entry
 
-    The sampler (hence shuffling and its generator), or a custom batch sampler, is reused as is.
+
+@dataclass(frozen=True)
+class PointProbe:
+    """What one main-process capture says about a cache point."""
+
+    point: str
+    reason: str | None
+    """Why the point is unavailable, or None when it can be built."""
+    calls_per_sample: int | None
+    """How many times the dataset called its transform for the sample (2 for two views); None for sample/baseline."""
+    copies: bool
+    """Whether the cached values must be copied for every sample (False: later stages leave them untouched)."""
+
+
+def probe_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0) -> PointProbe:
+    """Capture one sample at ``point`` in this process, as a worker would, and say whether the point works.
+
+    Cheap (one sample through the pipeline), so a plan can drop a point before starting workers.
+    Errors of the user's own code (a stage or the raw load raising) propagate as StageError.
+    """
+    try:
+        cached = CachePointDataset(dataset, pipeline, point)
+    except UnavailablePoint as exc:
+        return PointProbe(point, exc.reason, None, False)
+    if cached.cut is None:
+        return PointProbe(point, None, None, False)
+    capture = cached._capture(index)
+    if capture.reason is not None:
+        return PointProbe(point, capture.reason, len(capture.calls), False)
+    entry = _entry_from(capture, cached.skip_copies)
+    return PointProbe(point, None, len(capture.calls), any(view.shared is None for view in entry.views))
+
+
+def check_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0) -> str | None:
+    """Why ``point`` cannot be built for ``dataset`` (from one capture in this process), or None when it can."""
+    return probe_point(dataset, pipeline, point, index).reason
+
+
+# ----- loaders ------------------------------------------------------------------------------
+def _copy_sampler(sampler: Any, memo: dict[int, Any]) -> Any:
+    """A copy of ``sampler`` that iterating cannot advance the user's: deep, sharing only the datasets in ``memo``.
+
+    A sampler that cannot be deep-copied is copied shallowly, its state carried over with
+    ``state_dict`` / ``load_state_dict`` when it has them (resumable samplers).
+    """
+    if sampler is None or isinstance(sampler, (list, tuple, range)):
+        return copy.copy(sampler)
+    try:
+        return copy.deepcopy(sampler, memo)
+    except Exception:  # an unpicklable member (a lock, an open file): fall back to a shallow copy
+        clone = copy.copy(sampler)
+        if callable(getattr(sampler, "state_dict", None)) and callable(getattr(clone, "load_state_dict", None)):
+            clone.load_state_dict(sampler.state_dict())
+        return clone
+
+
+def _extra_arguments(cls: type, loader: Any) -> dict[str, Any]:
+    """Constructor arguments a DataLoader subclass adds (e.g. StatefulDataLoader's snapshot_every_n_steps), read back from the loader."""
+    import inspect
+
+    if cls is DataLoader:
+        return {}
+    base = set(inspect.signature(DataLoader.__init__).parameters)
+    extra = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if name in base or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if hasattr(loader, name):
+            extra[name] = getattr(loader, name)
+    return extra
+
+
+def rebuild_loader(loader: DataLoader, dataset: Any, *, timeout: float | None = None, **overrides: Any) -> DataLoader:
+    """A new loader over ``dataset`` with every setting of ``loader`` kept, except ``overrides`` (e.g. ``num_workers=3``).
+
+    The loader's class is kept when it can be rebuilt with the same arguments (a DataLoader
+    subclass such as torchdata's StatefulDataLoader), else a plain DataLoader is built
+    (``type(result) is type(loader)`` tells which). The sampler or custom batch sampler, and the
+    loader's generator, are copies: iterating the new loader leaves the user's untouched.
     ``timeout`` replaces the loader's only when the loader has none, as a guard against hangs.
     """
     if not isinstance(loader, DataLoader) and hasattr(loader, "with_dataset"):
         return loader.with_dataset(dataset)  # e.g. a RayLoader rebuilds itself around the wrapped dataset
-    workers = loader.num_workers
+
+    def setting(name: str) -> Any:
+        return overrides[name] if name in overrides else getattr(loader, name)
+
+    memo: dict[int, Any] = {id(d): d for d in (getattr(loader, "dataset", None), dataset) if d is not None}
+    generator = setting("generator")
+    workers = setting("num_workers")
+    own_timeout = setting("timeout")
     kwargs: dict[str, Any] = dict(
         num_workers=workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout if loader.timeout or timeout is None or workers == 0 else timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device,
+        collate_fn=setting("collate_fn"),
+        pin_memory=setting("pin_memory"),
+        timeout=own_timeout if own_timeout or timeout is None or workers == 0 else timeout,
+        worker_init_fn=setting("worker_init_fn"),
+        multiprocessing_context=setting("multiprocessing_context"),
+        generator=copy.deepcopy(generator, memo) if generator is not None else None,
+        persistent_workers=setting("persistent_workers"),
+        pin_memory_device=setting("pin_memory_device"),
     )
     if workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
+        kwargs["prefetch_factor"] = setting("prefetch_factor")
+    if "in_order" in overrides or hasattr(loader, "in_order"):
+        kwargs["in_order"] = setting("in_order")
+    batch_size, sampler = setting("batch_size"), setting("sampler")
     if isinstance(dataset, IterableDataset):  # no sampler: the dataset orders itself
-        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    elif loader.batch_size is not None:  # the DataLoader built its own BatchSampler from these
-        kwargs.update(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
-    elif loader.batch_sampler is not None:
-        kwargs["batch_sampler"] = loader.batch_sampler
+        kwargs.update(batch_size=batch_size, drop_last=setting("drop_last"))
+    elif batch_size is not None:  # the DataLoader built its own BatchSampler from these
+        kwargs.update(batch_size=batch_size, sampler=_copy_sampler(sampler, memo), drop_last=setting("drop_last"))
+    elif setting("batch_sampler") is not None:
+        kwargs["batch_sampler"] = _copy_sampler(setting("batch_sampler"), memo)
     else:
-        kwargs.update(batch_size=None, sampler=loader.sampler)
+        kwargs.update(batch_size=None, sampler=_copy_sampler(sampler, memo))
+    cls = type(loader) if isinstance(loader, DataLoader) else DataLoader
+    if cls is not DataLoader:
+        try:
+            return cls(dataset, **kwargs, **_extra_arguments(cls, loader))
+        except TypeError:  # a subclass with its own constructor: the plain class keeps every setting above
+            pass
     return DataLoader(dataset, **kwargs)
 
 
 def stage_of_error(exc: BaseException) -> str | None:
     """The pipeline stage a worker error came from, if fastpipe labelled it."""
     return StageError.stage_of(str(exc))
-

@@ -1,26 +1,34 @@
-"""How a dataset's pipeline splits into named stages: the raw load, then each transform.
+"""What a pipeline's stages are and how they run: the raw load, then each transform.
 
-Stages are found in the dataset's ``transform`` attribute, which may be a torchvision v1 or
-v2 Compose, an ``nn.Sequential``, a list, or any single callable; nested composites are
-flattened. A joint ``transforms(image, target)`` is recognised but not split (its stages take
-two arguments); the report says so. Wrapper datasets that hold the real one in ``.dataset`` (such as
-``Subset``) are looked through. Each stage is named by its class, with ``#2``, ``#3``... for
-repeats, which is how reports and cache points (``after:RandomMask``) refer to it.
+A :class:`TransformPipeline` is a located transform (found by :mod:`fastpipe.discovery`): the
+owner that holds it, the slot it sits in, and its stages in order. Its two jobs are to run a
+slice of the stages (``run``), and to give back a copy of the user's dataset whose transform is
+replaced (``with_transform``) without ever modifying the user's objects, so cache points and
+timers can stand in for the transform inside the DataLoader workers.
+
+Composites are flattened into stages: a torchvision v1 or v2 Compose, an ``nn.Sequential``, a
+list. Conditional ones (RandomApply, RandomChoice, RandomOrder) stay one stage. Each stage is
+named by its class (or a function's name), with ``#2``, ``#3``... for repeats, which is how
+reports and cache points (``after:RandomMask``) refer to it.
+
+:class:`Stages` is the public declaration for a dataset whose ``__getitem__`` runs its own code
+(see its docstring and :mod:`fastpipe.discovery`).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import copy
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from torch.utils.data import IterableDataset
 from torchvision.datasets.vision import StandardTransform
 
 RAW_STAGE = "raw load"
-
 
 @dataclass(frozen=True)
 class Stage:
@@ -28,11 +36,56 @@ class Stage:
     transform: Callable[[Any], Any]
 
 
+class Stages:
+    """Declares the stages of a custom ``__getitem__`` so fastpipe can cache and time each one.
+
+    Hold one in an attribute of the dataset and call it where ``__getitem__`` ran its steps::
+
+        class Photos(torch.utils.data.Dataset):
+            def __init__(self, files, labels):
+                self.files, self.labels = files, labels
+                self.stages = fastpipe.Stages(load=self.read, transforms=[RandomResizedCrop(224), ToTensor()])
+
+            def read(self, index):
+                return Image.open(self.files[index]).convert("RGB")
+
+            def __getitem__(self, index):
+                return self.stages(index), self.labels[index]
+
+    Args:
+        load: optional; ``load(item)`` reads the raw value (its time is the raw load). Without it,
+            ``stages(x)`` applies the transforms to ``x`` directly, like a Compose.
+        transforms: the transforms, in order (a list, a Compose, or one callable); each is a stage.
+
+    fastpipe replaces the attribute on a copy of the dataset (never on yours), so ``__getitem__``
+    must look it up on ``self`` each time, as above.
+    """
+
+    def __init__(self, load: Callable[[Any], Any] | None = None, transforms: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] = ()) -> None:
+        if load is not None and not callable(load):
+            raise TypeError(f"fastpipe.Stages(load=...) must be callable, got {type(load).__name__}")
+        items = list(transforms) if isinstance(transforms, (list, tuple)) else [transforms]
+        bad = [type(t).__name__ for t in items if not callable(t)]
+        if bad:
+            raise TypeError(f"fastpipe.Stages(transforms=...) takes callables; these are not: {bad}")
+        self.load = load
+        self.transforms = items
+
+    def __call__(self, item: Any) -> Any:
+        x = self.load(item) if self.load is not None else item
+        for transform in self.transforms:
+            x = transform(x)
+        return x
+
+    def __repr__(self) -> str:
+        return f"Stages(load={getattr(self.load, '__name__', self.load)!r}, transforms={self.transforms!r})"
+
+
 def _composites() -> tuple[type, ...]:
     import torchvision.transforms as v1
     import torchvision.transforms.v2 as v2
 
-    return (v1.Compose, v2.Compose)
+    return (v1.Compose, v2.Compose, Stages)
 
 
 def _flatten(transform: Any) -> list[Any]:
@@ -40,6 +93,8 @@ def _flatten(transform: Any) -> list[Any]:
     RandomOrder also hold a list, but run it conditionally, so they stay one stage."""
     if transform is None:
         return []
+    if isinstance(transform, Stages):
+        return [leaf for item in transform.transforms for leaf in _flatten(item)]
     if isinstance(transform, _composites()):
         return [leaf for item in transform.transforms for leaf in _flatten(item)]
     if isinstance(transform, (torch.nn.Sequential, list, tuple)):
@@ -47,12 +102,21 @@ def _flatten(transform: Any) -> list[Any]:
     return [transform]
 
 
+def stage_name(leaf: Any) -> str:
+    """A stage's base name: its class, or a plain function's (or partial's) own name."""
+    if isinstance(leaf, functools.partial):
+        return stage_name(leaf.func)
+    if isinstance(leaf, torch.nn.Module) or not hasattr(leaf, "__name__"):
+        return type(leaf).__name__
+    return leaf.__name__
+
+
 def split_transform(transform: Any) -> list[Stage]:
     """The stages of ``transform`` in order, named by class with ``#N`` for repeats."""
     seen: Counter[str] = Counter()
     stages = []
     for leaf in _flatten(transform):
-        base = type(leaf).__name__ if not hasattr(leaf, "__name__") or isinstance(leaf, torch.nn.Module) else leaf.__name__
+        base = stage_name(leaf)
         seen[base] += 1
         stages.append(Stage(base if seen[base] == 1 else f"{base}#{seen[base]}", leaf))
     return stages
@@ -90,25 +154,74 @@ def read_sample(dataset: Any, index: Any) -> Any:
 
 StageTimer = Callable[[str, float], None]
 
+_CURRENT_PART: contextvars.ContextVar[int] = contextvars.ContextVar("fastpipe_current_part")
+
+
+def current_part() -> int:
+    """Which part of a multi-part pipeline (a ConcatDataset's) is running its transform now; 0 outside one."""
+    return _CURRENT_PART.get(0)
+
+
+class InPart:
+    """Stands in for one part's transform: runs ``transform`` with that part marked as the current one.
+
+    A ConcatDataset's parts each hold their own transform objects (matched by stage name); the
+    one replacement callable fastpipe installs in every part must know whose stages to run.
+    """
+
+    def __init__(self, transform: Callable[[Any], Any], part: int) -> None:
+        self.transform, self.part = transform, part
+
+    def __call__(self, x: Any) -> Any:
+        token = _CURRENT_PART.set(self.part)
+        try:
+            return self.transform(x)
+        finally:
+            _CURRENT_PART.reset(token)
+
 
 @dataclass
 class TransformPipeline:
-    """The located transform of a dataset: who owns it, under which attribute, and its stages."""
+    """The located transform of a dataset: who owns it, in which slot, and its stages.
 
-    path: tuple[str, ...]
-    """Attributes to follow from the loader's dataset to the owner of the transform (e.g. ``("dataset",)``)."""
+    A ConcatDataset whose parts share stage names is one pipeline with ``parts``: each part is a
+    full pipeline of its own (its own path and stage objects), ``stages`` are the first part's
+    (for names), and ``run`` uses the stages of the part that is running (see :class:`InPart`).
+    """
+
+    path: tuple[Any, ...]
+    """Steps from the loader's dataset to the owner of the transform: attribute names, or indices into a list."""
     attr: str
-    """The attribute that holds it: ``"transform"``."""
+    """The attribute that holds it (``"transform"``, ``"transforms"``, a Stages attribute, or ``"datasets"`` for parts)."""
     stages: list[Stage]
     timer: StageTimer | None = field(default=None, repr=False)
     """Called with (stage name, seconds) after each stage runs; set inside workers for stage costs."""
+    kind: str = "attribute"
+    """How the slot is replaced: ``attribute``, ``standard`` (a StandardTransform), ``stages``, ``hf`` or ``parts``."""
+    parts: tuple["TransformPipeline", ...] = ()
+    source: str = ""
+    """Where it was found, in words, for reports (e.g. ``ConcatDataset of 2 x ImageFolder``)."""
 
     def names(self) -> list[str]:
         return [stage.name for stage in self.stages]
 
+    def part(self, index: int) -> "TransformPipeline":
+        """The pipeline of one part (itself when there are no parts), carrying this one's timer."""
+        if not self.parts:
+            return self
+        part = self.parts[index]
+        return part if part.timer is self.timer else _with_timer(part, self.timer)
+
     def run(self, x: Any, start: int = 0, stop: int | None = None) -> Any:
         """Apply stages ``start:stop`` to ``x``; errors name their stage, and each stage shows in profiler traces."""
-        for stage in self.stages[start:stop]:
+        if self.parts:
+            index = _CURRENT_PART.get(None)
+            if index is None:
+                raise RuntimeError("a pipeline with parts runs inside one part: install it with with_transform, or use part(i).run")
+            stages = self.parts[index].stages
+        else:
+            stages = self.stages
+        for stage in stages[start:stop]:
             with _stage_context(stage.name):
                 began = time.perf_counter()
                 try:
@@ -122,30 +235,61 @@ class TransformPipeline:
         return x
 
     def owner(self, dataset: Any) -> Any:
-        for name in self.path:
-            dataset = getattr(dataset, name)
+        """The object holding the transform (the ConcatDataset itself for a pipeline with parts)."""
+        for step in self.path:
+            dataset = dataset[step] if isinstance(step, int) else getattr(dataset, step)
         return dataset
 
     def with_transform(self, dataset: Any, transform: Callable[[Any], Any]) -> Any:
         """A shallow copy of ``dataset`` (and of each wrapper down to the owner) whose transform is ``transform``.
 
-        The user's objects are never modified: only the copies' attributes are replaced.
+        The user's objects are never modified: only the copies' attributes are replaced. With
+        parts, every part gets ``transform``, marked with its part (:class:`InPart`).
         """
-        return _replace_along(dataset, self.path, self.attr, transform)
+        if self.parts:
+            for index, part in enumerate(self.parts):
+                dataset = part.with_transform(dataset, InPart(transform, index))
+            return dataset
+        return _replace_along(dataset, self.path, functools.partial(_replace_slot, self, transform))
 
 
-def _replace_along(obj: Any, path: tuple[str, ...], attr: str, transform: Any) -> Any:
-    import copy
+def _with_timer(pipeline: TransformPipeline, timer: StageTimer | None) -> TransformPipeline:
+    import dataclasses
 
+    return dataclasses.replace(pipeline, timer=timer)
+
+
+def _replace_along(obj: Any, path: tuple[Any, ...], replace: Callable[[Any], Any]) -> Any:
+    if not path:
+        return replace(obj)
+    step, rest = path[0], path[1:]
+    if isinstance(step, int):
+        items = list(obj)
+        items[step] = _replace_along(obj[step], rest, replace)
+        return tuple(items) if isinstance(obj, tuple) else items
     clone = copy.copy(obj)
-    if path:
-        setattr(clone, path[0], _replace_along(getattr(obj, path[0]), path[1:], attr, transform))
-        return clone
-    setattr(clone, attr, transform)
-    joint = getattr(obj, "transforms", None)
-    if attr == "transform" and isinstance(joint, StandardTransform):
-        # VisionDatasets that call self.transforms(img, target) must see the new transform too
+    setattr(clone, step, _replace_along(getattr(obj, step), rest, replace))
+    return clone
+
+
+def _replace_slot(pipeline: TransformPipeline, transform: Callable[[Any], Any], owner: Any) -> Any:
+    """A copy of ``owner`` with ``transform`` in the pipeline's slot."""
+    if pipeline.kind == "hf":
+        fmt = owner.format
+        return owner.with_transform(transform, columns=getattr(owner, "_format_columns", fmt["columns"]),
+                                    output_all_columns=fmt["output_all_columns"])
+    clone = copy.copy(owner)
+    joint = vars(owner).get("transforms") if hasattr(owner, "__dict__") else None
+    if pipeline.kind == "stages":
+        declared: Stages = getattr(owner, pipeline.attr)
+        setattr(clone, pipeline.attr, Stages(load=declared.load, transforms=[transform]))
+    elif pipeline.kind == "standard":
         clone.transforms = StandardTransform(transform, joint.target_transform)
+    else:
+        setattr(clone, pipeline.attr, transform)
+        if pipeline.attr == "transform" and isinstance(joint, StandardTransform):
+            # VisionDatasets that call self.transforms(img, target) must see the new transform too
+            clone.transforms = StandardTransform(transform, joint.target_transform)
     return clone
 
 
@@ -156,25 +300,7 @@ def _stage_context(name: str) -> Iterator[None]:
 
 
 def find_pipeline(dataset: Any) -> tuple[TransformPipeline | None, str | None]:
-    """Locate the transform of ``dataset``; returns (pipeline, None) or (None, why not)."""
-    if isinstance(dataset, IterableDataset):
-        return None, "the dataset is an IterableDataset: samples cannot be re-read by index, so only device, host and baseline apply"
-    owner, path = dataset, []
-    for _ in range(16):  # wrappers nest shallowly; a cycle must not hang us
-        transform = getattr(owner, "transform", None)
-        if transform is not None:
-            return TransformPipeline(tuple(path), "transform", split_transform(transform)), None
-        joint = getattr(owner, "transforms", None)
-        if joint is not None and not isinstance(joint, StandardTransform):
-            return None, (
-                f"{type(owner).__name__} uses joint `transforms(image, target)`, whose stages take two arguments; "
-                "per-stage points need a `transform` of the image alone"
-            )
-        inner = getattr(owner, "dataset", None)
-        if inner is None:
-            break
-        owner, path = inner, [*path, "dataset"]
-    return None, (
-        f"{type(dataset).__name__} has no `transform` or `transforms` attribute, so its transform stages "
-        "cannot be told apart; give the dataset a `transform` (e.g. a Compose) to get per-stage points"
-    )
+    """Kept for existing imports; the search lives in :func:`fastpipe.discovery.find_pipeline` (import it from there)."""
+    from fastpipe.discovery import find_pipeline as find
+
+    return find(dataset)

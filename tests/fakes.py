@@ -72,3 +72,119 @@ class NoTransformDataset(Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.zeros(4)
+
+
+# ----- dataset shapes that stage discovery must handle (issue 12) ----------------------------
+class TwoViews(PlantedDataset):
+    """Calls its transform twice per sample, as contrastive (SimCLR) datasets do."""
+
+    def __getitem__(self, index: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        if self.raw_ms:
+            time.sleep(self.raw_ms / 1000)
+        x = torch.full(self.shape, float(index % 7), dtype=self.dtype)
+        return (self.transform(x), self.transform(x)), index % 10
+
+
+class PostProcessed(PlantedDataset):
+    """Changes its transform's output before returning it (``.float()`` of uint8), so no point can put a cached value back."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("dtype", torch.uint8)
+        super().__init__(**kwargs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self.raw_ms:
+            time.sleep(self.raw_ms / 1000)
+        x = torch.full(self.shape, index % 7, dtype=self.dtype)
+        return self.transform(x).float(), index % 10
+
+
+class HeldAsDs(Dataset):
+    """A wrapper that keeps its inner dataset as ``self.ds`` (issue 14, item 3)."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.ds[index]
+
+
+class TransformProperty(Dataset):
+    """Exposes the inner dataset's transform through a property (with a setter that writes through)."""
+
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
+
+    @property
+    def transform(self) -> Any:
+        return self.inner.transform
+
+    @transform.setter
+    def transform(self, value: Any) -> None:
+        self.inner.transform = value
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.inner[index]
+
+
+class OwnGetitem(Dataset):
+    """Runs its steps in its own ``__getitem__``: no transform attribute, nothing fastpipe can see."""
+
+    def __init__(self, length: int = 64, raw_ms: float = 0.0, steps: list[Callable[[Any], Any]] | None = None) -> None:
+        self.length, self.raw_ms, self.steps = length, raw_ms, steps or []
+
+    def read(self, index: int) -> torch.Tensor:
+        if self.raw_ms:
+            time.sleep(self.raw_ms / 1000)
+        return torch.full((3, 8, 8), float(index % 7))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        x = self.read(index)
+        for step in self.steps:
+            x = step(x)
+        return x, index % 10
+
+
+class DeclaredStages(OwnGetitem):
+    """OwnGetitem after following fastpipe's hint: its steps held in a fastpipe.Stages and called from __getitem__."""
+
+    def __init__(self, length: int = 64, raw_ms: float = 0.0, steps: list[Callable[[Any], Any]] | None = None) -> None:
+        from fastpipe.stages import Stages
+
+        super().__init__(length, raw_ms, steps)
+        self.stages = Stages(load=self.read, transforms=self.steps)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.stages(index), index % 10
+
+
+def hf_dataset(length: int = 64, transform: Callable[[Any], Any] | None = None) -> Any:
+    """A Hugging Face ``datasets.Dataset`` of small float rows with ``set_transform(transform)``; skips without the package."""
+    import pytest
+
+    datasets = pytest.importorskip("datasets", reason="Hugging Face `datasets` is not installed (pip install fastpipe[hf])")
+    dataset = datasets.Dataset.from_dict({"x": [[float(i % 7)] * 12 for i in range(length)], "label": [i % 10 for i in range(length)]})
+    if transform is not None:
+        dataset.set_transform(transform)
+    return dataset
+
+
+class ToTensorColumn:
+    """A Hugging Face batch transform: the ``x`` column of a batch of rows becomes tensors."""
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        batch["x"] = [torch.tensor(row) for row in batch["x"]]
+        return batch
+
+
+class SleepBatch(Sleep):
+    """A Hugging Face batch transform that takes ``ms`` per call and returns the batch unchanged."""
