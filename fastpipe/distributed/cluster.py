@@ -7,6 +7,8 @@ Three cases, decided the first time a Ray loader needs a cluster:
 * ``address`` is given (``"auto"``, ``"host:6379"``, ``"ray://host:10001"``), or Ray's own
   ``RAY_ADDRESS`` environment variable is set: fastpipe connects to that existing cluster. It
   did not start the cluster, so it never stops it.
+  If the cluster uses Ray's token authentication and this process lacks the token, the error
+  says which variables to set (see :mod:`fastpipe.distributed.auth`).
 * Neither: fastpipe starts a local single-node cluster and owns it. It shuts it down when a
   loader is closed, when the pipeline fails, and on Ctrl-C, so no Ray processes are left behind.
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from fastpipe._system import usable_cores
+from fastpipe.distributed import auth
 from fastpipe.distributed._ray import require_ray
 from fastpipe.errors import ConfigError
 
@@ -83,10 +86,16 @@ def ensure_cluster(address: str | None, num_cpus: float | None, object_store_mem
             return True
         try:
             ray.init(address=address, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except Exception as exc:
+            # Ray reports a refused token as a bare ConnectionError (the AuthenticationError is in its
+            # cause chain), or raises AuthenticationError itself, which is neither of the types below.
+            if auth.is_auth_failure(exc):
+                raise ConfigError(auth.auth_failure_message(address)) from exc
+            if not isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
+                raise
             raise ConfigError(
                 f"cannot connect to the Ray cluster at address={address!r} ({type(exc).__name__}: {exc}); start one with "
-                "`ray start --head` (then `ray start --address=HEAD:6379` on each data server), or pass address=None "
+                f"`ray start --head` (then {auth.join_command()} on each data server), or pass address=None "
                 "to have fastpipe start a local cluster"
             ) from exc
         _state.owned = False
@@ -169,7 +178,7 @@ def cluster_info(nodes: int | Sequence[str] | None) -> ClusterInfo:
     ray = require_ray()
     alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
     if not alive:
-        raise ConfigError("the Ray cluster has no live node with CPUs; add data servers with `ray start --address=HEAD:6379`")
+        raise ConfigError(f"the Ray cluster has no live node with CPUs; add data servers with {auth.join_command()}")
     if nodes is None:
         return ClusterInfo(_state.owned, _state.generation, float(sum(n["Resources"]["CPU"] for n in alive)), None)
     chosen = _choose_nodes(alive, nodes, ray.get_runtime_context().get_node_id())
@@ -186,7 +195,7 @@ def _choose_nodes(alive: list[dict[str, Any]], nodes: int | Sequence[str], drive
         if nodes > len(alive):
             raise ConfigError(
                 f"nodes={nodes} asked for, but the Ray cluster has {len(alive)} live node(s) with CPUs; add data servers "
-                "with `ray start --address=HEAD:6379` on more machines, or ask for fewer nodes"
+                f"with {auth.join_command()} on more machines, or ask for fewer nodes"
             )
         ordered = sorted(alive, key=lambda n: (n["NodeID"] != driver_node, -n["Resources"]["CPU"]))
         return ordered[:nodes]
