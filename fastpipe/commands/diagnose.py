@@ -22,6 +22,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
     parser.add_argument("--no-stage-costs", action="store_true",
                         help="skip the extra pass that times each stage when a drop appears at a saturated CPU")
+    parser.add_argument("--check-step", action="store_true",
+                        help="first run your step once on one real batch (on the CPU for sim, which never runs it), "
+                             "and stop with its error if it fails; the model's state is restored")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -32,9 +35,17 @@ def run(args: argparse.Namespace) -> int:
     if args.pool < 1:
         raise ConfigError("--pool must be at least 1")
     device, workload = workload_from_args(args)
+    checked = None
+    if args.check_step:
+        from fastpipe.stepcheck import check_step
+
+        checked = check_step(workload, device)
+        print(checked.line(), file=sys.stderr)
     report = diagnose(
         workload, device=device, steps=args.steps, warmup=args.warmup, pool=args.pool, threshold=args.threshold,
         strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(), stage_costs=not args.no_stage_costs,
     )
+    if checked is not None:
+        report.notes.append(checked.line())
     write_outputs(report, args)
     return 130 if report.interrupted else 0
