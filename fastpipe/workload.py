@@ -36,7 +36,7 @@ from fastpipe.errors import ConfigError, FastpipeError
 #: A family module may set ``DEFAULT_SIM_SPEC`` (e.g. ``"sim:222"``): the device its SPECs get when none is given and no GPU is present.
 FAMILIES = {"toy": "fastpipe.toy", "jpeg": "fastpipe.jpeg"}
 #: A family's variant when the SPEC names none (``toy`` means ``toy:naive``).
-DEFAULT_VARIANTS = {"toy": "naive"}
+DEFAULT_VARIANTS = {"toy": "naive", "jpeg": "naive"}
 
 FACTORY_CONTRACT = (
     "the function may take `device` (a torch.device for model.to(device); cpu on sim, where the model is not run) "

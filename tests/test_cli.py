@@ -70,3 +70,10 @@ def test_console_script_from_the_users_folder(tmp_path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "train:make_workload on sim:5" in proc.stdout
+
+
+def test_builtin_size_options_reach_jpeg_but_not_user_specs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "mypkg.train:make", "--device", "sim:5", "--batch-size", "4"]) == 2
+    assert "only apply to the built-in toy:* and jpeg:* workloads" in capsys.readouterr().err
+    assert main(["run", "jpeg:naive", "--device", "sim:5", "--raw-size", "64"]) == 2  # the jpeg family's own check
+    assert "jpeg workloads have no raw_size" in capsys.readouterr().err

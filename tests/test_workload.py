@@ -169,3 +169,9 @@ def test_persistent_workers_survive_epochs_and_the_users_loader_still_works() ->
     result = measure_workload(workload, parse_device("sim:1"), warmup=1, steps=6)  # 3 epochs of 2 batches
     assert len(result.step_times) == 6
     assert [batch[1].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the user's own loop
+
+
+def test_the_real_jpeg_family_asks_for_its_own_sim_step() -> None:
+    jpeg = pytest.importorskip("fastpipe.jpeg")
+    expected = default_device_spec() if torch.cuda.is_available() else jpeg.DEFAULT_SIM_SPEC
+    assert default_device_for("jpeg:naive") == default_device_for("jpeg") == expected

@@ -11,7 +11,7 @@ TOY_OPTION_NAMES = ("num_workers", "batch_size", "raw_size", "img_size", "model"
 
 def add_toy_options(parser: argparse.ArgumentParser) -> None:
     """The toy workload's size options (the article's values by default)."""
-    toy = parser.add_argument_group("toy workload options (SPEC toy:*)")
+    toy = parser.add_argument_group("built-in workload options (SPEC toy:*, jpeg:*)")
     toy.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default: the article's 4, capped at usable cores)")
     toy.add_argument("--batch-size", type=int, default=None, help="batch size (default 256)")
     toy.add_argument("--raw-size", type=int, default=None, help="side of the raw square image (default 1024)")
@@ -49,7 +49,7 @@ def toy_option_values(args: argparse.Namespace, is_toy: bool) -> dict[str, Any]:
     options = {name: getattr(args, name) for name in TOY_OPTION_NAMES if getattr(args, name) is not None}
     if options and not is_toy:
         flags = ", ".join("--" + name.replace("_", "-") for name in options)
-        raise ConfigError(f"{flags} only apply to toy:* workloads; size your own workload in its factory")
+        raise ConfigError(f"{flags} only apply to the built-in toy:* and jpeg:* workloads; size your own workload in its factory")
     for name, value in options.items():
         if name != "model" and (value < 0 or (value == 0 and name != "num_workers")):
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -80,7 +80,7 @@ def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     """``toy_option_values`` for subcommands that take a single SPEC."""
     from fastpipe.workload import family_of
 
-    return toy_option_values(args, family_of(args.spec) == "toy")
+    return toy_option_values(args, family_of(args.spec) is not None)
 
 
 def write_outputs(result: Any, args: argparse.Namespace) -> None:

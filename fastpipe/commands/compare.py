@@ -12,7 +12,7 @@ from fastpipe.errors import ConfigError
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("compare", help="measure a ladder of variants against the device bound")
-    parser.add_argument("specs", metavar="SPEC", nargs="+", help="'toy' for the toy ladder, or two or more SPECs (module:function)")
+    parser.add_argument("specs", metavar="SPEC", nargs="+", help="'toy' or 'jpeg' for a built-in ladder, or two or more SPECs (module:function)")
     add_device_argument(parser)
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per variant (default 3)")
@@ -26,15 +26,16 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fastpipe.compare import compare
+    from fastpipe.workload import family_of
 
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError("--steps must be at least 1 and --warmup at least 0")
-    if args.specs != ["toy"] and len(args.specs) < 2:
-        raise ConfigError("compare needs 'toy' or at least two SPECs, e.g. fastpipe compare mypkg.before:make mypkg.after:make")
-    is_toy = all(spec == "toy" or spec.startswith("toy:") for spec in args.specs)
+    if args.specs not in (["toy"], ["jpeg"]) and len(args.specs) < 2:
+        raise ConfigError("compare needs 'toy', 'jpeg' or at least two SPECs, e.g. fastpipe compare mypkg.before:make mypkg.after:make")
+    is_builtin = all(family_of(spec) is not None for spec in args.specs)
     comparison = compare(
         args.specs, resolve_device(args.device, args.specs), steps=args.steps, warmup=args.warmup,
-        progress=not args.no_progress and sys.stderr.isatty(), toy_options=toy_option_values(args, is_toy),
+        progress=not args.no_progress and sys.stderr.isatty(), toy_options=toy_option_values(args, is_builtin),
     )
     write_outputs(comparison, args)
     return 0
