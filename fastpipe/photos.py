@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from fastpipe._system import usable_cores
 from fastpipe.errors import ConfigError, OptionalDependencyError
 
 #: Bump when the recipe changes, so cached corpora built by an older recipe are not reused.
@@ -44,6 +45,8 @@ QUALITY_RANGE = (75, 95)
 GREY_FRACTION = 0.03
 PROGRESSIVE_FRACTION = 0.15
 SUBSAMPLING = ((2, 0.75), (1, 0.10), (0, 0.15))  # PIL codes: 2 = 4:2:0, 1 = 4:2:2, 0 = 4:4:4
+PARALLEL_MIN_FILES = 400  # below this, starting processes costs more than it saves
+MAX_BUILD_WORKERS = 8
 CROP_AREA_RANGE = (0.5, 1.0)  # of the largest crop of the target aspect; keeps upscaling modest
 
 
@@ -178,7 +181,35 @@ def _claim(root: Path, config: dict[str, Any]) -> bool:
     return False
 
 
-def build_corpus(root: "str | os.PathLike[str] | None" = None, n: int = DEFAULT_N, seed: int = 0, classes: int = DEFAULT_CLASSES) -> Path:
+def _write_files(root: Path, n: int, seed: int, classes: int, indices: range) -> None:
+    """Render and save files ``indices`` of the corpus; each file depends only on (seed, index), so any split gives the same bytes."""
+    colour, grey = load_sources()
+    flavours = plan_flavours(n, seed)
+    for index in indices:
+        flavour = flavours[index]
+        rng = np.random.default_rng([seed, index, CORPUS_VERSION, 1])
+        image = render(flavour, grey if flavour.mode == "L" else colour, rng)
+        _save(image, flavour, root / class_name(index % classes, classes) / f"{index:05d}.jpg")
+
+
+def _build_parallel(root: Path, n: int, seed: int, classes: int, workers: int) -> None:
+    """Split the files over ``workers`` forked processes (PIL's encoder holds the GIL for much of its work)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    chunks = [range(start, n, workers) for start in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for done in [pool.submit(_write_files, root, n, seed, classes, chunk) for chunk in chunks]:
+            done.result()
+
+
+def build_corpus(
+    root: "str | os.PathLike[str] | None" = None,
+    n: int = DEFAULT_N,
+    seed: int = 0,
+    classes: int = DEFAULT_CLASSES,
+    workers: int | None = None,
+) -> Path:
     """Build (or reuse) a corpus of ``n`` real-photo JPEGs in ``root/class_<k>/<index>.jpg``; returns ``root``.
 
     Args:
@@ -187,6 +218,8 @@ def build_corpus(root: "str | os.PathLike[str] | None" = None, n: int = DEFAULT_
         n: number of files, at least ``classes`` (each class gets n / classes of them).
         seed: the same seed gives the same files, byte for byte with the same Pillow/libjpeg.
         classes: number of class folders; file ``i`` goes to class ``i % classes``.
+        workers: processes to build with (default: the usable cores, up to 8; 1 for small corpora).
+            The files do not depend on it.
 
     Raises:
         OptionalDependencyError: scikit-image or scikit-learn is missing (``pip install 'fastpipe[photos]'``).
@@ -198,14 +231,15 @@ def build_corpus(root: "str | os.PathLike[str] | None" = None, n: int = DEFAULT_
     config = {"version": CORPUS_VERSION, "n": n, "seed": seed, "classes": classes}
     if _claim(root, config):
         return root
-    colour, grey = load_sources()
-    folders = [root / class_name(k, classes) for k in range(classes)]
-    for folder in folders:
-        folder.mkdir(exist_ok=True)
-    for index, flavour in enumerate(plan_flavours(n, seed)):
-        rng = np.random.default_rng([seed, index, CORPUS_VERSION, 1])
-        image = render(flavour, grey if flavour.mode == "L" else colour, rng)
-        _save(image, flavour, folders[index % classes] / f"{index:05d}.jpg")
+    load_sources()  # a missing optional dependency fails here, before any process starts
+    for k in range(classes):
+        (root / class_name(k, classes)).mkdir(exist_ok=True)
+    if workers is None:
+        workers = 1 if n < PARALLEL_MIN_FILES else min(MAX_BUILD_WORKERS, usable_cores())
+    if workers > 1 and hasattr(os, "fork"):
+        _build_parallel(root, n, seed, classes, min(workers, n))
+    else:
+        _write_files(root, n, seed, classes, range(n))
     (root / MARKER).write_text(json.dumps(config))  # last: its presence means the build is complete
     (root / BUILDING_MARKER).unlink(missing_ok=True)
     return root
