@@ -1,8 +1,9 @@
-"""Builds the optional C++ extension ``fastpipe._C`` (TORCH_LIBRARY ops).
+"""Builds the optional C++ extensions ``fastpipe._C`` (TORCH_LIBRARY ops) and ``fastpipe._jpeg``
+(the libjpeg-turbo decode-and-crop op, linked with -ljpeg).
 
-The extension is optional by design: when torch is not importable at build time or the
+Both extensions are optional by design, each on its own: when torch is not importable at build time or the
 compiler fails, the package still installs and runs on its Python/Numba fallbacks, and
-``fastpipe.ops.EXTENSION_AVAILABLE`` records that. Set ``FASTPIPE_REQUIRE_EXT=1`` to make a
+``fastpipe.ops.EXTENSION_AVAILABLE`` / ``fastpipe.ops.jpeg.JPEG_OP_AVAILABLE`` record that. Set ``FASTPIPE_REQUIRE_EXT=1`` to make a
 failed build an error (CI does), or ``FASTPIPE_SKIP_EXT=1`` to skip it altogether.
 """
 import glob
@@ -40,7 +41,15 @@ def _extension_kwargs() -> dict:
         sources,
         extra_compile_args={"cxx": ["-O3"]},
     )
-    return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}}
+    # The decode-and-crop op links the system's libjpeg-turbo (libjpeg62-turbo-dev / libjpeg-turbo8-dev);
+    # without its headers this one extension fails and fastpipe.ops.jpeg falls back to PIL.
+    jpeg_extension = CppExtension(
+        "fastpipe._jpeg",
+        sorted(glob.glob(os.path.join("csrc", "jpeg", "*.cpp"))),
+        libraries=["jpeg"],
+        extra_compile_args={"cxx": ["-O3"]},
+    )
+    return {"ext_modules": [extension, jpeg_extension], "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}}
 
 
 setup(**_extension_kwargs())

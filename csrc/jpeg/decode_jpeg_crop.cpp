@@ -1,0 +1,446 @@
+// fastpipe::decode_jpeg_crop: decode only a crop of a JPEG with libjpeg-turbo and resize it in
+// the same call, so a training sample never pays for the pixels its crop throws away.
+//
+// Decoding: the DCT scale (1/8, 1/4, 1/2) is the coarsest at which the box still covers the
+// output size; jpeg_crop_scanline narrows the decoded columns to the box (widened by libjpeg to
+// an iMCU boundary: the returned offset is used), jpeg_skip_scanlines skips the rows above it
+// (entropy-decoded, but no IDCT or colour conversion), and decoding stops after the box's last
+// row. The box in the scaled image is the original box / scale, keeping sub-pixel offsets.
+//
+// Resizing: PIL's BILINEAR ("triangle filter, support scaled by the shrink factor") with PIL's
+// own coefficient rules (precompute_coeffs in Pillow's Resample.c), separable, in fixed point:
+// a vertical pass over whole rows (vectorisable: the same weight across a contiguous row) into
+// a 16-bit intermediate with 6 fractional bits, then a horizontal pass that writes the planar
+// CHW output, flipped when asked. PIL rounds to uint8 between its passes and runs them in the
+// other order, so results differ from PIL by rounding (see fastpipe/ops/jpeg.py for the tolerance).
+//
+// Errors: libjpeg's error_exit longjmps back here and becomes a c10::Error with libjpeg's
+// message. Warnings that mean the data is damaged (premature end of file, corrupt entropy data)
+// are errors too, instead of the grey rows libjpeg would otherwise fill in.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <jpeglib.h>
+#include <jerror.h>
+
+namespace fastpipe {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Error handling: longjmp out of libjpeg, then throw from C++ frames only.
+
+struct ErrorManager {
+  jpeg_error_mgr pub;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void error_exit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  longjmp(err->jump, 1);
+}
+
+// Warnings about metadata are harmless; every other warning means the pixels would be wrong.
+bool harmless_warning(int code) {
+  return code == JWRN_EXTRANEOUS_DATA || code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || code == JWRN_BOGUS_ICC;
+}
+
+void emit_message(j_common_ptr cinfo, int level) {
+  if (level < 0 && !harmless_warning(cinfo->err->msg_code)) {
+    error_exit(cinfo);
+  }
+}
+
+void silent_output(j_common_ptr) {}
+
+// Runs `step` (plain libjpeg calls only: nothing with a destructor may be live inside it, since
+// an error longjmps out of it). Returns false, with the message in `err`, if libjpeg failed.
+template <typename Step>
+bool guarded(ErrorManager& err, Step&& step) {
+  if (setjmp(err.jump)) {
+    return false;
+  }
+  step();
+  return true;
+}
+
+struct Decompressor {
+  jpeg_decompress_struct cinfo;
+  ErrorManager err;
+  Decompressor() {
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = error_exit;
+    err.pub.emit_message = emit_message;
+    err.pub.output_message = silent_output;
+    err.message[0] = '\0';
+    jpeg_create_decompress(&cinfo);
+  }
+  ~Decompressor() { jpeg_destroy_decompress(&cinfo); }  // also aborts a decode stopped early
+  Decompressor(const Decompressor&) = delete;
+  Decompressor& operator=(const Decompressor&) = delete;
+};
+
+[[noreturn]] void fail(const ErrorManager& err) {
+  TORCH_CHECK(false, "corrupt or truncated JPEG: ", err.message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PIL's BILINEAR coefficients (Pillow's Resample.c, precompute_coeffs), quantised to `bits`.
+
+struct Coefficients {
+  int ksize = 0;
+  std::vector<int> first;    // first input index for each output index
+  std::vector<int> count;    // taps for each output index
+  std::vector<int32_t> weights;  // ksize per output index, zero padded
+  int lo = 0, hi = 0;        // input range [lo, hi) that any output uses
+};
+
+Coefficients precompute(int in_size, double in0, double in1, int out_size, int bits) {
+  Coefficients c;
+  // PIL receives the box as C floats.
+  const double start = static_cast<float>(in0), end = static_cast<float>(in1);
+  const double scale = (end - start) / out_size;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = 1.0 * filterscale;  // the triangle filter's support is 1
+  c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+  c.first.resize(out_size);
+  c.count.resize(out_size);
+  c.weights.assign(static_cast<size_t>(out_size) * c.ksize, 0);
+  std::vector<double> w(c.ksize);
+  c.lo = in_size;
+  c.hi = 0;
+  const double one = static_cast<double>(1 << bits);
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = start + (xx + 0.5) * scale;
+    const double ss = 1.0 / filterscale;
+    int xmin = static_cast<int>(center - support + 0.5);
+    if (xmin < 0) xmin = 0;
+    int xmax = static_cast<int>(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    xmax -= xmin;
+    xmax = std::min(xmax, c.ksize);
+    double total = 0.0;
+    for (int x = 0; x < xmax; ++x) {
+      double t = std::fabs((x + xmin - center + 0.5) * ss);
+      w[x] = t < 1.0 ? 1.0 - t : 0.0;
+      total += w[x];
+    }
+    for (int x = 0; x < xmax; ++x) {
+      const double v = total != 0.0 ? w[x] / total : 0.0;
+      c.weights[static_cast<size_t>(xx) * c.ksize + x] = static_cast<int32_t>(v < 0 ? -0.5 + v * one : 0.5 + v * one);
+    }
+    c.first[xx] = xmin;
+    c.count[xx] = std::max(xmax, 0);
+    if (xmax > 0) {
+      c.lo = std::min(c.lo, xmin);
+      c.hi = std::max(c.hi, xmin + xmax);
+    }
+  }
+  if (c.hi <= c.lo) {  // degenerate (cannot happen for a box inside the image), keep ranges valid
+    c.lo = 0;
+    c.hi = std::min(1, in_size);
+  }
+  return c;
+}
+
+constexpr int kVerticalBits = 14;    // vertical weights: 255 << 14 fits easily in int32
+constexpr int kFractionBits = 6;     // the intermediate keeps 6 fractional bits: 255 << 6 < 2**15
+constexpr int kHorizontalBits = 14;  // int16 weights times the int16 intermediate, summed in int32
+constexpr int kFinalShift = kFractionBits + kHorizontalBits;
+
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+// Compiled for AVX2 and for the baseline, picked at load time, so one wheel is fast everywhere.
+#define FASTPIPE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FASTPIPE_CLONES
+#endif
+#define FASTPIPE_INLINE inline __attribute__((always_inline))
+
+// One output row of the vertical pass: rows[k] weighted by w[k], over n contiguous bytes.
+FASTPIPE_CLONES
+void vertical_row(const uint8_t* const* rows, const int32_t* w, int taps, int n, int32_t* acc, int16_t* out) {
+  {
+    const uint8_t* r = rows[0];
+    const int32_t w0 = w[0];
+    for (int i = 0; i < n; ++i) acc[i] = w0 * static_cast<int32_t>(r[i]);
+  }
+  for (int k = 1; k < taps; ++k) {
+    const uint8_t* r = rows[k];
+    const int32_t wk = w[k];
+    for (int i = 0; i < n; ++i) acc[i] += wk * static_cast<int32_t>(r[i]);
+  }
+  constexpr int shift = kVerticalBits - kFractionBits;
+  constexpr int32_t half = 1 << (shift - 1);
+  for (int i = 0; i < n; ++i) out[i] = static_cast<int16_t>((acc[i] + half) >> shift);
+}
+
+inline uint8_t clip8(int32_t v) {
+  v >>= kFinalShift;
+  return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+}
+
+// One output row of the horizontal pass over a row of C interleaved channels (C = 4 for RGBX,
+// whose 4th channel is computed and dropped: four lanes vectorise where three do not), with
+// exactly K taps per output pixel (the weights are zero padded and the row has K pixels of
+// slack at its end), into the first min(C, 3) planes.
+template <int C, int K>
+FASTPIPE_INLINE void horizontal_row_k(const int16_t* row, const int* first, const int16_t* weights, int out_w, bool hflip,
+                                      uint8_t* const* planes) {
+  constexpr int32_t half = 1 << (kFinalShift - 1);
+  constexpr int P = C < 3 ? C : 3;
+  for (int xo = 0; xo < out_w; ++xo) {
+    const int16_t* w = weights + static_cast<size_t>(xo) * K;
+    const int16_t* src = row + static_cast<size_t>(first[xo]) * C;
+    int32_t acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = half;
+    for (int k = 0; k < K; ++k) {
+      for (int c = 0; c < C; ++c) acc[c] += static_cast<int32_t>(w[k]) * static_cast<int32_t>(src[k * C + c]);
+    }
+    const int xd = hflip ? out_w - 1 - xo : xo;
+    for (int c = 0; c < P; ++c) planes[c][xd] = clip8(acc[c]);
+  }
+}
+
+template <int C>
+FASTPIPE_INLINE void horizontal_row_any(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip,
+                                        uint8_t* const* planes) {
+  constexpr int32_t half = 1 << (kFinalShift - 1);
+  constexpr int P = C < 3 ? C : 3;
+  for (int xo = 0; xo < out_w; ++xo) {
+    const int16_t* w = weights + static_cast<size_t>(xo) * ksize;
+    const int16_t* src = row + static_cast<size_t>(first[xo]) * C;
+    int32_t acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = half;
+    for (int k = 0; k < ksize; ++k) {
+      for (int c = 0; c < C; ++c) acc[c] += static_cast<int32_t>(w[k]) * static_cast<int32_t>(src[k * C + c]);
+    }
+    const int xd = hflip ? out_w - 1 - xo : xo;
+    for (int c = 0; c < P; ++c) planes[c][xd] = clip8(acc[c]);
+  }
+}
+
+template <int C>
+FASTPIPE_INLINE void horizontal_dispatch(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip,
+                                         uint8_t* const* planes) {
+  switch (ksize) {  // ksize = 2 * ceil(shrink factor) + 1: 3 when enlarging, 5 up to 2x shrink
+    case 3: return horizontal_row_k<C, 3>(row, first, weights, out_w, hflip, planes);
+    case 5: return horizontal_row_k<C, 5>(row, first, weights, out_w, hflip, planes);
+    case 7: return horizontal_row_k<C, 7>(row, first, weights, out_w, hflip, planes);
+    default: return horizontal_row_any<C>(row, first, weights, ksize, out_w, hflip, planes);
+  }
+}
+
+#if defined(__SSE2__)
+// RGBX rows with SSE2 (x86-64's baseline): two taps at a time, each channel's pair of samples
+// interleaved with the pair of weights, so one _mm_madd_epi16 does 8 multiply-adds.
+void horizontal_row4_sse2(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip,
+                          uint8_t* const* planes) {
+  const __m128i half = _mm_set1_epi32(1 << (kFinalShift - 1));
+  const __m128i zero = _mm_setzero_si128();
+  for (int xo = 0; xo < out_w; ++xo) {
+    const int16_t* src = row + static_cast<size_t>(first[xo]) * 4;
+    const int16_t* w = weights + static_cast<size_t>(xo) * ksize;
+    __m128i acc = half;
+    int k = 0;
+    for (; k + 1 < ksize; k += 2) {
+      const __m128i two = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k * 4));  // pixels k, k+1
+      const __m128i pairs = _mm_unpacklo_epi16(two, _mm_srli_si128(two, 8));              // (k c, k+1 c) per channel
+      const __m128i ww = _mm_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(w[k]) | (static_cast<uint32_t>(static_cast<uint16_t>(w[k + 1])) << 16)));
+      acc = _mm_add_epi32(acc, _mm_madd_epi16(pairs, ww));
+    }
+    if (k < ksize) {
+      const __m128i one = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + k * 4));
+      const __m128i pairs = _mm_unpacklo_epi16(one, zero);
+      const __m128i ww = _mm_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(w[k])));
+      acc = _mm_add_epi32(acc, _mm_madd_epi16(pairs, ww));
+    }
+    acc = _mm_srai_epi32(acc, kFinalShift);
+    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(acc, acc), zero);  // saturates to 0..255
+    const uint32_t px = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
+    const int xd = hflip ? out_w - 1 - xo : xo;
+    planes[0][xd] = static_cast<uint8_t>(px);
+    planes[1][xd] = static_cast<uint8_t>(px >> 8);
+    planes[2][xd] = static_cast<uint8_t>(px >> 16);
+  }
+}
+#endif
+
+void horizontal_row4(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip, uint8_t* const* planes) {
+#if defined(__SSE2__)
+  horizontal_row4_sse2(row, first, weights, ksize, out_w, hflip, planes);
+  return;
+#endif
+  horizontal_dispatch<4>(row, first, weights, ksize, out_w, hflip, planes);
+}
+
+FASTPIPE_CLONES
+void horizontal_row1(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip, uint8_t* const* planes) {
+  horizontal_dispatch<1>(row, first, weights, ksize, out_w, hflip, planes);
+}
+
+// PIL's convert("RGB") of a CMYK JPEG, which it reads with Adobe's inverted polarity ("CMYK;I").
+inline uint8_t muldiv255(int a, int b) {
+  const int t = a * b + 128;
+  return static_cast<uint8_t>(((t >> 8) + t) >> 8);
+}
+
+void cmyk_to_rgbx(const uint8_t* in, uint8_t* out, int n) {
+  for (int i = 0; i < n; ++i, in += 4, out += 4) {
+    out[3] = 255;
+    const int nk = in[3];  // 255 - K, where PIL's K = 255 - the stored value
+    for (int c = 0; c < 3; ++c) {
+      const int v = nk - muldiv255(255 - in[c], nk);
+      out[c] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height, int64_t width,
+                                int64_t out_h, int64_t out_w, bool hflip) {
+  TORCH_CHECK(data.device().is_cpu(), "decode_jpeg_crop: data must be on the CPU, got ", data.device());
+  TORCH_CHECK(data.dtype() == at::kByte && data.dim() == 1, "decode_jpeg_crop: data must be the file's bytes as a 1-D uint8 tensor, got ",
+              data.dtype(), " with ", data.dim(), " dimensions");
+  TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= 65535 && out_w <= 65535, "decode_jpeg_crop: output size must be positive, got ", out_h, "x", out_w);
+  TORCH_CHECK(height > 0 && width > 0 && top >= 0 && left >= 0, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
+              ", width=", width, ") must have top, left >= 0 and a positive size");
+  TORCH_CHECK(data.numel() > 2, "corrupt or truncated JPEG: only ", data.numel(), " bytes");
+  const at::Tensor bytes = data.contiguous();
+
+  Decompressor d;
+  jpeg_decompress_struct* cinfo = &d.cinfo;
+  const unsigned char* buffer = bytes.data_ptr<uint8_t>();
+  const unsigned long size = static_cast<unsigned long>(bytes.numel());
+  if (!guarded(d.err, [&] {
+        jpeg_mem_src(cinfo, buffer, size);
+        jpeg_read_header(cinfo, TRUE);
+      })) {
+    fail(d.err);
+  }
+  const int64_t image_h = cinfo->image_height, image_w = cinfo->image_width;
+  TORCH_CHECK(top + height <= image_h && left + width <= image_w, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
+              ", width=", width, ") is not inside the ", image_h, "x", image_w, " image");
+
+  // The coarsest DCT scale at which the box still covers the output.
+  int denom = 1;
+  for (int d8 : {8, 4, 2}) {
+    if (width >= out_w * d8 && height >= out_h * d8) {
+      denom = d8;
+      break;
+    }
+  }
+  int channels = 4;  // RGBX: four lanes vectorise in the horizontal pass
+  const bool cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
+  if (cinfo->jpeg_color_space == JCS_GRAYSCALE) {
+    cinfo->out_color_space = JCS_GRAYSCALE;
+    channels = 1;
+  } else if (cmyk) {
+    cinfo->out_color_space = JCS_CMYK;
+  } else {
+    cinfo->out_color_space = JCS_EXT_RGBX;
+  }
+  cinfo->scale_num = 1;
+  cinfo->scale_denom = static_cast<unsigned int>(denom);
+  cinfo->dct_method = JDCT_ISLOW;  // what PIL and torchvision use
+
+  if (!guarded(d.err, [&] { jpeg_start_decompress(cinfo); })) fail(d.err);
+
+  // The box in the scaled image keeps its sub-pixel offsets.
+  const int scaled_w = static_cast<int>(cinfo->output_width), scaled_h = static_cast<int>(cinfo->output_height);
+  const Coefficients vert = precompute(scaled_h, double(top) / denom, double(top + height) / denom, static_cast<int>(out_h), kVerticalBits);
+  const Coefficients horiz = precompute(scaled_w, double(left) / denom, double(left + width) / denom, static_cast<int>(out_w), kHorizontalBits);
+
+  JDIMENSION xoffset = static_cast<JDIMENSION>(horiz.lo);
+  JDIMENSION crop_w = static_cast<JDIMENSION>(horiz.hi - horiz.lo);
+  const JDIMENSION skip = static_cast<JDIMENSION>(vert.lo);
+  const int rows = vert.hi - vert.lo;
+  if (crop_w >= cinfo->output_width) xoffset = 0;  // the whole width: no crop
+  if (!guarded(d.err, [&] {
+        if (crop_w < cinfo->output_width) jpeg_crop_scanline(cinfo, &xoffset, &crop_w);
+        if (skip > 0) jpeg_skip_scanlines(cinfo, skip);
+      })) {
+    fail(d.err);
+  }
+  const int decoded_w = static_cast<int>(cinfo->output_width);  // crop_w as libjpeg widened it
+  const int components = cinfo->output_components;
+  TORCH_CHECK(components == channels, "decode_jpeg_crop: unexpected ", components, " output components");
+
+  // Decode the box's rows; CMYK rows go through a scratch row and PIL's conversion.
+  const size_t stride = static_cast<size_t>(decoded_w) * channels;
+  std::vector<uint8_t> pixels(stride * rows);
+  std::vector<uint8_t> scratch(cmyk ? static_cast<size_t>(decoded_w) * 4 : 0);
+  uint8_t* pixels_ptr = pixels.data();
+  uint8_t* scratch_ptr = scratch.data();
+  int rows_read = 0;
+  if (!guarded(d.err, [&] {
+        for (; rows_read < rows; ++rows_read) {
+          JSAMPROW row = cmyk ? scratch_ptr : pixels_ptr + stride * rows_read;
+          if (jpeg_read_scanlines(cinfo, &row, 1) != 1) return;
+          if (cmyk) cmyk_to_rgbx(scratch_ptr, pixels_ptr + stride * rows_read, decoded_w);
+        }
+      })) {
+    fail(d.err);
+  }
+  TORCH_CHECK(rows_read == rows, "corrupt or truncated JPEG: libjpeg returned no data at row ", vert.lo + rows_read);
+  // Stop here: the Decompressor's destructor aborts the decode of the rows below the box.
+
+  // Vertical pass over the columns the horizontal pass reads, into rows with ksize pixels of
+  // zeroed slack so that every output pixel reads exactly ksize taps.
+  const int col0 = horiz.lo - static_cast<int>(xoffset);
+  const int n = (horiz.hi - horiz.lo) * channels;
+  const int padded = n + horiz.ksize * channels;
+  std::vector<int16_t> mid(static_cast<size_t>(out_h) * padded, 0);
+  std::vector<int32_t> acc(n);
+  std::vector<const uint8_t*> taps(vert.ksize);
+  for (int y = 0; y < out_h; ++y) {
+    const int count = vert.count[y];
+    for (int k = 0; k < count; ++k) {
+      taps[k] = pixels.data() + stride * (vert.first[y] - vert.lo + k) + static_cast<size_t>(col0) * channels;
+    }
+    vertical_row(taps.data(), &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc.data(), mid.data() + static_cast<size_t>(y) * padded);
+  }
+
+  // Horizontal pass into the planes, flipped if asked.
+  std::vector<int16_t> hweights(horiz.weights.begin(), horiz.weights.end());  // <= 1 << 14: fits
+  std::vector<int> hfirst(out_w);
+  for (int x = 0; x < out_w; ++x) hfirst[x] = horiz.first[x] - horiz.lo;
+  at::Tensor out = at::empty({3, out_h, out_w}, at::kByte);
+  uint8_t* base = out.data_ptr<uint8_t>();
+  const size_t plane = static_cast<size_t>(out_h) * out_w;
+  for (int y = 0; y < out_h; ++y) {
+    const int16_t* row = mid.data() + static_cast<size_t>(y) * padded;
+    uint8_t* planes[3] = {base + static_cast<size_t>(y) * out_w, base + plane + static_cast<size_t>(y) * out_w,
+                          base + 2 * plane + static_cast<size_t>(y) * out_w};
+    if (channels == 4) {
+      horizontal_row4(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
+    } else {
+      horizontal_row1(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
+    }
+  }
+  if (channels == 1) {  // greyscale expands to three equal channels, as PIL's convert("RGB")
+    std::memcpy(base + plane, base, plane);
+    std::memcpy(base + 2 * plane, base, plane);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fastpipe, CPU, m) { m.impl("decode_jpeg_crop", &decode_jpeg_crop_cpu); }
+
+}  // namespace fastpipe

@@ -1,0 +1,22 @@
+// The optional extension fastpipe._jpeg: the decode-and-crop op on libjpeg-turbo.
+//
+// It is a separate library from fastpipe._C so that a machine without libjpeg's headers still
+// builds the other ops; the op joins the same `fastpipe` namespace through a fragment. The
+// Python side (fastpipe/ops/jpeg.py) holds the typed wrappers, the PIL fallback and the fake kernel.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Importing fastpipe._jpeg from Python is what loads the library and runs the registrations below.
+PyObject* PyInit__jpeg(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_jpeg", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
+  // data: the file's bytes, 1-D uint8. The box (top, left, height, width) is in pixels of the
+  // full-size image and must lie inside it. Returns the box resized to (3, out_h, out_w) uint8,
+  // RGB, CHW, with PIL's BILINEAR filter (antialiased when shrinking), flipped left-right if hflip.
+  m.def("decode_jpeg_crop(Tensor data, int top, int left, int height, int width, int out_h, int out_w, bool hflip) -> Tensor");
+}
