@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 

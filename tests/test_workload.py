@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastpipe.devices import CpuDevice, Device, SimDevice, default_device_spec, parse_device
+from fastpipe.devices import CpuDevice, Device, default_device_spec, parse_device
 from fastpipe.errors import ConfigError
 from fastpipe.measure import measure_workload
 from fastpipe.workload import Workload, default_device_for, load_workload
