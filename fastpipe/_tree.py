@@ -47,7 +47,3 @@ def tree_nbytes(obj: Any) -> int:
     """Total bytes held by the tensors in ``obj``: the host-to-device payload of a batch."""
     return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
 
-
-def clone_tree(obj: Any) -> Any:
-    """A deep copy of the tensors in ``obj`` that nothing downstream can mutate through aliasing."""
-    return map_tensors(lambda t: t.clone(), obj)
