@@ -52,10 +52,10 @@ def recommend(stage: str, kind: str, *, transform: object | None = None, dataset
         stage: e.g. ``"RandomResizedCrop"``, ``"raw load"``, ``"collate/IPC"``, or a span measured as one
             (``"raw load + PILToTensor + collate/IPC"``), which is advised as a span, never as a transform.
         kind: ``"raw load"``, ``"transform"``, ``"collate/IPC"``, ``"host-to-device copy"`` or ``"too few workers"``.
-        transform: the dataset's transform (a Compose or the stage itself): gives output size, mean and
-            std for the snippet, and shows whether a crop runs after ToTensor.
-        dataset: the dataset; an ImageFolder-like one (``samples`` of (path, label)) lets a few image
-            headers be read to say whether DCT scaling can help.
+        transform: the dataset's transform (a Compose, a list of its stages, or the stage itself): gives the
+            output size, mean and std for the snippet, and shows whether a crop runs after ToTensor.
+        dataset: the dataset; an ImageFolder-like one (``samples`` of (path, label)), or a wrapper holding
+            one as ``.dataset``, lets a few image headers be read to say whether DCT scaling can help.
         image_size: (height, width) of a typical raw image, when the caller knows it.
     """
     parts = [part.strip() for part in stage.split(" + ") if part.strip()]
@@ -76,7 +76,8 @@ def recommend(stage: str, kind: str, *, transform: object | None = None, dataset
 
 # ----- what fastpipe can learn about the pipeline ----------------------------------------------
 def _leaves(transform: object | None) -> list[object]:
-    inner = getattr(transform, "transforms", None)
+    """The stages of a Compose, a list of stages, or one stage, flattened."""
+    inner = transform if isinstance(transform, (list, tuple)) else getattr(transform, "transforms", None)
     if isinstance(inner, (list, tuple)):
         return [leaf for t in inner for leaf in _leaves(t)]
     return [] if transform is None else [transform]
@@ -114,6 +115,10 @@ def _image_size(dataset: object | None, image_size: tuple[int, int] | None, prob
     """(height, width) of a typical raw image: given, or the median of a few headers of an ImageFolder-like dataset."""
     if image_size is not None:
         return image_size
+    for _ in range(4):  # through wrappers that keep the real dataset as .dataset (Subset, and most user wrappers)
+        if getattr(dataset, "samples", None) is not None or getattr(dataset, "dataset", None) is None:
+            break
+        dataset = getattr(dataset, "dataset")
     samples = getattr(dataset, "samples", None)
     if not isinstance(samples, (list, tuple)) or not samples:
         return None

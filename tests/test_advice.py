@@ -87,6 +87,9 @@ def test_image_sizes_are_read_from_an_image_folder(image_root: Path) -> None:
     dataset = torchvision.datasets.ImageFolder(str(image_root), transform=IMAGENET)
     advice = recommend(RAW, RAW, transform=IMAGENET, dataset=dataset)
     assert "500x375" in advice.caveat and "cannot help" in advice.caveat
+    subset = torch.utils.data.Subset(dataset, [0, 1])  # a wrapper: the sizes are read through .dataset
+    stages = list(IMAGENET.transforms)  # the stages as a list, as a diagnosis holds them
+    assert "500x375" in recommend("RandomResizedCrop", TRANSFORM, transform=stages, dataset=subset).caveat
 
 
 def test_raw_load_without_a_crop_says_the_drop_in_cannot_help() -> None:
