@@ -232,6 +232,11 @@ class _Capture:
     calls: list[_Call]
     reason: str | None
 
+    @property
+    def cached(self) -> Any:
+        """The value at the point from the first call of the transform (None at sample/baseline)."""
+        return self.calls[0].pristine if self.calls else None
+
 
 @dataclass(frozen=True)
 class CopyStats:
@@ -421,6 +426,18 @@ def probe_point(dataset: Any, pipeline: TransformPipeline | None, point: str, in
         return PointProbe(point, capture.reason, len(capture.calls), False)
     entry = _entry_from(capture, cached.skip_copies)
     return PointProbe(point, None, len(capture.calls), any(view.shared is None for view in entry.views))
+
+
+def capture_value(dataset: Any, pipeline: TransformPipeline, point: str, index: int = 0) -> Any:
+    """The value ``point`` caches for sample ``index`` (the first view's), read in this process: e.g. the raw
+    input at ``"raw"``, to look at input sizes. Raises UnavailablePoint for a point with no such value."""
+    cached = CachePointDataset(dataset, pipeline, point)
+    if cached.cut is None:
+        raise UnavailablePoint.because(point, "it caches finished samples, not a value inside the pipeline")
+    capture = cached._capture(index)
+    if not capture.calls:
+        raise UnavailablePoint.because(point, capture.reason or "the transform was not called")
+    return capture.cached
 
 
 def check_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0) -> str | None:

@@ -249,3 +249,14 @@ def test_stateful_dataloader_is_kept() -> None:
     assert type(rebuilt) is stateful.StatefulDataLoader and rebuilt.snapshot_every_n_steps == 3
     assert len(list(rebuilt)) == 4
     assert loader.state_dict() == state  # iterating the copy left the user's loader where it was
+
+
+def test_capture_value_reads_the_raw_input_even_where_the_point_cannot_be_served() -> None:
+    from fastpipe.cache import capture_value
+
+    dataset = PostProcessed(shape=(3, 5, 6), transform=T.Compose([Fast()]))
+    pipeline, _ = find_pipeline(dataset)
+    value = capture_value(dataset, pipeline, "raw", 3)
+    assert value.shape == (3, 5, 6) and value.dtype == torch.uint8 and value[0, 0, 0].item() == 3
+    with pytest.raises(UnavailablePoint):
+        capture_value(dataset, pipeline, "sample")
