@@ -87,3 +87,23 @@ def test_cli_check_step_stops_a_broken_step_on_sim(capsys: pytest.CaptureFixture
     code = main(["diagnose", f"{__name__}:make_broken", "--device", "sim:5", "--check-step", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("fastpipe: error: step check: your step raised RuntimeError") and "\n" not in err
+
+
+def test_cli_check_step_passes_then_diagnoses_and_the_report_notes_it(monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fake_diagnose(workload, **options):  # the diagnosis itself is tested in test_diagnose.py
+        calls.append(options)
+        report = SimpleNamespace(notes=[], interrupted=False)
+        report.to_table = lambda: "\n".join(report.notes)
+        return report
+
+    monkeypatch.setattr(importlib.import_module("fastpipe.diagnose"), "diagnose", fake_diagnose)
+    code = main(["diagnose", f"{__name__}:make_working", "--device", "sim:5", "--check-step", "--budget", "2", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0 and "step check: your step ran once on a real batch on cpu" in captured.err
+    assert "step check: your step ran once" in captured.out  # the report's note
+    assert calls[0]["pool"] is None and calls[0]["budget"] == 2.0 and calls[0]["precision"] == 0.03

@@ -14,8 +14,14 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("diagnose", help="find the bottleneck stages by caching data at successive points")
     add_workload_arguments(parser)
     add_step_arguments(parser, "experiment")
-    parser.add_argument("--pool", type=int, default=1, help="different samples/batches each cache point cycles through (default 1)")
-    parser.add_argument("--threshold", type=float, default=0.05, help="smallest drop, as a fraction of the device bound, that counts (default 0.05)")
+    parser.add_argument("--pool", type=int, default=None,
+                        help="different samples/batches each cache point cycles through (default: 1, or 8 when the first samples differ in size)")
+    parser.add_argument("--threshold", type=float, default=0.05,
+                        help="smallest added time per step that counts, as a fraction of the device step (default 0.05)")
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="seconds of measuring per cache point before it stops short of the precision target (default 20)")
+    parser.add_argument("--precision", type=float, default=0.03,
+                        help="target relative standard error of each point's mean step time (default 0.03)")
     parser.add_argument("--strategy", choices=("linear", "bisect"), default="linear", help="measure every point, or bisect over the stages")
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the report as Markdown here")
@@ -32,8 +38,10 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnose import diagnose
 
-    if args.pool < 1:
+    if args.pool is not None and args.pool < 1:
         raise ConfigError("--pool must be at least 1")
+    if not args.budget > 0 or not 0 < args.precision < 1:
+        raise ConfigError(f"--budget must be positive and --precision a fraction such as 0.03; got {args.budget} and {args.precision}")
     device, workload = workload_from_args(args)
     checked = None
     if args.check_step:
@@ -43,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(checked.line(), file=sys.stderr)
     report = diagnose(
         workload, device=device, steps=args.steps, warmup=args.warmup, pool=args.pool, threshold=args.threshold,
+        budget=args.budget, precision=args.precision,
         strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(), stage_costs=not args.no_stage_costs,
     )
     if checked is not None:
