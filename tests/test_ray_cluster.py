@@ -226,7 +226,7 @@ class TwoNodes:
         for process in self.processes:  # each `ray start` leads a process group holding its Ray processes
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 5  # Ray's processes stop in a second or two; then SIGKILL
         while time.monotonic() < deadline and any(_group_alive(p.pid) for p in self.processes):
             time.sleep(0.2)
         for process in self.processes:
