@@ -5,8 +5,9 @@ DataLoader swapped for a :class:`~fastpipe.distributed.RayLoader` built from it,
 differ only in who runs the CPU stages. ``num_workers`` becomes the CPUs the Ray tasks use.
 
 The cluster: ``address=`` (or Ray's own ``RAY_ADDRESS`` environment variable, which is how the
-command line reaches a real cluster: ``RAY_ADDRESS=HEAD_IP:6379 fastpipe diagnose toy:ray``);
-without one, a local cluster that fastpipe starts and stops.
+command line reaches a real cluster: ``RAY_AUTH_MODE=token RAY_ADDRESS=HEAD_IP:6379 fastpipe diagnose
+toy:ray``, plus ``RAY_AUTH_TOKEN`` off the head: see :mod:`fastpipe.distributed.auth`); without one,
+a local cluster that fastpipe starts and stops.
 
 Importing this module registers the variant and does not import Ray.
 """
