@@ -280,19 +280,22 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
     return None
 
 
-def _measure_bound(workload: Workload, device: Device, *, steps: int, warmup: int, worker_timeout: float) -> tuple[Any, int]:
-    """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here)."""
+def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[Any, int]:
+    """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here).
+
+    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnose.measure_device_bound` takes them.
+    """
     from fastpipe.diagnose import measure_device_bound
 
-    return measure_device_bound(workload, device, steps=steps, warmup=warmup, worker_timeout=worker_timeout)
+    return measure_device_bound(workload, device, **options)
 
 
-def _measure_setting(workload: Workload, device: Device, *, steps: int, warmup: int, worker_timeout: float) -> Any:
+def _measure_setting(workload: Workload, device: Device, **options: Any) -> Any:
     """One run of the user's loop (nothing cached) with the loader at one setting: an ExperimentResult-like object
     with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam where each setting's measurement comes in."""
     from fastpipe.diagnose import measure_points
 
-    return measure_points(workload, device, ["baseline"], steps=steps, warmup=warmup, worker_timeout=worker_timeout)["baseline"]
+    return measure_points(workload, device, ["baseline"], **options)["baseline"]
 
 
 def _pool(results: list[Any], workers: int) -> tuple[float, float]:
@@ -313,8 +316,10 @@ def _pool(results: list[Any], workers: int) -> tuple[float, float]:
 
 class _Sweep:
     def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float, extensions: int,
-                 shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None) -> None:
+                 shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None,
+                 budget: float = 20.0, precision: float = 0.03) -> None:
         self.workload, self.device = workload, device
+        self.budget, self.precision = budget, precision
         self.steps, self.warmup, self.tolerance, self.extensions = steps, warmup, tolerance, extensions
         self.shm_budget, self.worker_timeout, self.on_trial = shm_budget, worker_timeout, on_trial
         self.bound = math.nan
@@ -327,7 +332,8 @@ class _Sweep:
     def measure_bound(self) -> None:
         """One batch cached on the device, the step repeated: the diagnosis's device point."""
         result, self.batch_bytes = _measure_bound(
-            self.workload, self.device, steps=self.steps, warmup=self.warmup, worker_timeout=self.worker_timeout
+            self.workload, self.device, steps=self.steps, warmup=self.warmup, worker_timeout=self.worker_timeout,
+            budget=self.budget, precision=self.precision,
         )
         self.bound = result.steps_per_s
         self.bound_noise = result.noise
@@ -355,7 +361,7 @@ class _Sweep:
             with _MemoryWatch() as memory:
                 for _ in range(1 + self.extensions):
                     results.append(_measure_setting(workload, self.device, steps=self.steps, warmup=max(self.warmup, workers),
-                                                    worker_timeout=self.worker_timeout))
+                                                    worker_timeout=self.worker_timeout, budget=self.budget, precision=self.precision))
                     if not self.noisy(*_pool(results, workers)):
                         break
         except PipelineError as exc:
@@ -532,6 +538,8 @@ def tune(
     worker_timeout: float = 300.0,
     on_trial: Callable[[Trial], None] | None = None,
     name: str | None = None,
+    budget: float = 20.0,
+    precision: float = 0.03,
 ) -> TuneResult:
     """Sweep num_workers, then prefetch_factor, and recommend the cheapest setting within noise of the best.
 
@@ -548,6 +556,8 @@ def tune(
         shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
         worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
         on_trial: called with each :class:`Trial` as it finishes (for progress output).
+        budget, precision: each measurement runs until its mean step time has ``precision`` relative standard
+            error or ``budget`` seconds have passed, as in :func:`fastpipe.diagnose`.
 
     Returns:
         The sweep and the recommendation. Interrupted (Ctrl-C), the settings measured so far, with
@@ -570,11 +580,13 @@ def tune(
         raise ConfigError(f"tolerance is a fraction of the device step, e.g. 0.05; got {tolerance}")
     if extensions < 0:
         raise ConfigError(f"extensions must be 0 or more, got {extensions}")
+    if not budget > 0 or not 0 < precision < 1:
+        raise ConfigError(f"budget must be positive seconds and precision a fraction such as 0.03; got {budget} and {precision}")
     device = parse_device(device)
     loader = workload.loader
     base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
     sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, extensions=extensions, shm_budget=shm_budget_bytes,
-                   worker_timeout=worker_timeout, on_trial=on_trial)
+                   worker_timeout=worker_timeout, on_trial=on_trial, budget=budget, precision=precision)
     stops: list[str] = []
     interrupted = False
     try:

@@ -208,3 +208,23 @@ def test_cli_tune_interrupted_prints_the_partial_table(monkeypatch, capsys: pyte
     out = capsys.readouterr().out
     assert code == 130
     assert "Interrupted (Ctrl-C)" in out and "2500.0" in out and "1250.0" in out and "<- recommended" in out
+
+
+def test_budget_and_precision_reach_every_measurement(monkeypatch) -> None:
+    tune_module = importlib.import_module("fastpipe.tune")
+    seen = []
+
+    def measure_bound(workload, device, **options):
+        seen.append(options)
+        return SimpleNamespace(steps_per_s=10.0, noise=0.0, step_times=[]), 1000
+
+    def measure_setting(workload, device, **options):
+        seen.append(options)
+        return SimpleNamespace(steps_per_s=10.0, noise=0.0, cpu_util=0.5, system_cpu_util=0.5, step_times=[])
+
+    monkeypatch.setattr(tune_module, "_measure_bound", measure_bound)
+    monkeypatch.setattr(tune_module, "_measure_setting", measure_setting)
+    tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, budget=3.0, precision=0.05, prefetch_factors=[2])
+    assert len(seen) >= 2 and all(o["budget"] == 3.0 and o["precision"] == 0.05 for o in seen)
+    with pytest.raises(ConfigError, match="budget"):
+        tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, budget=0)

@@ -28,6 +28,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--prefetch-factors", type=_factors, default=[2, 4], help="prefetch_factor values to try at the chosen count (default 2,4)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="differences in time per step below this fraction of the device step count as noise (default 0.05)")
     parser.add_argument("--shm-budget-mb", type=float, default=None, help="shared memory the loader may use, in MB (default: what /dev/shm has free)")
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="seconds of measuring per setting before it stops short of the precision target (default 20)")
+    parser.add_argument("--precision", type=float, default=0.03,
+                        help="target relative standard error of each setting's mean step time (default 0.03)")
     parser.add_argument("--json", type=Path, default=None, help="write the sweep as JSON here")
     parser.set_defaults(handler=run)
 
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     result = tune(
         workload, device, steps=args.steps, warmup=args.warmup, max_workers=args.max_workers, prefetch_factors=args.prefetch_factors,
         tolerance=args.tolerance, shm_budget_bytes=None if args.shm_budget_mb is None else int(args.shm_budget_mb * 1e6), on_trial=_progress,
+        budget=args.budget, precision=args.precision,
     )
     write_outputs(result, args)
     return 130 if result.interrupted else 0
