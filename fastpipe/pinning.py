@@ -70,11 +70,15 @@ class PinningIterator:
             raise StopIteration
         return item
 
-    def close(self) -> None:
-        """Stop the thread, then the source iterator and its workers."""
+    def stop(self) -> None:
+        """Stop the thread and leave the source running (a persistent loader's workers serve the next epoch)."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+    def close(self) -> None:
+        """Stop the thread, then the source iterator and its workers."""
+        self.stop()
         shutdown_iterator(self._source)
 
 
@@ -89,8 +93,24 @@ def forget_dead_iterator(loader: Any) -> None:
         loader._iterator = None
 
 
+def keeps_workers(loader: Any) -> bool:
+    """Whether ``loader`` (or the loader it wraps, under ``.loader``) keeps its workers across epochs."""
+    while loader is not None:
+        if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
+            return True
+        loader = getattr(loader, "loader", None)
+    return False
+
+
 def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
-    """``iter(loader)``, with modelled pinning added when the loader wants pinning the machine cannot give."""
+    """``iter(loader)``, with modelled pinning added when the loader wants pinning the machine cannot give.
+
+    A loader that pins its own memory for a device (``fastpipe.recycled``: ring buffers
+    registered on CUDA, marked pinned on sim) is asked for its batches through ``iter_for_device``.
+    """
+    for_device = getattr(loader, "iter_for_device", None)
+    if for_device is not None:
+        return for_device(device)
     forget_dead_iterator(loader)
     if not pinning_is_emulated(bool(getattr(loader, "pin_memory", False)), device):
         return iter(loader)
@@ -98,6 +118,14 @@ def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
         warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
         iterator = iter(loader)
     return PinningIterator(iterator, device.pin)
+
+
+def stop_iterator(iterator: Any, *, workers: bool) -> None:
+    """End fastpipe's use of ``iterator``: its pin thread always, its loader's workers only if ``workers``."""
+    if workers:
+        shutdown_iterator(iterator)
+    elif isinstance(iterator, PinningIterator):
+        iterator.stop()
 
 
 def shutdown_iterator(iterator: Any) -> None:

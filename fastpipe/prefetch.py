@@ -9,11 +9,20 @@ device-side work. This module closes those gaps:
 
 * ``cuda``: one side stream per prefetcher, created on first use. Each batch is pinned (if the
   loader did not), copied with ``non_blocking=True`` and transformed on that stream, and an event
-  is recorded. On hand-over the consumer's current stream waits on the event, and every tensor
-  gets ``record_stream(consumer)`` so its memory is not reused until the consumer is done.
+  is recorded. A batch that is already (partly) on the GPU, written by the loader on the
+  consumer's stream, is read only after that stream's work so far: the side stream waits on it,
+  and those tensors get ``record_stream(side)``. On hand-over the consumer's current stream waits
+  on the event, and every tensor gets ``record_stream(consumer)`` so its memory is not reused
+  until the consumer is done.
 * ``sim``: the same steps on the modelled copy engine (pinning is modelled where the machine
   cannot pin), so prefetching overlaps with the step exactly as it would on a GPU.
 * ``cpu``: nothing to copy; batches pass through (the transform still runs).
+
+A loader with persistent workers keeps them across epochs: an epoch's end stops only the
+prefetcher's own pin thread; ``close()`` stops the workers. With a recycled loader
+(:func:`fastpipe.recycled`) each host batch's buffer goes back to its worker as soon as its copy
+is done: when the copy's event completes on ``cuda``, at the modelled copy's ready time on ``sim``
+(on ``cpu`` the step uses the host batch itself, and the loader releases it once unused).
 
 ``make_prefetcher(kind="tnt")`` returns torchtnt's prefetcher behind the same interface
 (:mod:`fastpipe.tnt`), so the two can be measured side by side.
@@ -31,7 +40,7 @@ from torch.profiler import record_function
 from fastpipe._tree import iter_tensors, map_tensors
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError
-from fastpipe.pinning import pinned_iter, shutdown_iterator
+from fastpipe.pinning import keeps_workers, pinned_iter, shutdown_iterator, stop_iterator
 
 Transform = Callable[[Any], Any]
 DeviceLike = Union[str, Device, torch.device]
@@ -99,14 +108,14 @@ class DevicePrefetcher:
     def __iter__(self) -> "PrefetchIterator":
         previous = self._current() if self._current is not None else None
         if previous is not None:
-            previous.close()  # a DataLoader supports one live epoch; stop the old one's workers now
+            previous.end_epoch()  # a DataLoader supports one live epoch; end the old one (and its workers, unless persistent)
         iterator = PrefetchIterator(self)
         self._current = weakref.ref(iterator)
         return iterator
 
 
 class PrefetchIterator(Iterator[Any]):
-    """One epoch of a :class:`DevicePrefetcher`. ``close()`` stops the loader's workers at once.
+    """One epoch of a :class:`DevicePrefetcher`. ``close()`` stops the loader's workers at once, persistent ones too.
 
     A loader error is raised in order: the batches fetched before it are delivered first.
     """
@@ -117,10 +126,13 @@ class PrefetchIterator(Iterator[Any]):
         self._transform = owner.transform
         self._stream = owner.stream
         self._source = pinned_iter(owner.loader, owner.device)
+        self._keeps_workers = keeps_workers(owner.loader)
+        # A recycled loader's iterator takes each host batch back once its copy is done.
+        self._release: Callable[[Any, Any], bool] | None = getattr(self._source, "release", None)
         self._pending: deque[_InFlight] = deque()
         self._error: Exception | None = None
         self._exhausted = False
-        self._shutdown = weakref.finalize(self, shutdown_iterator, self._source)
+        self._shutdown = weakref.finalize(self, stop_iterator, self._source, workers=not self._keeps_workers)
 
     def _start(self, batch: Any) -> _InFlight:
         """Issue the copy (and transform) of one host batch without waiting for it."""
@@ -129,13 +141,24 @@ class PrefetchIterator(Iterator[Any]):
             if device.kind == "cpu":
                 batch = device.to_device(batch)
                 return _InFlight(batch if transform is None else transform(batch))
-            batch = _pin_host_tensors(device, batch)
+            host = _pin_host_tensors(device, batch)
             if self._stream is None:  # sim: the modelled copy engine's side stream takes the place of CUDA's
                 with device.side_stream():
-                    batch = device.to_device(batch, non_blocking=True)
+                    batch = device.to_device(host, non_blocking=True)
+                if self._release is not None:
+                    self._release(host, device.ready_time(batch))  # type: ignore[attr-defined]
                 return _InFlight(batch if transform is None else transform(batch))
+            on_gpu = [t for t in iter_tensors(host) if t.is_cuda]
+            if on_gpu:  # the loader may have written them on the consumer's stream: read them after that work
+                self._stream.wait_stream(torch.cuda.current_stream(device.torch_device))
             with torch.cuda.stream(self._stream):
-                batch = device.to_device(batch, non_blocking=True)
+                for tensor in on_gpu:
+                    tensor.record_stream(self._stream)  # their memory is not reused before the side stream has read it
+                batch = device.to_device(host, non_blocking=True)
+                if self._release is not None:
+                    copied = torch.cuda.Event()
+                    copied.record(self._stream)
+                    self._release(host, copied)
                 if transform is not None:
                     batch = transform(batch)
                 ready = torch.cuda.Event()
@@ -168,6 +191,7 @@ class PrefetchIterator(Iterator[Any]):
             self._pending.append(self._start(batch))
 
     def _end(self) -> None:
+        """The epoch is over: stop the pin thread, and the workers unless the loader keeps them."""
         self._exhausted = True
         self._shutdown()
 
@@ -186,11 +210,16 @@ class PrefetchIterator(Iterator[Any]):
     def __iter__(self) -> "PrefetchIterator":
         return self
 
-    def close(self) -> None:
-        """End the epoch now: drop the batches in flight and shut down the loader's workers."""
+    def end_epoch(self) -> None:
+        """End the epoch now: drop the batches in flight; a loader's persistent workers stay for the next one."""
         self._pending.clear()
         self._error = None
         self._end()
+
+    def close(self) -> None:
+        """End the epoch now: drop the batches in flight and shut down the loader's workers, persistent ones too."""
+        self.end_epoch()
+        shutdown_iterator(self._source)
 
 
 def make_prefetcher(

@@ -239,3 +239,53 @@ def test_make_prefetcher_builds_fastpipes_from_a_spec() -> None:
     assert isinstance(prefetcher, DevicePrefetcher)
     assert isinstance(prefetcher.device, SimDevice) and prefetcher.depth == 3
     assert prefetcher.stream is None  # only CUDA has a side stream
+
+
+class WorkerPids(Dataset):
+    """Item i is the pid of the worker process that loaded it."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import os
+
+        return torch.tensor(os.getpid())
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.parametrize("spec", DEVICES)
+def test_persistent_workers_survive_epochs(spec: str) -> None:
+    """The same worker pids serve epoch 2; an epoch's end stops only fastpipe's pin thread; close() stops the workers."""
+    loader = DataLoader(WorkerPids(8), batch_size=2, num_workers=2, persistent_workers=True, pin_memory=True)
+    prefetcher = DevicePrefetcher(loader, spec, depth=2)
+    epochs = []
+    for _ in range(3):
+        epochs.append({int(pid) for batch in prefetcher for pid in batch})
+        assert epochs[-1] <= _children(), "the workers are still running after the epoch ended"
+        assert not any(t.name == "fastpipe-pin-memory" and t.is_alive() for t in threading.enumerate())
+    assert len(epochs[0]) == 2 and epochs[0] == epochs[1] == epochs[2]
+    abandoned = iter(prefetcher)
+    next(abandoned)  # an epoch left midway: the next one still gets the same workers
+    assert {int(pid) for batch in prefetcher for pid in batch} == epochs[0]
+    last = iter(prefetcher)
+    next(last)
+    last.close()
+    assert not (_children() & epochs[0]), "close() stops persistent workers too"
+
+
+@pytest.mark.parametrize("spec", DEVICES)
+def test_workers_that_are_not_persistent_stop_when_the_epoch_ends(spec: str) -> None:
+    prefetcher = DevicePrefetcher(DataLoader(WorkerPids(8), batch_size=2, num_workers=2, pin_memory=True), spec)
+    epochs = []
+    for _ in range(2):
+        iterator = iter(prefetcher)
+        epochs.append({int(pid) for batch in iterator for pid in batch})
+        assert not (_children() & epochs[-1])
+    assert not (epochs[0] & epochs[1])

@@ -6,8 +6,8 @@ A slot goes back to its worker when the batch in it is no longer used:
   (a CUDA event on ``cuda``, the modelled copy's ready time on ``sim``);
 * in a hand-written loop, when the loop has moved on: at each ``next()``, every earlier batch
   that nothing refers to any more (no variable, list or view holds any of its tensors) is
-  released; on CUDA only once the work queued on the current stream so far, such as your
-  ``non_blocking`` copy of it, has finished. ``release(batch)`` or ``with releasing(batch):``
+  released; on CUDA (and sim) only once the work queued on the current stream so far, such as
+  your ``non_blocking`` copy of it, has finished. ``release(batch)`` or ``with releasing(batch):``
   releases one sooner;
 * a batch still referred to long after the loop moved on has been kept: its buffer becomes
   yours, never to be overwritten, and the worker gets a new one for that slot (``kept`` in
@@ -327,17 +327,27 @@ class RecycledLoader:
                     continue
                 if not lease.in_use():
                     self._held.remove(lease)
-                    if self._pinner is not None and self._pinner.mode == "register" and lease.mapped.registered:
-                        if fence is None:  # a non_blocking copy of it may still be queued on the current stream
-                            fence = torch.cuda.Event()
-                            fence.record()
-                        self._pending.append((lease, fence))
-                    else:
+                    if fence is None:
+                        fence = self._fence()
+                    if fence is False:
                         self._free(lease)
+                    else:  # a non_blocking copy of it may still be queued on the device
+                        self._pending.append((lease, fence))
                 elif self._serial - lease.serial > patience:
                     self._held.remove(lease)
                     self._retire(lease)
             self._graveyard = [m for m in self._graveyard if not self._unregister_if_unused(m)]
+
+    def _fence(self) -> Any:
+        """A mark after the device work queued so far (False where nothing can be queued: cpu, no device)."""
+        device = None if self._pinner is None else self._pinner.device
+        if device is not None and getattr(device, "kind", "cpu") != "cpu":
+            return device.timeline_mark()  # a CUDA event on the current stream; the modelled queue's end on sim
+        if self._pinner is not None and self._pinner.mode == "register":
+            event = torch.cuda.Event()
+            event.record()
+            return event
+        return False
 
     @staticmethod
     def _unregister_if_unused(mapped: _Mapped) -> bool:

@@ -14,6 +14,8 @@ Each variant adds one fix to the one before, so ``fastpipe compare`` can show wh
 ``toy:optimized``         + crop-first raw loading: only the 256x256 crop is ever generated
 ``toy:crop-first``        ``toy:optimized`` without the prefetcher: the compare ladder adds the
                           prefetcher last, where the copy is what remains of the gap
+``toy:recycled``          ``toy:optimized`` + recycled batch memory: workers collate into a ring
+                          of reused shared-memory buffers (``fastpipe.recycled``), pinned once
 ========================  =====================================================================
 
 All take the same options as ``toy:naive`` (batch size, workers, sizes, model), plus
@@ -57,6 +59,8 @@ class Optimizations:
     """The raw image is an HWC array from ``uniform_noise``, not ``np.random.randint`` + PIL."""
     crop_first: bool = False
     """Only the crop region is generated (implies ``fast_raw``'s array output)."""
+    recycled: bool = False
+    """The loader is wrapped by ``fastpipe.recycled``: batches are collated into reused buffers."""
 
 
 FAST_TRANSFORMS = Optimizations(fast_mask=True)
@@ -65,6 +69,7 @@ PREFETCH = replace(UINT8_HOST, prefetch=True)
 FAST_RAW = replace(PREFETCH, fast_raw=True)
 OPTIMIZED = replace(FAST_RAW, crop_first=True)
 CROP_FIRST = replace(OPTIMIZED, prefetch=False)
+RECYCLED = replace(OPTIMIZED, recycled=True)
 
 
 def optimized_transform(
@@ -133,8 +138,13 @@ def make_toy_variant(
         device_transform = ConvertColorScale(dtype)
         if not device.runs_model:
             notes.append(f"{name}: colour conversion and scaling run on the device, inside the simulated step time")
+    loader: Any = toy_loader(dataset, batch_size, num_workers, pin_memory)
+    if opts.recycled:
+        from fastpipe.recycle import recycled
+
+        loader = recycled(loader)
     return Workload(
-        loader=toy_loader(dataset, batch_size, num_workers, pin_memory),
+        loader=loader,
         device_transform=device_transform,
         prefetch_depth=PREFETCH_DEPTH if opts.prefetch else 0,
         name=name,
@@ -151,6 +161,7 @@ VARIANT_OPTIMIZATIONS: dict[str, Optimizations] = {
     "fast-raw": FAST_RAW,
     "optimized": OPTIMIZED,
     "crop-first": CROP_FIRST,
+    "recycled": RECYCLED,
 }
 
 
