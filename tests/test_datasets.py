@@ -247,3 +247,21 @@ def test_decode_crop_on_cuda_matches_cpu(corpus: Path) -> None:
     on_cpu, _ = transform((files, labels))
     assert on_gpu.device.type == "cuda" and gpu_labels.device.type == "cuda" and on_gpu.shape == on_cpu.shape
     assert (on_gpu.cpu().float() - on_cpu.float()).abs().mean().item() < 2.0  # nvjpeg vs libjpeg-turbo IDCT and upsampling
+
+
+def test_stages_are_declared_for_diagnose(corpus: Path, tmp_path: Path) -> None:
+    """Reading the file is the raw load, then DecodeCrop, then the user's transform: fastpipe times each."""
+    from fastpipe.discovery import find_pipeline
+
+    dataset = ImageFolder(corpus, size=24, transform=Normalize.imagenet())
+    pipeline, why_not = find_pipeline(dataset)
+    assert why_not is None and pipeline is not None and [s.name for s in pipeline.stages] == ["DecodeCrop", "Normalize"]
+    raw = dataset.stages.load(0)
+    assert raw.dtype == torch.uint8 and raw.numel() == Path(dataset.samples[0][0]).stat().st_size
+    dataset.transform = None  # set later, as torchvision users do: the stages follow
+    assert [type(t).__name__ for t in dataset.stages.transforms] == ["DecodeCrop"] and dataset[0][0].dtype == torch.uint8
+    bad = tmp_path / "broken" / "x.jpg"
+    bad.parent.mkdir()
+    bad.write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    with pytest.raises(FastpipeError, match="broken/x.jpg"):
+        ImageFolder(tmp_path)[0]

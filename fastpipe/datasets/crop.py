@@ -77,7 +77,34 @@ def naming_errors(source: object) -> Iterator[None]:
         raise type(exc)(message) from exc
 
 
-class DecodeCropLoader:
+class DecodeCrop:
+    """The decode-and-crop stage: a file's bytes in, its random crop out as uint8 (3, h, w) RGB.
+
+    Reads the size from the header, draws ``RandomResizedCrop``'s box and ``RandomHorizontalFlip``'s
+    coin with torchvision's code, then decodes only that box (the flip fused) with
+    :func:`fastpipe.ops.jpeg.decode_jpeg_crop`. One stage, so ``fastpipe diagnose`` times it
+    apart from reading the file.
+    """
+
+    def __init__(self, size: Size = 224, scale: Sequence[float] = DEFAULT_SCALE, ratio: Sequence[float] = DEFAULT_RATIO, hflip: float = 0.5) -> None:
+        if not 0.0 <= hflip <= 1.0:
+            raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
+        self.size = as_size(size)
+        self.scale = check_range("scale", scale)
+        self.ratio = check_range("ratio", ratio)
+        self.hflip = float(hflip)
+
+    def __call__(self, data: torch.Tensor) -> torch.Tensor:
+        from fastpipe.ops.jpeg import decode_jpeg_crop, jpeg_size
+
+        box = crop_params(*jpeg_size(data), self.scale, self.ratio)
+        return decode_jpeg_crop(data, box, self.size, hflip=draw_flip(self.hflip))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip})"
+
+
+class DecodeCropLoader(DecodeCrop):
     """A ``loader`` for torchvision's ``ImageFolder`` that returns the random crop, decoded alone, as uint8 CHW.
 
     torchvision's ``ImageFolder(root, loader=...)`` calls ``loader(path)`` and only then the
@@ -94,24 +121,11 @@ class DecodeCropLoader:
     Keep in the transform only what comes after the crop and flip (e.g. nothing, or colour
     jitter on the uint8 tensor); drop ``RandomResizedCrop``, ``RandomHorizontalFlip``,
     ``ToTensor`` and ``Normalize``. A picklable object, so it works with any worker start method.
+    Errors name the file.
     """
 
-    def __init__(self, size: Size = 224, scale: Sequence[float] = DEFAULT_SCALE, ratio: Sequence[float] = DEFAULT_RATIO, hflip: float = 0.5) -> None:
-        if not 0.0 <= hflip <= 1.0:
-            raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
-        self.size = as_size(size)
-        self.scale = check_range("scale", scale)
-        self.ratio = check_range("ratio", ratio)
-        self.hflip = float(hflip)
+    def __call__(self, source: "str | os.PathLike[str] | bytes | torch.Tensor") -> torch.Tensor:  # type: ignore[override]
+        from fastpipe.ops.jpeg import read_bytes
 
-    def __call__(self, source: "str | os.PathLike[str] | bytes | torch.Tensor") -> torch.Tensor:
-        from fastpipe.ops.jpeg import decode_jpeg_crop, jpeg_size, read_bytes
-
-        data = read_bytes(source)  # read once: the header and the decode share it
         with naming_errors(source):
-            box = crop_params(*jpeg_size(data), self.scale, self.ratio)
-            flip = draw_flip(self.hflip)
-            return decode_jpeg_crop(data, box, self.size, hflip=flip)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip})"
+            return super().__call__(read_bytes(source))  # read once: the header and the decode share it

@@ -6,8 +6,10 @@ Class discovery, file order and labels come from torchvision's own ``find_classe
 
 * :class:`ImageFolder` returns ``(uint8 (3, size, size) tensor, label)``: the
   ``RandomResizedCrop`` + ``RandomHorizontalFlip`` of the usual recipe, decoded crop-only by
-  :class:`~fastpipe.datasets.crop.DecodeCropLoader`. Normalize on the device after the copy
-  (:class:`fastpipe.transforms.Normalize`).
+  :class:`~fastpipe.datasets.crop.DecodeCrop`. Normalize on the device after the copy
+  (:class:`fastpipe.transforms.Normalize`). Its stages are declared (``self.stages``, a
+  :class:`fastpipe.stages.Stages`): reading the file is the raw load, then ``DecodeCrop``,
+  then the optional transform, so ``fastpipe diagnose`` times each.
 * :class:`EncodedImageFolder` returns ``(file bytes as a 1-D uint8 tensor, label)`` for
   machines whose CPU cannot keep up: decode, crop and flip run on the GPU
   (:class:`~fastpipe.datasets.device_decode.DecodeCropOnDevice`).
@@ -22,7 +24,8 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, DecodeCropLoader, Size
+from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, DecodeCrop, Size, naming_errors
+from fastpipe.stages import Stages
 
 
 class _Folder(Dataset):
@@ -85,15 +88,30 @@ class ImageFolder(_Folder):
         allow_empty: bool = False,
     ) -> None:
         super().__init__(root, extensions, is_valid_file, allow_empty)
-        self.loader = DecodeCropLoader(size, scale, ratio, hflip)
-        self.transform = transform
+        self.decode = DecodeCrop(size, scale, ratio, hflip)
         self.target_transform = target_transform
+        self.transform = transform  # builds self.stages
+
+    @property
+    def transform(self) -> Callable[[torch.Tensor], Any] | None:
+        """The optional transform after decode-crop; setting it rebuilds :attr:`stages`."""
+        return self._transform
+
+    @transform.setter
+    def transform(self, transform: Callable[[torch.Tensor], Any] | None) -> None:
+        self._transform = transform
+        self.stages = Stages(load=self.read, transforms=[self.decode] + ([transform] if transform is not None else []))
+
+    def read(self, index: int) -> torch.Tensor:
+        """The raw load: sample ``index``'s file, as a 1-D uint8 tensor of its bytes."""
+        from fastpipe.ops.jpeg import read_bytes
+
+        return read_bytes(self.samples[index][0])
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         path, target = self.samples[index]
-        image: Any = self.loader(path)
-        if self.transform is not None:
-            image = self.transform(image)
+        with naming_errors(path):
+            image = self.stages(index)  # looked up on self each time: fastpipe swaps it on a copy to time each stage
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
