@@ -409,11 +409,14 @@ class PointProbe:
     """Whether the cached values must be copied for every sample (False: later stages leave them untouched)."""
 
 
-def probe_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0) -> PointProbe:
+def probe_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *,
+                timeout: float | None = None) -> PointProbe:
     """Capture one sample at ``point`` in this process, as a worker would, and say whether the point works.
 
     Cheap (one sample through the pipeline), so a plan can drop a point before starting workers.
     Errors of the user's own code (a stage or the raw load raising) propagate as StageError.
+    With ``timeout``, the sample is read in a daemon thread and TimeoutError is raised if it takes
+    longer (a pipeline that hangs must not hang the main process; the thread is left behind).
     """
     try:
         cached = CachePointDataset(dataset, pipeline, point)
@@ -421,11 +424,35 @@ def probe_point(dataset: Any, pipeline: TransformPipeline | None, point: str, in
         return PointProbe(point, exc.reason, None, False)
     if cached.cut is None:
         return PointProbe(point, None, None, False)
-    capture = cached._capture(index)
+    capture = _within(timeout, lambda: cached._capture(index), f"reading sample {index} in the main process")
     if capture.reason is not None:
         return PointProbe(point, capture.reason, len(capture.calls), False)
     entry = _entry_from(capture, cached.skip_copies)
     return PointProbe(point, None, len(capture.calls), any(view.shared is None for view in entry.views))
+
+
+def _within(timeout: float | None, work: Callable[[], Any], what: str) -> Any:
+    """``work()``, or TimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
+    if timeout is None:
+        return work()
+    import threading
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as exc:  # handed to the caller's thread below
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, name="fastpipe-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} took over {timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def capture_value(dataset: Any, pipeline: TransformPipeline, point: str, index: int = 0) -> Any:
@@ -440,9 +467,10 @@ def capture_value(dataset: Any, pipeline: TransformPipeline, point: str, index: 
     return capture.cached
 
 
-def check_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0) -> str | None:
+def check_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *,
+                timeout: float | None = None) -> str | None:
     """Why ``point`` cannot be built for ``dataset`` (from one capture in this process), or None when it can."""
-    return probe_point(dataset, pipeline, point, index).reason
+    return probe_point(dataset, pipeline, point, index, timeout=timeout).reason
 
 
 # ----- loaders ------------------------------------------------------------------------------

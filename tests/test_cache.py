@@ -260,3 +260,23 @@ def test_capture_value_reads_the_raw_input_even_where_the_point_cannot_be_served
     assert value.shape == (3, 5, 6) and value.dtype == torch.uint8 and value[0, 0, 0].item() == 3
     with pytest.raises(UnavailablePoint):
         capture_value(dataset, pipeline, "sample")
+
+
+def test_a_hanging_probe_times_out_instead_of_hanging() -> None:
+    import threading
+
+    release = threading.Event()
+
+    class Hang:
+        def __call__(self, x):
+            release.wait(30)
+            return x
+
+    dataset = PlantedDataset(transform=T.Compose([Fast(), Hang()]))
+    pipeline, _ = find_pipeline(dataset)
+    try:
+        with pytest.raises(TimeoutError, match="main process"):
+            check_point(dataset, pipeline, "raw", timeout=0.2)
+    finally:
+        release.set()
+    assert check_point(dataset, pipeline, "raw", timeout=10) is None
