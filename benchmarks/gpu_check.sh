@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: the GPU-marked tests, a short diagnosis of toy:naive and
-# toy:optimized, then one table of steps/s, % of the device bound and GPU utilisation.
+# One command for a GPU machine: the GPU-marked tests, the collate/pin benchmark (stock against
+# recycled batch memory: pin_memory() copies against buffers registered with cudaHostRegister),
+# a short diagnosis of toy:naive and toy:optimized, then one table of steps/s, % of the device
+# bound and GPU utilisation.
 #
 #   benchmarks/gpu_check.sh                     # from any directory
 #
@@ -12,7 +14,7 @@
 #   FASTPIPE_GPU_CHECK_STRATEGY  diagnose --strategy: bisect (default, fewest experiments) or linear
 #   FASTPIPE_GPU_CHECK_EXTRA     more diagnose options, e.g. "--batch-size 8 --raw-size 128 --img-size 64"
 #                                for a quick dry run on a small machine (default: none, the article's sizes)
-#   FASTPIPE_GPU_CHECK_BUDGET_S  wall-clock budget for everything (default 330: done in under 6 minutes)
+#   FASTPIPE_GPU_CHECK_BUDGET_S  wall-clock budget for everything (default 390: done in under 7 minutes)
 #   PYTHON                       interpreter (default python3)
 #
 # It downloads nothing. If fastpipe is not importable it is installed from this checkout with
@@ -30,7 +32,7 @@ STEPS="${FASTPIPE_GPU_CHECK_STEPS:-6}"
 WARMUP="${FASTPIPE_GPU_CHECK_WARMUP:-2}"
 STRATEGY="${FASTPIPE_GPU_CHECK_STRATEGY:-bisect}"
 read -r -a EXTRA <<<"${FASTPIPE_GPU_CHECK_EXTRA:-}"
-BUDGET="${FASTPIPE_GPU_CHECK_BUDGET_S:-330}"
+BUDGET="${FASTPIPE_GPU_CHECK_BUDGET_S:-390}"
 RESULTS="${OUT:-$(mktemp -d -t fastpipe-gpu-check.XXXXXX)}"
 mkdir -p "$RESULTS"
 START=$SECONDS
@@ -73,9 +75,15 @@ esac
 
 phase "GPU tests: pytest -m gpu"
 rc=0
-timeout -k 10 "$(seconds_for 110 230)" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+timeout -k 10 "$(seconds_for 110 290)" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
   --junitxml "$RESULTS/gpu_tests.xml" tests || rc=$?
 (( rc == 0 )) || FAILED+=("pytest -m gpu (exit $rc)")
+
+phase "collate and pin per batch, stock vs recycled: benchmarks/bench_collate.py"
+rc=0
+timeout -k 10 "$(seconds_for 60 230)" "$PY" benchmarks/bench_collate.py --batches 6 --json "$RESULTS/bench_collate.json" \
+  2>&1 | tee "$RESULTS/bench_collate.log" || rc=$?
+(( rc == 0 )) || FAILED+=("bench_collate (exit $rc)")
 
 RUNS=()
 for variant in naive optimized; do

@@ -1,10 +1,13 @@
-"""DevicePrefetcher on CUDA: values match the CPU, the side stream is made once, memory is not reused early.
+"""DevicePrefetcher on CUDA: values match the CPU, the side stream is made once, memory is not reused early;
+the side stream waits for batches a loader wrote on the consumer's stream; recycled batch memory is
+registered as pinned and a slot goes back only after its copy ran.
 
 Skipped without a GPU. The stress test makes the consumer's stream slow (``torch.cuda._sleep``),
 mutates each batch there, then frees it while that work is still queued: if the allocator handed
 the memory back to the copy stream (no ``record_stream``), the next copies would overwrite it
 and the sums would come out wrong. A control run with ``record_stream`` disabled shows the loop
-does detect that.
+does detect that. Every other GPU race test here has such a control too: the same loop with the
+safeguard switched off must fail.
 """
 from __future__ import annotations
 
@@ -142,3 +145,147 @@ def test_torchtnt_gives_the_same_batches() -> None:
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a["image"], b["image"])
         assert torch.equal(a["label"], b["label"])
+
+
+# -- the side stream reads a loader's CUDA tensors only after the consumer's stream wrote them (issue 12) --
+
+
+class GpuWrittenBatches:
+    """A loader that yields CUDA tensors written on the current stream behind a long sleep there.
+
+    Until the sleep ends the tensor holds whatever the allocator left in that memory, so a side
+    stream that reads it without waiting for the current stream sees the wrong values.
+    """
+
+    def __init__(self, steps: int, size: int, cycles: int) -> None:
+        self.steps, self.size, self.cycles = steps, size, cycles
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Any:
+        for i in range(self.steps):
+            x = torch.empty(self.size, device="cuda")
+            torch.cuda._sleep(self.cycles)
+            x.fill_(float(i % 97))
+            yield x
+
+
+def _side_stream_errors(wait_works: bool, monkeypatch: pytest.MonkeyPatch) -> int:
+    if not wait_works:
+        monkeypatch.setattr(torch.cuda.Stream, "wait_stream", lambda self, stream: None)
+    size, steps = 1 << 20, 30
+    loader = GpuWrittenBatches(steps, size, sleep_cycles(3.0))
+    sums = [batch.sum() for batch in DevicePrefetcher(loader, "cuda", depth=2, transform=lambda b: b * 2)]  # read on the side stream
+    torch.cuda.synchronize()
+    got = torch.stack(sums).cpu()
+    expected = torch.tensor([2.0 * size * (i % 97) for i in range(steps)])
+    return int((got != expected).sum())
+
+
+def test_the_side_stream_waits_for_batches_written_on_the_consumer_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _side_stream_errors(True, monkeypatch) == 0
+
+
+def test_the_gpu_written_loader_detects_a_missing_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: without the side stream's wait the transform reads unwritten memory. If this fails, the test above proves nothing."""
+    assert _side_stream_errors(False, monkeypatch) > 0
+
+
+# -- recycled batch memory on CUDA (issue 15): registered once, released after the copy event --
+
+
+class Marked(Dataset):
+    """Sample i is a 3x64x64 uint8 image filled with ``i % 200`` (never 255, the poison) and its index."""
+
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((3, 64, 64), index % 200, dtype=torch.uint8), index
+
+
+def _wrong_samples(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    expected = (labels % 200).to(images.dtype).view(-1, 1, 1, 1)
+    return (images != expected).flatten(1).any(dim=1).sum()
+
+
+def test_recycled_buffers_are_registered_as_pinned_memory() -> None:
+    from fastpipe.devices import parse_device
+    from fastpipe.recycle import RecycledLoader
+
+    ring = RecycledLoader(DataLoader(Marked(), batch_size=8, num_workers=2, pin_memory=True), slots=3)
+    iterator = ring.iter_for_device(parse_device("cuda"))
+    for _ in range(16):
+        images, labels = next(iterator)
+        assert images.is_pinned() and labels.is_pinned(), "registered with cudaHostRegister: no pinned copy needed"
+        assert int(_wrong_samples(images, labels)) == 0
+    iterator.close()
+    stats = ring.stats()
+    assert stats["pinning"] == "register" and stats["reused"] > 0
+
+
+def _prefetched_ring_errors(honour_event: bool, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Poisoned slots, a side stream kept busy: a slot released before its copy ran shows as 255 on the GPU."""
+    from fastpipe.recycle import RecycledLoader
+
+    if not honour_event:
+        original = RecycledLoader.release
+        monkeypatch.setattr(RecycledLoader, "release", lambda self, batch, after=None: original(self, batch))
+    ring = RecycledLoader(DataLoader(Marked(), batch_size=8, num_workers=2, pin_memory=True), slots=3, poison=255)
+    cycles = sleep_cycles(3.0)
+
+    def busy(batch: Any) -> Any:
+        torch.cuda._sleep(cycles)  # on the side stream: the next batch's copy queues behind it
+        return batch
+
+    wrong = [_wrong_samples(images, labels) for images, labels in DevicePrefetcher(ring, "cuda", depth=2, transform=busy)]
+    torch.cuda.synchronize()
+    return int(torch.stack(wrong).sum())
+
+
+def test_a_recycled_slot_goes_back_only_after_its_copy_completed(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _prefetched_ring_errors(True, monkeypatch) == 0
+
+
+def test_the_poisoned_ring_detects_a_release_before_the_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: releasing at once instead of after the event lets the poison reach the GPU."""
+    assert _prefetched_ring_errors(False, monkeypatch) > 0
+
+
+def _hand_written_loop_errors(fence_works: bool, monkeypatch: pytest.MonkeyPatch) -> int:
+    """A loop of its own: ``x.cuda(non_blocking=True)`` queued behind a busy stream, then on to the next batch."""
+    from fastpipe.recycle import RecycledLoader
+
+    if not fence_works:
+        monkeypatch.setattr(RecycledLoader, "_fence", lambda self: False)
+    ring = RecycledLoader(DataLoader(Marked(), batch_size=8, num_workers=2, pin_memory=True), slots=3, poison=255)
+    cycles = sleep_cycles(3.0)
+    wrong = []
+    for images, labels in ring:
+        torch.cuda._sleep(cycles)  # the step before; the copy below waits behind it
+        wrong.append(_wrong_samples(images.cuda(non_blocking=True), labels.cuda(non_blocking=True)))
+    torch.cuda.synchronize()
+    return int(torch.stack(wrong).sum())
+
+
+def test_a_hand_written_loop_releases_after_its_queued_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _hand_written_loop_errors(True, monkeypatch) == 0
+
+
+def test_the_hand_written_loop_detects_a_release_without_the_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control for the test above."""
+    assert _hand_written_loop_errors(False, monkeypatch) > 0
+
+
+def test_registration_failure_falls_back_to_pinned_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fastpipe.recycle.hostpin as hostpin
+    from fastpipe.recycle import RecycledLoader
+
+    monkeypatch.setattr(hostpin, "register", lambda buffer: 1)  # cudaErrorInvalidValue, as a locked-memory limit gives
+    ring = RecycledLoader(DataLoader(Marked(), batch_size=8, num_workers=2, pin_memory=True), slots=3, poison=255)
+    with pytest.warns(RuntimeWarning, match="could not register"):
+        batches = [(images, labels) for images, labels in ring]
+    assert all(images.is_pinned() for images, _ in batches)
+    assert sum(int(_wrong_samples(images, labels)) for images, labels in batches) == 0  # copies: kept safely
+    assert ring.stats()["pinning"].startswith("copied")
