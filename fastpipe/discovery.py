@@ -144,7 +144,9 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
         if joint.transform is not None:
             return TransformPipeline(path, "transforms", split_transform(joint.transform), kind="standard",
                                      source=f"{source}.transforms (StandardTransform)")
-    elif joint is not _ABSENT and joint is not None and callable(joint):
+    elif joint is _ABSENT and not _has_property(obj, "transforms"):
+        joint = getattr(type(obj), "transforms", None)  # a joint transform defined on the class is reported, never replaced
+    if not isinstance(joint, StandardTransform) and joint is not _ABSENT and joint is not None and callable(joint):
         return _Miss(obj, route, f"{name} uses joint `transforms(image, target)`, whose stages take two arguments; "
                      "per-stage points need a `transform` of the image alone",
                      f"pass the image part as `transform=` (and the target's as `target_transform=`), or {declaration_hint(name)}")
