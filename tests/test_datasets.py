@@ -265,3 +265,26 @@ def test_stages_are_declared_for_diagnose(corpus: Path, tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\xd8\xff\xe0 truncated")
     with pytest.raises(FastpipeError, match="broken/x.jpg"):
         ImageFolder(tmp_path)[0]
+
+
+def test_a_file_the_batched_decoder_refuses_is_decoded_alone(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As when nvjpeg refuses a CMYK file: the batch is retried file by file, falling back to the CPU decoder."""
+    import torchvision.io
+
+    dataset = EncodedImageFolder(corpus)
+    files = EncodedBatch([dataset[i][0] for i in range(6)])
+    torch.manual_seed(0)
+    expected = DecodeCropOnDevice(24)(files)
+    real = torchvision.io.decode_jpeg
+
+    def refuses_batches(input, *args, **kwargs):
+        if isinstance(input, list):
+            raise RuntimeError("nvjpeg: unsupported colour space")
+        return real(input, *args, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", refuses_batches)
+    torch.manual_seed(0)
+    assert torch.equal(DecodeCropOnDevice(24)(files), expected)
+    broken = EncodedBatch([files[0], torch.tensor([0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3], dtype=torch.uint8)])
+    with pytest.raises(FastpipeError, match="file #1 of the batch"):
+        DecodeCropOnDevice(24)(broken)

@@ -18,6 +18,7 @@ import torch
 import torchvision.transforms as T
 
 from fastpipe.errors import ConfigError, FastpipeError
+from fastpipe.ops import jpeg as jpeg_ops
 
 Size = Union[int, Sequence[int]]
 #: torchvision's RandomResizedCrop defaults.
@@ -95,10 +96,8 @@ class DecodeCrop:
         self.hflip = float(hflip)
 
     def __call__(self, data: torch.Tensor) -> torch.Tensor:
-        from fastpipe.ops.jpeg import decode_jpeg_crop, jpeg_size
-
-        box = crop_params(*jpeg_size(data), self.scale, self.ratio)
-        return decode_jpeg_crop(data, box, self.size, hflip=draw_flip(self.hflip))
+        box = crop_params(*jpeg_ops.jpeg_size(data), self.scale, self.ratio)
+        return jpeg_ops.decode_jpeg_crop(data, box, self.size, hflip=draw_flip(self.hflip))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip})"
@@ -125,7 +124,5 @@ class DecodeCropLoader(DecodeCrop):
     """
 
     def __call__(self, source: "str | os.PathLike[str] | bytes | torch.Tensor") -> torch.Tensor:  # type: ignore[override]
-        from fastpipe.ops.jpeg import read_bytes
-
         with naming_errors(source):
-            return super().__call__(read_bytes(source))  # read once: the header and the decode share it
+            return super().__call__(jpeg_ops.read_bytes(source))  # read once: the header and the decode share it

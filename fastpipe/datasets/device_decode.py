@@ -23,6 +23,7 @@ from torchvision.transforms.v2 import functional as F
 
 from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, Size, as_size, check_range, crop_params, draw_flip
 from fastpipe.errors import ConfigError
+from fastpipe.ops.jpeg import CorruptImageError
 
 _JPEG_MAGIC = (0xFF, 0xD8, 0xFF)
 
@@ -66,21 +67,45 @@ def _is_jpeg(data: torch.Tensor) -> bool:
     return data.numel() >= 3 and tuple(data[:3].tolist()) == _JPEG_MAGIC
 
 
-def decode_rgb(files: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Decode every file to uint8 (3, H, W) RGB on ``device``: JPEGs in one batched call, others one by one on the CPU."""
+def _decode_one(data: torch.Tensor, device: torch.device, index: int) -> torch.Tensor:
+    """One file on ``device``, else on the CPU then copied (nvjpeg lacks CMYK/YCCK, for instance)."""
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
+    if device.type != "cpu" and _is_jpeg(data):
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            pass  # decoded on the CPU below, as DALI does for what nvjpeg cannot
+    try:
+        return decode_image(data, mode=ImageReadMode.RGB).to(device)
+    except RuntimeError as exc:
+        raise CorruptImageError(f"file #{index} of the batch ({data.numel()} bytes) cannot be decoded: {exc}") from exc
+
+
+def decode_rgb(files: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Decode every file to uint8 (3, H, W) RGB on ``device``.
+
+    JPEGs go in one batched ``decode_jpeg`` call (nvjpeg on CUDA); if that call fails (a file
+    the GPU decoder does not support, or a corrupt one), each file is retried alone, falling
+    back to the CPU, so one odd file costs a little time instead of the batch. Other formats
+    (PNG, WebP...) are decoded on the CPU.
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    files = [data.cpu() for data in files]
     images: list[torch.Tensor | None] = [None] * len(files)
     jpegs = [i for i, data in enumerate(files) if _is_jpeg(data)]
     with warnings.catch_warnings():  # torchvision 0.29 deprecates its image codecs in favour of TorchCodec
         warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
         if jpegs:
-            decoded = decode_jpeg([files[i].cpu() for i in jpegs], mode=ImageReadMode.RGB, device=device)
-            for i, image in zip(jpegs, decoded):
-                images[i] = image
+            try:
+                for i, image in zip(jpegs, decode_jpeg([files[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)):
+                    images[i] = image
+            except RuntimeError:
+                pass  # retried one by one below
         for i, data in enumerate(files):
-            if images[i] is None:  # PNG, WebP...: the CPU path, as DALI does for formats nvjpeg lacks
-                images[i] = decode_image(data.cpu(), mode=ImageReadMode.RGB).to(device)
+            if images[i] is None:
+                images[i] = _decode_one(data, device, i)
     return images  # type: ignore[return-value]
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, DecodeCrop, Size, naming_errors
+from fastpipe.ops.jpeg import read_bytes
 from fastpipe.stages import Stages
 
 
@@ -104,8 +104,6 @@ class ImageFolder(_Folder):
 
     def read(self, index: int) -> torch.Tensor:
         """The raw load: sample ``index``'s file, as a 1-D uint8 tensor of its bytes."""
-        from fastpipe.ops.jpeg import read_bytes
-
         return read_bytes(self.samples[index][0])
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
@@ -139,7 +137,7 @@ class EncodedImageFolder(_Folder):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
         path, target = self.samples[index]
-        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+        data = read_bytes(path)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return data, target
