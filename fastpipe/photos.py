@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,7 @@ def build_corpus(
     seed: int = 0,
     classes: int = DEFAULT_CLASSES,
     workers: int | None = None,
+    verbose: bool = False,
 ) -> Path:
     """Build (or reuse) a corpus of ``n`` real-photo JPEGs in ``root/class_<k>/<index>.jpg``; returns ``root``.
 
@@ -220,6 +222,7 @@ def build_corpus(
         classes: number of class folders; file ``i`` goes to class ``i % classes``.
         workers: processes to build with (default: the usable cores, up to 8; 1 for small corpora).
             The files do not depend on it.
+        verbose: say on stderr when a build starts and ends (a first build takes seconds to a minute).
 
     Raises:
         OptionalDependencyError: scikit-image or scikit-learn is missing (``pip install 'fastpipe[photos]'``).
@@ -232,6 +235,8 @@ def build_corpus(
     if _claim(root, config):
         return root
     load_sources()  # a missing optional dependency fails here, before any process starts
+    if verbose:
+        print(f"fastpipe: building the real-photo JPEG corpus ({n} files) in {root}, once; later runs reuse it", file=sys.stderr)
     for k in range(classes):
         (root / class_name(k, classes)).mkdir(exist_ok=True)
     if workers is None:
@@ -242,4 +247,6 @@ def build_corpus(
         _write_files(root, n, seed, classes, range(n))
     (root / MARKER).write_text(json.dumps(config))  # last: its presence means the build is complete
     (root / BUILDING_MARKER).unlink(missing_ok=True)
+    if verbose:
+        print(f"fastpipe: corpus ready in {root}", file=sys.stderr)
     return root

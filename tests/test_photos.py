@@ -102,3 +102,10 @@ def test_missing_photo_packages_say_how_to_install(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "skimage.data", None)
     with pytest.raises(OptionalDependencyError, match=r"pip install 'fastpipe\[photos\]'"):
         build_corpus(tmp_path / "c", n=10)
+
+
+def test_verbose_builds_say_so_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build_corpus(tmp_path / "c", n=10, classes=2, verbose=True)
+    assert "building the real-photo JPEG corpus (10 files)" in capsys.readouterr().err
+    build_corpus(tmp_path / "c", n=10, classes=2, verbose=True)
+    assert capsys.readouterr().err == ""  # reused: nothing to say

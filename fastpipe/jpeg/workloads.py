@@ -59,7 +59,7 @@ def usual_recipe(img_size: int = IMG_SIZE) -> T.Compose:
     return T.Compose([T.RandomResizedCrop(img_size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
-def jpeg_loader(dataset: Dataset, batch_size: int, num_workers: int | None, pin_memory: bool, seed: int, **kwargs: Any) -> DataLoader:
+def training_loader(dataset: Dataset, batch_size: int, num_workers: int | None, pin_memory: bool, seed: int, **kwargs: Any) -> DataLoader:
     """The usual training loader: shuffled (seeded, so runs are repeatable), pinned, workers capped at the cores."""
     workers = default_num_workers() if num_workers is None else num_workers
     if workers < 0 or batch_size < 1:
@@ -70,7 +70,7 @@ def jpeg_loader(dataset: Dataset, batch_size: int, num_workers: int | None, pin_
 
 
 def _corpus(root: "str | os.PathLike[str] | None", n: int, seed: int) -> str:
-    return os.fspath(build_corpus(root, n=n, seed=seed))
+    return os.fspath(build_corpus(root, n=n, seed=seed, verbose=True))
 
 
 def make_jpeg_variant(
@@ -121,7 +121,7 @@ def make_jpeg_variant(
     if device_transform is not None and not device.runs_model:
         notes.append(f"{name}: the device-side {type(device_transform).__name__} is not run on {device.spec}; its time is taken as part of the simulated step")
     return Workload(
-        loader=jpeg_loader(dataset, batch_size, num_workers, pin_memory, seed, **loader_kwargs),
+        loader=training_loader(dataset, batch_size, num_workers, pin_memory, seed, **loader_kwargs),
         device_transform=device_transform,
         prefetch_depth=PREFETCH_DEPTH if variant in ("optimized", "device-decode") else 0,
         name=name,
