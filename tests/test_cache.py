@@ -112,10 +112,11 @@ def test_two_views_count_one_copy_time_per_sample() -> None:
     assert stats.samples == 4 and stats.copied == 4 and stats.seconds_per_sample == pytest.approx(0.01)
 
 
-def test_the_ledger_is_filled_inside_the_workers() -> None:
+@pytest.mark.parametrize("context", ["fork", "spawn"])  # spawn: the ledger reaches the workers by pickling
+def test_the_ledger_is_filled_inside_the_workers(context: str) -> None:
     dataset = PlantedDataset(length=24, transform=T.Compose([Fast(), AddOne()]))
     cached = cache(dataset, "raw", clock=TickClock(0.005))
-    batches = list(DataLoader(cached, batch_size=4, num_workers=2))
+    batches = list(DataLoader(cached, batch_size=4, num_workers=2, multiprocessing_context=context))
     stats = cached.copy_stats()
     assert len(batches) == 6 and stats.samples == 24 and stats.copied == 24
     assert stats.seconds_per_sample == pytest.approx(0.005)
