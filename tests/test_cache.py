@@ -112,7 +112,7 @@ def test_two_views_count_one_copy_time_per_sample() -> None:
     assert stats.samples == 4 and stats.copied == 4 and stats.seconds_per_sample == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])  # spawn: the ledger reaches the workers by pickling
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: by pickling
 def test_the_ledger_is_filled_inside_the_workers(context: str) -> None:
     dataset = PlantedDataset(length=24, transform=T.Compose([Fast(), AddOne()]))
     cached = cache(dataset, "raw", clock=TickClock(0.005))
