@@ -284,8 +284,11 @@ class CachePointDataset(Dataset):
         self._calls = 0
         self._staged: Any = None
         # one row per process (0: the main process, 1 + worker id), columns: samples, copied samples, seconds;
-        # in shared memory, so the workers' rows are read in the main process
-        self._copy_ledger = torch.zeros((MAX_WORKERS + 1, 3), dtype=torch.float64).share_memory_()
+        # in shared memory, so the workers' rows are read in the main process (only points that copy need one)
+        rows = MAX_WORKERS + 1 if self.cut is not None else 1
+        self._copy_ledger = torch.zeros((rows, 3), dtype=torch.float64)
+        if self.cut is not None:
+            self._copy_ledger.share_memory_()
         self._ledger_rows: np.ndarray | None = None  # a NumPy view of the ledger, made in each process
 
     def _cut_index(self, point: str) -> int | None:
