@@ -9,9 +9,11 @@
 //
 // Resizing: PIL's BILINEAR ("triangle filter, support scaled by the shrink factor") with PIL's
 // own coefficient rules (precompute_coeffs in Pillow's Resample.c), separable, in fixed point:
-// a vertical pass over whole rows (vectorisable: the same weight across a contiguous row) into
-// a 16-bit intermediate with 6 fractional bits, then a horizontal pass that writes the planar
-// CHW output, flipped when asked. PIL rounds to uint8 between its passes and runs them in the
+// a vertical pass over whole RGBX rows (vectorised by the compiler: one weight across a
+// contiguous row) into a 16-bit intermediate with 6 fractional bits, then a horizontal pass
+// (SSE2 _mm_madd_epi16, two taps and four channels per instruction, four output pixels at a
+// time) whose RGBX result is split into the planar CHW output; the flip is fused by listing
+// the output pixels' taps in reverse. PIL rounds to uint8 between its passes and runs them in the
 // other order, so results differ from PIL by rounding (see fastpipe/ops/jpeg.py for the tolerance).
 //
 // Errors: libjpeg's error_exit longjmps back here and becomes a c10::Error with libjpeg's
@@ -246,46 +248,81 @@ FASTPIPE_INLINE void horizontal_dispatch(const int16_t* row, const int* first, c
 
 #if defined(__SSE2__)
 // RGBX rows with SSE2 (x86-64's baseline): two taps at a time, each channel's pair of samples
-// interleaved with the pair of weights, so one _mm_madd_epi16 does 8 multiply-adds.
-void horizontal_row4_sse2(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip,
-                          uint8_t* const* planes) {
+// interleaved with the pair of weights, so one _mm_madd_epi16 does 8 multiply-adds. `pairs`
+// holds, per output pixel, NP int32 words (w[2j] | w[2j+1] << 16), the odd tail paired with 0.
+template <int NP>
+FASTPIPE_INLINE __m128i rgbx_pixel(const int16_t* row, int first, const int32_t* w, int n_pairs, __m128i half) {
+  const int16_t* src = row + static_cast<size_t>(first) * 4;
+  __m128i acc = half;
+  for (int j = 0; j < (NP > 0 ? NP : n_pairs); ++j) {
+    const __m128i two = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * 8));  // pixels 2j, 2j+1
+    const __m128i interleaved = _mm_unpacklo_epi16(two, _mm_srli_si128(two, 8));      // per channel: (2j, 2j+1)
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(interleaved, _mm_set1_epi32(w[j])));
+  }
+  return _mm_srai_epi32(acc, kFinalShift);
+}
+
+// Four output pixels per step (independent chains), packed with saturation to 16 RGBX bytes in
+// `rgbx`, then split into the three planes by a plain loop the compiler vectorises.
+template <int NP>
+FASTPIPE_INLINE void horizontal_rgbx_sse2(const int16_t* row, const int* first, const int32_t* pairs, int np, int out_w, uint8_t* rgbx,
+                                          uint8_t* const* planes) {
   const __m128i half = _mm_set1_epi32(1 << (kFinalShift - 1));
-  const __m128i zero = _mm_setzero_si128();
-  for (int xo = 0; xo < out_w; ++xo) {
-    const int16_t* src = row + static_cast<size_t>(first[xo]) * 4;
-    const int16_t* w = weights + static_cast<size_t>(xo) * ksize;
-    __m128i acc = half;
-    int k = 0;
-    for (; k + 1 < ksize; k += 2) {
-      const __m128i two = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k * 4));  // pixels k, k+1
-      const __m128i pairs = _mm_unpacklo_epi16(two, _mm_srli_si128(two, 8));              // (k c, k+1 c) per channel
-      const __m128i ww = _mm_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(w[k]) | (static_cast<uint32_t>(static_cast<uint16_t>(w[k + 1])) << 16)));
-      acc = _mm_add_epi32(acc, _mm_madd_epi16(pairs, ww));
-    }
-    if (k < ksize) {
-      const __m128i one = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + k * 4));
-      const __m128i pairs = _mm_unpacklo_epi16(one, zero);
-      const __m128i ww = _mm_set1_epi32(static_cast<int32_t>(static_cast<uint16_t>(w[k])));
-      acc = _mm_add_epi32(acc, _mm_madd_epi16(pairs, ww));
-    }
-    acc = _mm_srai_epi32(acc, kFinalShift);
-    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(acc, acc), zero);  // saturates to 0..255
+  const int n_pairs = NP > 0 ? NP : np;
+  int xo = 0;
+  for (; xo + 4 <= out_w; xo += 4) {
+    const int32_t* w = pairs + static_cast<size_t>(xo) * n_pairs;
+    const __m128i a = rgbx_pixel<NP>(row, first[xo], w, n_pairs, half);
+    const __m128i b = rgbx_pixel<NP>(row, first[xo + 1], w + n_pairs, n_pairs, half);
+    const __m128i c = rgbx_pixel<NP>(row, first[xo + 2], w + 2 * n_pairs, n_pairs, half);
+    const __m128i d = rgbx_pixel<NP>(row, first[xo + 3], w + 3 * n_pairs, n_pairs, half);
+    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(rgbx + static_cast<size_t>(xo) * 4), packed);
+  }
+  for (; xo < out_w; ++xo) {
+    const __m128i a = rgbx_pixel<NP>(row, first[xo], pairs + static_cast<size_t>(xo) * n_pairs, n_pairs, half);
+    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(a, a), a);
     const uint32_t px = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
-    const int xd = hflip ? out_w - 1 - xo : xo;
-    planes[0][xd] = static_cast<uint8_t>(px);
-    planes[1][xd] = static_cast<uint8_t>(px >> 8);
-    planes[2][xd] = static_cast<uint8_t>(px >> 16);
+    std::memcpy(rgbx + static_cast<size_t>(xo) * 4, &px, 4);
+  }
+  uint8_t* const p0 = planes[0];
+  uint8_t* const p1 = planes[1];
+  uint8_t* const p2 = planes[2];
+  const __m128i low = _mm_set1_epi32(0xFF);
+  int x = 0;
+  for (; x + 16 <= out_w; x += 16) {  // 16 RGBX pixels into 16 bytes of each plane
+    __m128i v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rgbx + static_cast<size_t>(x + 4 * i) * 4));
+    uint8_t* const dst[3] = {p0 + x, p1 + x, p2 + x};
+    for (int c = 0; c < 3; ++c) {
+      __m128i ch[4];
+      for (int i = 0; i < 4; ++i) ch[i] = _mm_and_si128(_mm_srli_epi32(v[i], 8 * c), low);
+      const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(ch[0], ch[1]), _mm_packs_epi32(ch[2], ch[3]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[c]), bytes);
+    }
+  }
+  for (; x < out_w; ++x) {
+    p0[x] = rgbx[4 * x];
+    p1[x] = rgbx[4 * x + 1];
+    p2[x] = rgbx[4 * x + 2];
   }
 }
-#endif
 
+// The flip is already in `first` and `pairs` (listed from the last output pixel to the first).
+void horizontal_row4_sse2(const int16_t* row, const int* first, const int32_t* pairs, int np, int out_w, uint8_t* rgbx, uint8_t* const* planes) {
+  switch (np) {  // ksize = 2 * ceil(shrink factor) + 1 taps: 2 pairs when enlarging, 3 up to 2x shrink
+    case 2: return horizontal_rgbx_sse2<2>(row, first, pairs, np, out_w, rgbx, planes);
+    case 3: return horizontal_rgbx_sse2<3>(row, first, pairs, np, out_w, rgbx, planes);
+    case 4: return horizontal_rgbx_sse2<4>(row, first, pairs, np, out_w, rgbx, planes);
+    default: return horizontal_rgbx_sse2<0>(row, first, pairs, np, out_w, rgbx, planes);
+  }
+}
+#else
+FASTPIPE_CLONES
 void horizontal_row4(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip, uint8_t* const* planes) {
-#if defined(__SSE2__)
-  horizontal_row4_sse2(row, first, weights, ksize, out_w, hflip, planes);
-  return;
-#endif
   horizontal_dispatch<4>(row, first, weights, ksize, out_w, hflip, planes);
 }
+#endif
 
 FASTPIPE_CLONES
 void horizontal_row1(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip, uint8_t* const* planes) {
@@ -308,6 +345,19 @@ void cmyk_to_rgbx(const uint8_t* in, uint8_t* out, int n) {
     }
   }
 }
+
+// Buffers reused across calls on the same thread: a fresh half-megabyte buffer per image would
+// cost page faults, and the decoded pixels need no zeroing.
+struct Scratch {
+  std::vector<uint8_t> pixels, cmyk_row, rgbx;
+  std::vector<int16_t> mid;
+  std::vector<int32_t> acc, pairs;
+  template <typename T>
+  static T* at_least(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 
@@ -337,13 +387,14 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
               ", width=", width, ") is not inside the ", image_h, "x", image_w, " image");
 
   // The coarsest DCT scale at which the box still covers the output.
-  int denom = 1;
-  for (int d8 : {8, 4, 2}) {
-    if (width >= out_w * d8 && height >= out_h * d8) {
-      denom = d8;
+  int num = 8;  // the DCT scale is num / 8: the coarsest of 1/8, 1/4, 1/2 at which the box still covers the output
+  for (int m : {1, 2, 4}) {
+    if (width * m >= out_w * 8 && height * m >= out_h * 8) {
+      num = m;
       break;
     }
   }
+  const double denom = 8.0 / num;
   int channels = 4;  // RGBX: four lanes vectorise in the horizontal pass
   const bool cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
   if (cinfo->jpeg_color_space == JCS_GRAYSCALE) {
@@ -354,8 +405,8 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   } else {
     cinfo->out_color_space = JCS_EXT_RGBX;
   }
-  cinfo->scale_num = 1;
-  cinfo->scale_denom = static_cast<unsigned int>(denom);
+  cinfo->scale_num = static_cast<unsigned int>(num);
+  cinfo->scale_denom = 8;
   cinfo->dct_method = JDCT_ISLOW;  // what PIL and torchvision use
 
   if (!guarded(d.err, [&] { jpeg_start_decompress(cinfo); })) fail(d.err);
@@ -382,10 +433,9 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
 
   // Decode the box's rows; CMYK rows go through a scratch row and PIL's conversion.
   const size_t stride = static_cast<size_t>(decoded_w) * channels;
-  std::vector<uint8_t> pixels(stride * rows);
-  std::vector<uint8_t> scratch(cmyk ? static_cast<size_t>(decoded_w) * 4 : 0);
-  uint8_t* pixels_ptr = pixels.data();
-  uint8_t* scratch_ptr = scratch.data();
+  thread_local Scratch buffers;
+  uint8_t* pixels_ptr = Scratch::at_least(buffers.pixels, stride * rows);
+  uint8_t* scratch_ptr = cmyk ? Scratch::at_least(buffers.cmyk_row, static_cast<size_t>(decoded_w) * 4) : nullptr;
   int rows_read = 0;
   if (!guarded(d.err, [&] {
         for (; rows_read < rows; ++rows_read) {
@@ -404,30 +454,51 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   const int col0 = horiz.lo - static_cast<int>(xoffset);
   const int n = (horiz.hi - horiz.lo) * channels;
   const int padded = n + horiz.ksize * channels;
-  std::vector<int16_t> mid(static_cast<size_t>(out_h) * padded, 0);
-  std::vector<int32_t> acc(n);
+  int16_t* mid = Scratch::at_least(buffers.mid, static_cast<size_t>(out_h) * padded);
+  int32_t* acc = Scratch::at_least(buffers.acc, static_cast<size_t>(n));
   std::vector<const uint8_t*> taps(vert.ksize);
   for (int y = 0; y < out_h; ++y) {
     const int count = vert.count[y];
     for (int k = 0; k < count; ++k) {
-      taps[k] = pixels.data() + stride * (vert.first[y] - vert.lo + k) + static_cast<size_t>(col0) * channels;
+      taps[k] = pixels_ptr + stride * (vert.first[y] - vert.lo + k) + static_cast<size_t>(col0) * channels;
     }
-    vertical_row(taps.data(), &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc.data(), mid.data() + static_cast<size_t>(y) * padded);
+    int16_t* row = mid + static_cast<size_t>(y) * padded;
+    vertical_row(taps.data(), &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc, row);
+    std::memset(row + n, 0, sizeof(int16_t) * (padded - n));
   }
 
   // Horizontal pass into the planes, flipped if asked.
   std::vector<int16_t> hweights(horiz.weights.begin(), horiz.weights.end());  // <= 1 << 14: fits
   std::vector<int> hfirst(out_w);
   for (int x = 0; x < out_w; ++x) hfirst[x] = horiz.first[x] - horiz.lo;
+  // The same weights as int32 pairs (w[2j] | w[2j+1] << 16) for the SSE2 kernel's _mm_madd_epi16.
+  const int n_pairs = (horiz.ksize + 1) / 2;
+  int32_t* pairs = Scratch::at_least(buffers.pairs, static_cast<size_t>(out_w) * n_pairs);
+  std::vector<int> pair_first(out_w);
+  for (int xd = 0; xd < out_w; ++xd) {
+    const int x = hflip ? static_cast<int>(out_w) - 1 - xd : xd;  // the flip, fused: output xd reads source pixel x's taps
+    pair_first[xd] = hfirst[x];
+    for (int j = 0; j < n_pairs; ++j) {
+      const int k = 2 * j;
+      const uint32_t lo = static_cast<uint16_t>(hweights[static_cast<size_t>(x) * horiz.ksize + k]);
+      const uint32_t hi = k + 1 < horiz.ksize ? static_cast<uint16_t>(hweights[static_cast<size_t>(x) * horiz.ksize + k + 1]) : 0u;
+      pairs[static_cast<size_t>(xd) * n_pairs + j] = static_cast<int32_t>(lo | (hi << 16));
+    }
+  }
+  uint8_t* rgbx = Scratch::at_least(buffers.rgbx, static_cast<size_t>(out_w) * 4 + 16);
   at::Tensor out = at::empty({3, out_h, out_w}, at::kByte);
   uint8_t* base = out.data_ptr<uint8_t>();
   const size_t plane = static_cast<size_t>(out_h) * out_w;
   for (int y = 0; y < out_h; ++y) {
-    const int16_t* row = mid.data() + static_cast<size_t>(y) * padded;
+    const int16_t* row = mid + static_cast<size_t>(y) * padded;
     uint8_t* planes[3] = {base + static_cast<size_t>(y) * out_w, base + plane + static_cast<size_t>(y) * out_w,
                           base + 2 * plane + static_cast<size_t>(y) * out_w};
     if (channels == 4) {
+#if defined(__SSE2__)
+      horizontal_row4_sse2(row, pair_first.data(), pairs, n_pairs, static_cast<int>(out_w), rgbx, planes);
+#else
       horizontal_row4(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
+#endif
     } else {
       horizontal_row1(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
     }

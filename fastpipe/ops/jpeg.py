@@ -88,7 +88,7 @@ def read_bytes(source: Source) -> torch.Tensor:
 
 def is_jpeg(data: torch.Tensor) -> bool:
     """True when the bytes start with JPEG's SOI marker followed by another marker."""
-    return data.numel() >= 3 and bytes(data[:3].tolist()) == _JPEG_MAGIC
+    return data.numel() >= 3 and data.numpy().data[:3] == _JPEG_MAGIC
 
 
 def which_decoder(source: Source) -> str:
@@ -100,7 +100,7 @@ def _name(source: Source) -> str:
     return os.fspath(source) if isinstance(source, (str, os.PathLike)) else f"<{type(source).__name__} holding image data>"
 
 
-def _jpeg_header_size(buf: bytes) -> tuple[int, int] | None:
+def _jpeg_header_size(buf: "bytes | memoryview") -> tuple[int, int] | None:
     """(height, width) from the first start-of-frame marker, or None if there is none in ``buf``."""
     pos = 2
     while pos + 4 <= len(buf):
@@ -132,7 +132,7 @@ def jpeg_size(source: Source) -> tuple[int, int]:
     """
     data = read_bytes(source)
     if is_jpeg(data):
-        size = _jpeg_header_size(data.numpy().tobytes() if data.numel() < 65536 else data[:65536].numpy().tobytes())
+        size = _jpeg_header_size(data.numpy().data)  # a memoryview: no copy
         if size is not None and size[0] > 0 and size[1] > 0:
             return size
     from PIL import Image

@@ -1,0 +1,442 @@
+"""What a 224x224 training sample costs from a JPEG file: fastpipe's decode-and-crop op against the usual recipes and peers.
+
+Every candidate turns a file path into one RandomResizedCrop(224) + horizontal-flip sample,
+the way a Dataset's ``__getitem__`` does (read the file, decode, crop, resize, flip):
+
+* ``pil-recipe``: PIL open + RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize (float out);
+* ``pil-recipe-uint8``: the same with PILToTensor (uint8 out, no Normalize);
+* ``torchvision-v2``: torchvision.io.decode_jpeg + v2.RandomResizedCrop(224) + v2.RandomHorizontalFlip, uint8;
+* ``fastpipe``: ``fastpipe.ops.jpeg``: header size, torchvision's ``RandomResizedCrop.get_params``, the crop-decode op;
+* ``pil-decode``, ``torchvision-decode``: a full decode alone, for scale;
+* peers, each optional (a row says "not installed" or why it cannot run): ``simplejpeg`` (decode +
+  v2 crop), NVIDIA DALI's CPU pipeline (``Pipeline(device_id=None)``, ``fn.decoders.image_random_crop``,
+  ``fn.resize``, ``fn.flip``; wall time per image with ``--threads`` threads) and SPDL (FFmpeg crop + scale).
+
+One thread (``torch.set_num_threads(1)``), as one DataLoader worker has. Candidates run in a
+shuffled order every round, each over the whole file list, and the rounds repeat, so the shared
+machine's load falls on all of them alike; the table gives the median over rounds of each
+round's mean cost per image, the spread (min-max over rounds), and each candidate's ratio to
+fastpipe measured in the same run. Single-thread rows are thread CPU time; DALI works in its
+own threads, so its row and fastpipe's comparison row are wall time. A second table runs the
+main recipes through a DataLoader with ``--workers`` worker processes and gives images/s.
+
+Writes ``bench_jpeg.json``, ``bench_jpeg.md`` and ``bench_jpeg.png`` under ``--out``.
+
+Usage:
+    python benchmarks/bench_jpeg.py [--root FOLDER] [--n 300] [--rounds 5] [--workers 2] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import fastpipe.ops.jpeg as fjpeg
+
+SIZE = 224
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Row:
+    name: str
+    what: str
+    clock: str  # "thread CPU" or "wall"
+    per_round_ms: list[float] = field(default_factory=list)  # mean ms per image, one per round
+    status: str = "ok"  # or why it did not run
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.per_round_ms) if self.per_round_ms else float("nan")
+
+
+# ------------------------------------------------------------------------------------------
+# Corpus
+
+
+def corpus_files(root: str | None, n: int) -> tuple[list[Path], str]:
+    """JPEG paths (sorted, at most n) and where they came from."""
+    if root is not None:
+        files = sorted(p for p in Path(root).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+        if not files:
+            sys.exit(f"bench_jpeg: no .jpg/.jpeg files under {root}")
+        return files[:n], f"{root} ({len(files[:n])} files)"
+    try:
+        from fastpipe.photos import build_corpus
+
+        built = build_corpus(n=n, seed=0)
+        return sorted(built.rglob("*.jpg"))[:n], f"fastpipe.photos.build_corpus(n={n}, seed=0) at {built}"
+    except ImportError as exc:  # scikit-image / scikit-learn missing: a synthetic stand-in, said so
+        return _synthetic_corpus(n), f"synthetic gradients + noise ({exc}); install fastpipe[photos] for real photos"
+
+
+def _synthetic_corpus(n: int) -> list[Path]:
+    from PIL import Image
+
+    folder = Path.home() / ".cache" / "fastpipe" / f"bench-jpeg-synthetic-{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(n):
+        path = folder / f"{i:05d}.jpg"
+        files.append(path)
+        if path.exists():
+            continue
+        w, h = (500, 375) if i % 3 else (375, 500)
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([x * (0.3 + i % 5 / 10), y * 0.5, 128 + 80 * np.sin(x / (9 + i % 7)) * np.cos(y / 13.0)], axis=-1)
+        pixels = np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(path, quality=int(75 + i % 21), progressive=i % 7 == 0)
+    return files
+
+
+# ------------------------------------------------------------------------------------------
+# Candidates: each is a function path -> sample.
+
+
+def main_candidates() -> dict[str, tuple[str, Callable[[Path], Any]]]:
+    import torchvision.io as tio
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from PIL import Image
+
+    pil_float = T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    pil_uint8 = T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.PILToTensor()])
+    tv_v2 = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
+    scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
+
+    def pil_open(path: Path) -> Any:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+
+    def fastpipe_sample(path: Path) -> torch.Tensor:
+        data = fjpeg.read_bytes(path)
+        height, width = fjpeg.jpeg_size(data)
+        box = T.RandomResizedCrop.get_params(torch.empty(1, 1, 1).expand(1, height, width), scale, ratio)
+        return fjpeg.decode_jpeg_crop(data, box, (SIZE, SIZE), hflip=bool(torch.rand(1) < 0.5))
+
+    def tv_decode(path: Path) -> torch.Tensor:
+        return tio.decode_jpeg(tio.read_file(str(path)), mode=tio.ImageReadMode.RGB)
+
+    return {
+        "pil-recipe": ("PIL open + RandomResizedCrop(224) + flip + ToTensor + Normalize (float)", lambda p: pil_float(pil_open(p))),
+        "pil-recipe-uint8": ("the same, PILToTensor (uint8, no Normalize)", lambda p: pil_uint8(pil_open(p))),
+        "torchvision-v2": ("torchvision.io.decode_jpeg + v2 RandomResizedCrop + flip (uint8)", lambda p: tv_v2(tv_decode(p))),
+        "fastpipe": (f"fastpipe.ops.jpeg.decode_jpeg_crop, box from get_params ({fjpeg.jpeg_op_status()})", fastpipe_sample),
+        "pil-decode": ("PIL decode alone, full image", pil_open),
+        "torchvision-decode": ("torchvision.io.decode_jpeg alone, full image", tv_decode),
+    }
+
+
+def simplejpeg_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
+    what = "simplejpeg.decode_jpeg (full) + v2 RandomResizedCrop + flip (uint8)"
+    try:
+        import simplejpeg
+    except ImportError:
+        return what, None, "not installed (pip install simplejpeg)"
+    import torchvision.transforms.v2 as v2
+
+    crop = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
+
+    def sample(path: Path) -> torch.Tensor:
+        pixels = simplejpeg.decode_jpeg(path.read_bytes(), colorspace="RGB")
+        return crop(torch.from_numpy(pixels).permute(2, 0, 1))
+
+    return what, sample, "ok"
+
+
+def spdl_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
+    what = "SPDL spdl.io.load_image with an FFmpeg crop + scale filter"
+    try:
+        import spdl.io
+    except ImportError:
+        return what, None, "not installed (pip install spdl)"
+    except Exception as exc:  # e.g. the FFmpeg libraries it loads are missing
+        return what, None, f"cannot import: {type(exc).__name__}: {exc}"
+    import torchvision.transforms as T
+    from PIL import Image
+
+    def sample(path: Path) -> Any:
+        with Image.open(path) as im:
+            width, height = im.size
+        top, left, h, w = T.RandomResizedCrop.get_params(torch.empty(1, 1, 1).expand(1, height, width), (0.08, 1.0), (3 / 4, 4 / 3))
+        flip = ",hflip" if random.random() < 0.5 else ""
+        desc = f"crop={w}:{h}:{left}:{top},scale={SIZE}:{SIZE}{flip},format=rgb24"
+        return spdl.io.load_image(str(path), filter_desc=desc)
+
+    return what, sample, "ok"
+
+
+def dali_epoch(files: list[Path], threads: int, batch: int) -> tuple[Callable[[], float] | None, str]:
+    """A function that runs one epoch of DALI's CPU pipeline and returns its wall seconds, or the reason it cannot."""
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+    except ImportError:
+        return None, "not installed (pip install nvidia-dali-cuda120 --extra-index-url https://pypi.nvidia.com)"
+    except Exception as exc:
+        return None, f"cannot import: {type(exc).__name__}: {exc}"
+
+    names = [str(p) for p in files]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1)
+    def pipe() -> Any:
+        jpegs, _ = fn.readers.file(files=names, random_shuffle=False, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
+        return fn.flip(images, horizontal=fn.random.coin_flip())
+
+    try:
+        p = pipe()
+        p.build()
+        iterations = -(-len(names) // batch)
+
+        def epoch() -> float:
+            start = time.perf_counter()
+            for _ in range(iterations):
+                p.run()
+            return time.perf_counter() - start
+
+        epoch()  # warm-up
+        return epoch, "ok"
+    except Exception as exc:
+        return None, f"cannot run: {type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+
+
+def time_rounds(rows: dict[str, Row], fns: dict[str, Callable[[], float]], rounds: int, n_images: int) -> None:
+    """Each round runs every candidate once in a fresh random order; fns return seconds for the whole list."""
+    order = list(fns)
+    shuffler = random.Random(0)
+    for r in range(rounds):
+        shuffler.shuffle(order)
+        for name in order:
+            rows[name].per_round_ms.append(fns[name]() * 1e3 / n_images)
+        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{k} {rows[k].per_round_ms[-1]:.2f}" for k in sorted(fns)), flush=True)
+
+
+def over_files(fn: Callable[[Path], Any], files: list[Path], clock: Callable[[], float]) -> Callable[[], float]:
+    def run() -> float:
+        start = clock()
+        for path in files:
+            fn(path)
+        return clock() - start
+
+    return run
+
+
+class _Samples(torch.utils.data.Dataset):
+    def __init__(self, files: list[Path], fn: Callable[[Path], Any]) -> None:
+        self.files, self.fn = files, fn
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.fn(self.files[index])
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)
+
+
+def loader_epoch(files: list[Path], fn: Callable[[Path], Any], workers: int, batch: int) -> Callable[[], float]:
+    loader = torch.utils.data.DataLoader(
+        _Samples(files, fn), batch_size=batch, num_workers=workers, persistent_workers=workers > 0, worker_init_fn=_worker_init
+    )
+
+    def epoch() -> float:
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        return time.perf_counter() - start
+
+    epoch()  # starts the workers and warms their caches
+    return epoch
+
+
+def header_costs(files: list[Path], repeats: int = 3) -> dict[str, float]:
+    """Microseconds per file to read (height, width) from bytes in memory: fastpipe's marker walk vs PIL's lazy open."""
+    from PIL import Image
+
+    datas = [fjpeg.read_bytes(p) for p in files]
+    raw = [p.read_bytes() for p in files]
+
+    def walk() -> None:
+        for d in datas:
+            fjpeg.jpeg_size(d)
+
+    def pil() -> None:
+        for b in raw:
+            with Image.open(io.BytesIO(b)) as im:
+                im.size  # noqa: B018
+
+    best = {"jpeg_size (marker walk)": float("inf"), "PIL lazy Image.open": float("inf")}
+    for _ in range(repeats):
+        for name, fn in (("jpeg_size (marker walk)", walk), ("PIL lazy Image.open", pil)):
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], (time.perf_counter() - start) * 1e6 / len(files))
+    return best
+
+
+# ------------------------------------------------------------------------------------------
+# Output
+
+
+def table(rows: list[Row], reference: str, unit: str = "ms / image") -> list[str]:
+    ref = next((r.median_ms for r in rows if r.name == reference), float("nan"))
+    lines = [f"| candidate | what | clock | {unit} (median) | spread over rounds | x fastpipe's cost |", "|---|---|---|---:|---|---:|"]
+    for r in rows:
+        if r.status != "ok":
+            lines.append(f"| {r.name} | {r.what} | | {r.status} | | |")
+            continue
+        spread = f"{min(r.per_round_ms):.3f}-{max(r.per_round_ms):.3f}"
+        lines.append(f"| {r.name} | {r.what} | {r.clock} | {r.median_ms:.3f} | {spread} | {r.median_ms / ref:.2f} |")
+    return lines
+
+
+def loader_table(rows: list[Row]) -> list[str]:
+    ref = next(r.median_ms for r in rows if r.name.startswith("fastpipe"))
+    lines = ["| candidate | images/s (median) | spread (images/s) | fastpipe's images/s / this |", "|---|---:|---|---:|"]
+    for r in rows:
+        rates = [1e3 / ms for ms in r.per_round_ms]
+        lines.append(f"| {r.name} | {statistics.median(rates):.0f} | {min(rates):.0f}-{max(rates):.0f} | {r.median_ms / ref:.2f} |")
+    return lines
+
+
+def plot(rows: list[Row], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no plot (pip install matplotlib)"
+    ok = [r for r in rows if r.status == "ok"]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(ok) + 1.2))
+    names = [f"{r.name} ({r.clock})" for r in ok]
+    medians = [r.median_ms for r in ok]
+    errors = [[m - min(r.per_round_ms) for m, r in zip(medians, ok)], [max(r.per_round_ms) - m for m, r in zip(medians, ok)]]
+    colours = ["tab:green" if r.name.startswith("fastpipe") else "tab:gray" for r in ok]
+    ax.barh(names, medians, xerr=errors, color=colours)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per 224x224 sample, one thread (median over rounds; bars: min-max)")
+    ax.set_title("JPEG file to training sample")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", help="a folder of JPEGs (default: fastpipe.photos' corpus, built and cached on first use)")
+    parser.add_argument("--n", type=int, default=300, help="files to use")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (each runs every candidate over every file)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the loader table (0: skip it)")
+    parser.add_argument("--batch", type=int, default=32, help="DataLoader / DALI batch size")
+    parser.add_argument("--threads", type=int, default=1, help="DALI's num_threads (fastpipe's comparison row is one thread)")
+    parser.add_argument("--out", default=str(RESULTS), help="folder for bench_jpeg.{json,md,png}")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    random.seed(0)
+    files, origin = corpus_files(args.root, args.n)
+    print(f"bench_jpeg: {len(files)} files from {origin}; {fjpeg.jpeg_op_status()}")
+
+    rows: dict[str, Row] = {}
+    fns: dict[str, Callable[[], float]] = {}
+    for name, (what, fn) in main_candidates().items():
+        rows[name] = Row(name, what, "thread CPU")
+        fns[name] = over_files(fn, files, time.thread_time)
+    for name, (what, fn, status) in (("simplejpeg", simplejpeg_candidate()), ("spdl", spdl_candidate())):
+        rows[name] = Row(name, what, "thread CPU", status=status)
+        if fn is not None:
+            try:
+                fn(files[0])
+                fns[name] = over_files(fn, files, time.thread_time)
+            except Exception as exc:  # a peer that imports but cannot decode here
+                rows[name].status = f"cannot run: {type(exc).__name__}: {exc}"
+    dali, status = dali_epoch(files, args.threads, args.batch)
+    rows["dali-cpu"] = Row("dali-cpu", f"NVIDIA DALI CPU pipeline, {args.threads} thread(s), batch {args.batch}", "wall", status=status)
+    if dali is not None:
+        fns["dali-cpu"] = dali
+    rows["fastpipe-wall"] = Row("fastpipe-wall", "fastpipe, one thread, wall time (DALI's comparison)", "wall")
+    fns["fastpipe-wall"] = over_files(main_candidates()["fastpipe"][1], files, time.perf_counter)
+
+    for fn in fns.values():  # warm-up: page cache, lazy imports, allocators
+        fn()
+    print(f"single thread, {args.rounds} rounds over {len(files)} files (ms per image):")
+    time_rounds(rows, fns, args.rounds, len(files))
+
+    loader_rows: list[Row] = []
+    if args.workers > 0:
+        cands = main_candidates()
+        loader_fns = {}
+        for name in ("pil-recipe", "torchvision-v2", "fastpipe"):
+            loader_rows.append(Row(f"{name} ({args.workers} workers)", cands[name][0], "wall"))
+            loader_fns[loader_rows[-1].name] = loader_epoch(files, cands[name][1], args.workers, args.batch)
+        print(f"DataLoader, {args.workers} workers, batch {args.batch} (ms per image, wall):")
+        time_rounds({r.name: r for r in loader_rows}, loader_fns, args.rounds, len(files))
+
+    headers = header_costs(files)
+    ordered = list(rows.values())
+    single = table(ordered, "fastpipe")
+    lines = [
+        "# bench_jpeg: JPEG file to a 224x224 RandomResizedCrop + flip sample",
+        "",
+        f"Corpus: {origin}. Machine: {platform.machine()}, {torch.get_num_threads()} torch thread, "
+        f"python {platform.python_version()}, torch {torch.__version__}; {fjpeg.jpeg_op_status()}.",
+        f"{args.rounds} rounds, candidates in a shuffled order each round; median of the rounds' mean cost per image.",
+        "",
+        *single,
+        "",
+    ]
+    ratio = {r.name: r.median_ms / rows["fastpipe"].median_ms for r in ordered if r.status == "ok" and r.clock == "thread CPU"}
+    if rows["dali-cpu"].status == "ok":
+        ratio["dali-cpu (wall, vs fastpipe-wall)"] = rows["dali-cpu"].median_ms / rows["fastpipe-wall"].median_ms
+    lines += ["Cost ratios to fastpipe, this run: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if k != "fastpipe"), ""]
+    if loader_rows:
+        lines += [f"DataLoader, {args.workers} worker processes, batch {args.batch}, wall time:", "", *loader_table(loader_rows), ""]
+    lines += ["Header read, bytes in memory, best of 3 (us per file): " + ", ".join(f"{k} {v:.1f}" for k, v in headers.items()), ""]
+    text = "\n".join(lines)
+    print()
+    print(text)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_jpeg.md").write_text(text + "\n")
+    payload = {
+        "corpus": origin,
+        "files": len(files),
+        "rounds": args.rounds,
+        "op": fjpeg.jpeg_op_status(),
+        "single_thread": [asdict(r) | {"median_ms": r.median_ms} for r in ordered],
+        "ratios_to_fastpipe": ratio,
+        "loader": [asdict(r) | {"median_ms": r.median_ms} for r in loader_rows],
+        "header_us": headers,
+    }
+    (out / "bench_jpeg.json").write_text(json.dumps(payload, indent=2) + "\n")
+    note = plot(ordered, out / "bench_jpeg.png")
+    print(note or f"wrote {out / 'bench_jpeg.md'}, .json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
