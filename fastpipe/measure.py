@@ -214,6 +214,54 @@ def measure_steps(
     return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util, round_size=round_size)
 
 
+def measure_until(
+    next_batch: Callable[[], Any],
+    run_step: Callable[[Any], Any],
+    *,
+    warmup: int,
+    min_steps: int,
+    budget_s: float,
+    target: float,
+    device: Device,
+    round_size: int = 1,
+    on_step: Callable[[int], None] | None = None,
+) -> Measurement:
+    """Like :func:`measure_steps`, but keep going, a whole round of workers at a time, until the mean
+    step time's relative standard error is under ``target`` or ``budget_s`` of measuring is spent.
+
+    At least ``min_steps`` are measured whatever the budget. The stopping rule reads host-side
+    intervals (on an asynchronous device they match the device's in steady state); the figures
+    returned are read on the device's timeline, as :func:`measure_steps` does.
+    """
+    if min_steps < 1 or warmup < 0:
+        raise ValueError(f"need min_steps >= 1 and warmup >= 0, got min_steps={min_steps}, warmup={warmup}")
+    size = max(1, round_size)
+    for i in range(warmup):
+        run_step(next_batch())
+        if on_step is not None:
+            on_step(i)
+    marks = [device.timeline_mark()]
+    host_times: list[float] = []
+    with CpuMonitor() as monitor:
+        started = last = time.perf_counter()
+        while True:
+            run_step(next_batch())
+            marks.append(device.timeline_mark())
+            now = time.perf_counter()
+            host_times.append(now - last)
+            last = now
+            if on_step is not None:
+                on_step(warmup + len(host_times) - 1)
+            count = len(host_times)
+            if count >= min_steps and count % size == 0:
+                precise = Measurement(host_times, 0.0, 0.0, round_size=size).rel_stderr <= target and count // size >= 3
+                if precise or now - started >= budget_s:
+                    break
+        device.synchronize()
+    step_times = [device.seconds_between(a, b) for a, b in zip(marks, marks[1:])]
+    return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util, round_size=size)
+
+
 def device_batches(workload: Workload, device: Device) -> LoaderCycle:
     """Endless batches on ``device``, delivered the way the workload's own loop delivers them.
 

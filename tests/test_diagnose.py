@@ -32,6 +32,7 @@ def run(loader: DataLoader, **kwargs):
     kwargs.setdefault("steps", 8)
     kwargs.setdefault("warmup", 2)
     kwargs.setdefault("threshold", THRESHOLD)
+    kwargs.setdefault("budget", 2.0)
     return diagnose(loader, lambda batch: None, kwargs.pop("device", STEP), progress=False, **kwargs)
 
 
@@ -226,10 +227,10 @@ def test_report_renders(tmp_path) -> None:
     data = json.loads(report.to_json())
     assert data["device_bound_steps_per_s"] > 0 and data["verdict"] in ("moderately input-bound", "highly input-bound")
     assert {"name", "cache_point", "steps_per_s", "fraction_of_bound", "spread", "cpu_util"} <= set(data["experiments"][0])
-    assert {"stage", "kind", "drop_fraction"} <= set(data["bottlenecks"][0])
+    assert {"stage", "kind", "added_ms", "share_of_baseline"} <= set(data["bottlenecks"][0])
     assert isinstance(data["caveats"], list)
     assert "| baseline |" in report.to_markdown() and "raw load" in report.to_table()
-    assert "Verdict:" in report.to_table() and "Bottlenecks" in report.to_markdown()
+    assert "Verdict:" in report.to_table() and "Stages that cost time per step" in report.to_markdown()
     png = tmp_path / "report.png"
     report.plot(str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -269,7 +270,7 @@ def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
     assert main(argv) == 0
     assert "device (bound)" in capsys.readouterr().out
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["schema"] == "fastpipe.report/1" and data["workload"] == "toy:naive"
+    assert data["schema"] == "fastpipe.report/2" and data["workload"] == "toy:naive"
     assert (tmp_path / "r.png").stat().st_size > 1000 and "| cache point |" in (tmp_path / "r.md").read_text()
 
 
@@ -300,7 +301,7 @@ def test_iterable_dataset_gets_device_host_and_baseline() -> None:
 
 
 def test_saturated_drop_is_settled_with_stage_costs() -> None:
-    from fastpipe.diagnose import _settle_saturation
+    from fastpipe.diagnose import _check_against_stage_costs
     from fastpipe.workload import Workload
 
     loader = loader_for(PlantedDataset(transform=T.Compose([Fast(), Slow(PLANTED_MS)])))
@@ -309,7 +310,7 @@ def test_saturated_drop_is_settled_with_stage_costs() -> None:
     # Sleeps never saturate a CPU, so mark the drop as saturated to exercise the settling pass.
     report.bottlenecks[0].cpu_saturated = True
     report.caveats.insert(0, "the CPU was saturated (95% of the cores) once Slow was added: ...")
-    _settle_saturation(report, Workload(loader=loader, step=lambda b: None), parse_device(STEP), steps=4, warmup=1, worker_timeout=60)
+    _check_against_stage_costs(report, Workload(loader=loader, step=lambda b: None), parse_device(STEP), steps=4, warmup=1, worker_timeout=60)
     assert report.stage_costs is not None and {s["name"] for s in report.stage_costs["stages"]} >= {"Slow", "raw load"}
     assert not any(c.startswith("the CPU was saturated") for c in report.caveats)
     assert any("this stage is slow" in c for c in report.caveats), report.caveats

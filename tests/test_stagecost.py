@@ -176,7 +176,7 @@ def saturated_report(stage: str, between: tuple[str, str] = ("after:RandomMask",
     for point in between:
         report.experiments.append(ExperimentResult(name=point, cache_point=point, steps_per_s=1.0, fraction_of_bound=0.5,
                                                    spread=0.1, noise=0.01, cpu_util=cpu, system_cpu_util=0.99))
-    report.bottlenecks.append(Bottleneck(stage=stage, kind="raw load", drop_fraction=0.3, between=between,
+    report.bottlenecks.append(Bottleneck(stage=stage, kind="raw load", added_ms=100.0, noise_ms=5.0, share_of_baseline=0.3, between=between,
                                          cpu_saturated=cpu >= 0.9, recommendation=""))
     return report
 
