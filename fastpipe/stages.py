@@ -274,10 +274,11 @@ def _replace_along(obj: Any, path: tuple[Any, ...], replace: Callable[[Any], Any
 
 def _replace_slot(pipeline: TransformPipeline, transform: Callable[[Any], Any], owner: Any) -> Any:
     """A copy of ``owner`` with ``transform`` in the pipeline's slot."""
-    if pipeline.kind == "hf":
-        fmt = owner.format
-        return owner.with_transform(transform, columns=getattr(owner, "_format_columns", fmt["columns"]),
-                                    output_all_columns=fmt["output_all_columns"])
+    if pipeline.kind == "hf":  # set_format assigns new attributes, so a shallow copy keeps the user's format as it is
+        fmt, clone = owner.format, copy.copy(owner)
+        clone.set_transform(transform, columns=getattr(owner, "_format_columns", fmt["columns"]),
+                            output_all_columns=fmt["output_all_columns"])
+        return clone
     clone = copy.copy(owner)
     joint = vars(owner).get("transforms") if hasattr(owner, "__dict__") else None
     if pipeline.kind == "stages":
