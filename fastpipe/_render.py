@@ -35,10 +35,11 @@ def render_table(
 #: One colour language for every fastpipe picture.
 COLORS = {
     "device": "#2c7fb8",  # the device's own time: the bound
-    "cost": "#d95f02",  # a stage named as costing time (diagnose), a rung that gained (compare: none)
+    "cost": "#d95f02",  # a stage named as costing time
     "unresolved": "#fdb863",  # a cost that did not hold when remeasured
     "minor": "#bdbdbd",  # within noise or the threshold: not named; a rung with no gain beyond noise
     "gain": "#1b9e77",  # a rung that saved time beyond noise
+    "reference": "#636363",  # the rung others are compared with
 }
 
 

@@ -391,11 +391,11 @@ class _Diagnosis:
         for component in report.components:
             pair = component.between
             if pair in self.unresolved:
-                _advise(component)
+                _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
                 report.unresolved.append(component)
                 report.caveats.append(f"{component.stage}: {self.unresolved[pair]}")
             elif attribution.significant(*pair):
-                _advise(component)
+                _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
                 report.bottlenecks.append(component)
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
         if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
@@ -441,15 +441,20 @@ class _Diagnosis:
         return caveats
 
 
-def _advise(component: Bottleneck) -> None:
-    """Fill in the component's recommendation (and snippet) for its own stage."""
-    try:
-        from fastpipe.advice import recommend
-    except ImportError:  # pragma: no cover - advice ships with fastpipe
-        return
-    advice = recommend(component.stage, component.kind)
-    component.recommendation = advice.summary + (f" {advice.caveat}" if getattr(advice, "caveat", None) else "")
-    component.snippet = getattr(advice, "snippet", None)
+def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int) -> None:
+    """Fill in the component's recommendation (and snippet) for its own stage.
+
+    A worker-side stage found while the cores had room also gets the tuner's advice: more workers
+    may carry it before any stage is made cheaper.
+    """
+    from fastpipe.advice import recommend
+
+    stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
+    advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
+    component.recommendation = advice.text()
+    component.snippet = advice.snippet
+    if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < usable_cores():
+        component.recommendation += " " + recommend(component.stage, "too few workers").summary
 
 
 class _Captured(BaseException):

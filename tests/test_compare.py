@@ -10,16 +10,20 @@ DEVICE = "sim:40"
 
 
 def test_ladder_closes_the_gap_and_flags_a_rung_that_does_not() -> None:
-    result = compare([f"{M}:slow", f"{M}:faster", f"{M}:same_as_faster", f"{M}:fastest"], DEVICE, steps=6, warmup=2)
+    result = compare([f"{M}:slow", f"{M}:faster", f"{M}:same_as_faster", f"{M}:fastest"], DEVICE, steps=6, warmup=2, budget=3)
     assert result.device_bound_steps_per_s == pytest.approx(25, rel=0.1)
     slow, faster, same, fastest = result.variants
     assert slow.fraction_of_bound < 0.45 and fastest.fraction_of_bound > 0.85
     assert faster.improved and fastest.improved and same.improved is False
     assert 0.3 < faster.gap_closed < 0.9 and fastest.gap_closed > 0.6
-    assert len(result.flags) == 1 and "same_as_faster" in result.flags[0]
+    assert [f for f in result.flags if "same_as_faster" in f] and not [f for f in result.flags if "'faster'" in f or "fastest" in f]
+    # time, not throughput differences: the saving is the step shortened, and the gain is what it buys
+    assert faster.saved_ms == pytest.approx(slow.ms_per_step - faster.ms_per_step)
+    assert faster.throughput_gain == pytest.approx(slow.ms_per_step / faster.ms_per_step - 1)
+    assert faster.gap_closed == pytest.approx(faster.saved_ms / (slow.ms_per_step - 1000 / result.device_bound_steps_per_s))
     data = json.loads(result.to_json())
     assert data["device_bound_steps_per_s"] > 0
-    assert {"name", "steps_per_s", "fraction_of_bound", "gap_closed"} <= set(data["variants"][0])
+    assert {"name", "steps_per_s", "fraction_of_bound", "gap_closed", "ms_per_step", "saved_ms", "throughput_gain"} <= set(data["variants"][0])
 
 
 def test_toy_means_the_ladder() -> None:
@@ -31,11 +35,11 @@ def test_toy_means_the_ladder() -> None:
 
 
 def test_cli_compare_pair_writes_outputs(tmp_path, capsys) -> None:
-    argv = ["compare", f"{M}:slow", f"{M}:fastest", "--device", DEVICE, "--steps", "4", "--warmup", "1",
+    argv = ["compare", f"{M}:slow", f"{M}:fastest", "--device", DEVICE, "--steps", "4", "--warmup", "1", "--budget", "2",
             "--json", str(tmp_path / "c.json"), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "device bound" in out and "closed part of the gap" in out
+    assert "device bound" in out and "faster beyond noise" in out and "row above" in out
     assert json.loads((tmp_path / "c.json").read_text())["variants"][1]["improved"] is True
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert "| variant |" in (tmp_path / "c.md").read_text()
@@ -44,7 +48,7 @@ def test_cli_compare_pair_writes_outputs(tmp_path, capsys) -> None:
 @pytest.mark.parametrize("argv, fix", [
     (["compare", f"{M}:slow"], "at least two SPECs"),
     (["compare", f"{M}:slow", f"{M}:raises"], "factory exploded"),
-    (["compare", f"{M}:slow", f"{M}:fastest", "--num-workers", "2"], "only apply to toy"),
+    (["compare", f"{M}:slow", f"{M}:fastest", "--num-workers", "2"], "only apply to the built-in toy"),
 ])
 def test_cli_compare_bad_input(argv, fix, capsys) -> None:
     assert main([*argv, "--device", DEVICE, "--steps", "2", "--warmup", "0"]) == 2

@@ -16,6 +16,8 @@ def add_parser(subparsers: Any) -> None:
     add_device_argument(parser)
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per variant (default 3)")
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds of measuring per rung before it stops short of the precision target (default 20)")
+    parser.add_argument("--precision", type=float, default=0.03, help="target relative standard error of each rung's step time (default 0.03)")
     parser.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the comparison as Markdown here")
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
@@ -36,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     comparison = compare(
         args.specs, resolve_device(args.device, args.specs), steps=args.steps, warmup=args.warmup,
         progress=not args.no_progress and sys.stderr.isatty(), toy_options=toy_option_values(args, is_builtin),
+        budget=args.budget, precision=args.precision,
     )
     write_outputs(comparison, args)
     return 0
