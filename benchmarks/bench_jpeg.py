@@ -218,25 +218,67 @@ def dali_epoch(files: list[Path], threads: int, batch: int) -> tuple[Callable[[]
 # Timing
 
 
-def time_rounds(rows: dict[str, Row], fns: dict[str, Callable[[], float]], rounds: int, n_images: int) -> None:
-    """Each round runs every candidate once in a fresh random order; fns return seconds for the whole list."""
+def time_rounds(rows: dict[str, Row], fns: dict[str, Callable[[], "float | list[float]"]], rounds: int, n_images: int) -> dict[str, list[list[float]]]:
+    """Each round runs every candidate once in a fresh random order.
+
+    A candidate returns the seconds for the whole list, or a list of seconds per file (kept,
+    per round, in the returned dict for the per-flavour breakdown).
+    """
+    per_file: dict[str, list[list[float]]] = {name: [] for name in fns}
     order = list(fns)
     shuffler = random.Random(0)
     for r in range(rounds):
         shuffler.shuffle(order)
         for name in order:
-            rows[name].per_round_ms.append(fns[name]() * 1e3 / n_images)
+            result = fns[name]()
+            if isinstance(result, list):
+                per_file[name].append(result)
+                result = sum(result)
+            rows[name].per_round_ms.append(result * 1e3 / n_images)
         print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{k} {rows[k].per_round_ms[-1]:.2f}" for k in sorted(fns)), flush=True)
+    return per_file
 
 
-def over_files(fn: Callable[[Path], Any], files: list[Path], clock: Callable[[], float]) -> Callable[[], float]:
-    def run() -> float:
-        start = clock()
+def over_files(fn: Callable[[Path], Any], files: list[Path], clock: Callable[[], float]) -> Callable[[], list[float]]:
+    def run() -> list[float]:
+        times = []
         for path in files:
+            start = clock()
             fn(path)
-        return clock() - start
+            times.append(clock() - start)
+        return times
 
     return run
+
+
+def flavours(files: list[Path]) -> dict[str, list[int]]:
+    """File indices by kind: progressive JPEGs decode all their scans whatever the crop, so they cost several times more."""
+    from PIL import Image
+
+    groups: dict[str, list[int]] = {"baseline": [], "progressive": []}
+    for i, path in enumerate(files):
+        with Image.open(path) as im:
+            groups["progressive" if im.info.get("progressive") else "baseline"].append(i)
+    return groups
+
+
+def flavour_table(per_file: dict[str, list[list[float]]], groups: dict[str, list[int]], names: list[str]) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """Median over rounds of the mean ms per image within each group, and the ratio to fastpipe's."""
+    medians: dict[str, dict[str, float]] = {}
+    for name in names:
+        if not per_file.get(name):
+            continue
+        medians[name] = {
+            group: statistics.median(sum(times[i] for i in idx) * 1e3 / len(idx) for times in per_file[name])
+            for group, idx in groups.items()
+            if idx
+        }
+    kinds = [g for g, idx in groups.items() if idx]
+    lines = ["| candidate | " + " | ".join(f"{g} ({len(groups[g])} files) ms, x fastpipe" for g in kinds) + " |", "|---|" + "---:|" * len(kinds)]
+    for name, by_group in medians.items():
+        cells = [f"{by_group[g]:.3f}, {by_group[g] / medians['fastpipe'][g]:.2f}x" for g in kinds]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines, medians
 
 
 class _Samples(torch.utils.data.Dataset):
@@ -383,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     for fn in fns.values():  # warm-up: page cache, lazy imports, allocators
         fn()
     print(f"single thread, {args.rounds} rounds over {len(files)} files (ms per image):")
-    time_rounds(rows, fns, args.rounds, len(files))
+    per_file = time_rounds(rows, fns, args.rounds, len(files))
+    groups = flavours(files)
+    by_flavour, flavour_medians = flavour_table(per_file, groups, [r.name for r in rows.values() if r.clock == "thread CPU"])
 
     loader_rows: list[Row] = []
     if args.workers > 0:
@@ -412,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     if rows["dali-cpu"].status == "ok":
         ratio["dali-cpu (wall, vs fastpipe-wall)"] = rows["dali-cpu"].median_ms / rows["fastpipe-wall"].median_ms
     lines += ["Cost ratios to fastpipe, this run: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if k != "fastpipe"), ""]
+    lines += ["By kind of file (same runs; thread CPU):", "", *by_flavour, ""]
     if loader_rows:
         lines += [f"DataLoader, {args.workers} worker processes, batch {args.batch}, wall time:", "", *loader_table(loader_rows), ""]
     lines += ["Header read, bytes in memory, best of 3 (us per file): " + ", ".join(f"{k} {v:.1f}" for k, v in headers.items()), ""]
@@ -429,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         "op": fjpeg.jpeg_op_status(),
         "single_thread": [asdict(r) | {"median_ms": r.median_ms} for r in ordered],
         "ratios_to_fastpipe": ratio,
+        "by_flavour_ms": flavour_medians,
+        "flavour_counts": {g: len(idx) for g, idx in groups.items()},
         "loader": [asdict(r) | {"median_ms": r.median_ms} for r in loader_rows],
         "header_us": headers,
     }
