@@ -1,4 +1,5 @@
 """fastpipe: find and fix GPU starvation in PyTorch training input pipelines."""
+from fastpipe.advice import Advice, recommend
 from fastpipe.compare import Comparison, compare
 from fastpipe.diagnose import diagnose
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
@@ -14,9 +15,10 @@ from fastpipe.measure import Measurement, measure_workload
 from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.report import Report
 from fastpipe.stagecost import StageCosts, explain_saturation, measure_stage_costs
-from fastpipe.transforms.device import ConvertColorScale
+from fastpipe.stepcheck import StepCheck, check_step
+from fastpipe.transforms.device import ConvertColorScale, Normalize
 from fastpipe.tune import TuneResult, tune
-from fastpipe.workload import Workload, load_workload
+from fastpipe.workload import Workload, default_device_for, load_workload
 
 __version__ = "0.1.0"
 
@@ -26,7 +28,13 @@ __all__ = [
     "explain_saturation",
     "tune",
     "TuneResult",
+    "Normalize",
     "ConvertColorScale",
+    "Advice",
+    "recommend",
+    "StepCheck",
+    "check_step",
+    "default_device_for",
     "DevicePrefetcher",
     "make_prefetcher",
     "compare",

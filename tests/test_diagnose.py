@@ -313,7 +313,7 @@ def test_saturated_drop_is_settled_with_stage_costs() -> None:
     _check_against_stage_costs(report, Workload(loader=loader, step=lambda b: None), parse_device(STEP), steps=4, warmup=1, worker_timeout=60)
     assert report.stage_costs is not None and {s["name"] for s in report.stage_costs["stages"]} >= {"Slow", "raw load"}
     assert not any(c.startswith("the CPU was saturated") for c in report.caveats)
-    assert any("this stage is slow" in c for c in report.caveats), report.caveats
+    assert any("Slow, at a saturated CPU" in c for c in report.caveats), report.caveats
     assert "Stage costs inside the workers" in report.to_table() and "```" in report.to_markdown()
     assert "stage_costs" in json.loads(report.to_json())
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from fastpipe.report import Report
-from fastpipe.stagecost.result import StageCost, StageCosts, _rate
+from fastpipe.stagecost.result import StageCost, StageCosts
 from fastpipe.stagecost.timing import COLLATE_STAGE
 
 #: CPU utilisation (0..1 of usable cores) at which a point counts as saturated; diagnose's own value.
@@ -32,23 +32,28 @@ def _costs_for(stage: str, costs: StageCosts) -> list[StageCost] | None:
 
 
 def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = SATURATED_CPU) -> list[str]:
-    """For each bottleneck found at a saturated CPU, whether the stage is slow or the whole pipeline exceeds the cores.
+    """For each stage named at a saturated CPU: slow by itself, borderline, or only tipping the CPU over.
 
-    The budget is the device bound: ``bound steps/s x batch size`` samples/s. A stage is *slow*
-    when, alone, this many workers could not deliver that rate (its samples/s alone is below it).
-    Otherwise the stage only tipped the CPU over: all stages *together* exceed the budget, and the
-    line says whether that exceeds the machine's cores (CPU-seconds needed per second at the bound)
-    or only the workers (more workers could help). Every line names the stages that consume the CPU.
+    Judged on **CPU time**, which a saturated CPU does not inflate the way it inflates wall time.
+    At the device bound the pipeline must deliver ``bound x batch`` samples/s; its workers (at most
+    the cores) then have a CPU budget per sample of ``min(workers, cores) / that rate``. A stage is
+    *slow by itself* only when its CPU time per sample alone exceeds the budget by more than the
+    pass's measured noise (two standard errors, at least 5%); within that margin it is
+    *borderline*, and both numbers are given. Otherwise it only tipped the CPU over, and the line
+    says whether the pipeline as a whole exceeds the cores or only the workers.
     """
     bound, batch = report.device_bound_steps_per_s, report.batch_size or costs.batch_size
     if not bound or not batch:
         return []
     needed = bound * batch
     workers = costs.parallelism
-    consumers = ", ".join(f"{s.name} {s.cpu_ms_per_sample:.1f} ms ({s.cpu_share:.0%})" for s in costs.ranked("cpu_ms_per_sample") if s.cpu_ms_per_sample > 0)
-    consumers = f"CPU per sample goes to: {consumers}" if consumers else "the stages themselves used almost no CPU (they wait, e.g. on I/O)"
+    budget_ms = 1000.0 * min(workers, costs.cores) / needed
+    margin = max(2 * costs.noise, 0.05) if not math.isnan(costs.noise) else 0.05
+    ranked = [s for s in costs.ranked("cpu_ms_per_sample") if s.cpu_ms_per_sample > 0]
+    consumers = ", ".join(f"{s.name} {s.cpu_ms_per_sample:.2f} ms ({s.cpu_share:.0%})" for s in ranked)
+    consumers = (f"CPU per sample, largest first: {consumers}" if consumers else
+                 "the stages themselves used almost no CPU (they wait, e.g. on I/O)")
     cores_needed = costs.total_cpu_ms_per_sample / 1000.0 * needed
-    whole = costs.pipeline_samples_per_s
     lines = []
     for b in report.bottlenecks:
         point = report.experiment(b.between[1])
@@ -60,33 +65,30 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
         if own is None:
             lines.append(head + "it runs in the training process, not in the workers.")
             continue
-        own_ms = sum(s.ms_per_sample for s in own)
-        alone = workers * 1000.0 / own_ms if own_ms > 0 else math.inf
-        if alone < needed:
-            lines.append(
-                head + f"this stage is slow. Alone it takes {own_ms:.2f} ms per sample, so {workers} workers could deliver "
-                f"at most {_rate(alone)} samples/s, below the {needed:,.0f} samples/s the device bound needs "
-                f"({bound:.2f} steps/s x {batch}); it is slow in itself, not only tipping a saturated CPU over."
-            )
-        elif whole < needed:
-            scope = (
-                f"the pipeline as a whole exceeds the cores: at the device bound all stages together need {cores_needed:.1f} cores "
-                f"of CPU, and this machine gives {costs.cores}; cut the largest consumers, not only this stage"
-                if cores_needed > costs.cores else
-                f"the pipeline as a whole exceeds what {workers} workers deliver: at the device bound it needs {cores_needed:.1f} "
-                f"of the {costs.cores} cores, so more workers may carry it (try fastpipe tune)"
-            )
-            lines.append(
-                head + f"this stage is not slow by itself ({own_ms:.2f} ms per sample allows {_rate(alone)} samples/s with "
-                f"{workers} workers, above the {needed:,.0f} needed), but all stages together take {costs.total_ms_per_sample:.2f} ms "
-                f"per sample ({_rate(whole)} samples/s): {scope}."
-            )
+        own_cpu = sum(s.cpu_ms_per_sample for s in own)
+        budget = (f"the {budget_ms:.2f} ms of CPU per sample that {min(workers, costs.cores)} workers have at the device bound "
+                  f"({needed:,.0f} samples/s = {bound:.2f} steps/s x {batch})")
+        if own_cpu > budget_ms * (1 + margin):
+            lines.append(head + f"slow by itself: its CPU time alone, {own_cpu:.2f} ms per sample, exceeds {budget} by more than "
+                         f"the noise (±{margin:.0%}); make this stage cheaper.")
+        elif own_cpu > budget_ms * (1 - margin):
+            lines.append(head + f"borderline: its CPU time alone, {own_cpu:.2f} ms per sample, is within the noise (±{margin:.0%}) of "
+                         f"{budget}; it can tip the pipeline over by itself or nearly.")
+        elif (own_wall := sum(s.ms_per_sample for s in own)) > budget_ms * (1 + margin) and own_cpu < own_wall / 2:
+            lines.append(head + f"slow by itself, but not on the CPU: {own_wall:.2f} ms of wall time per sample for {own_cpu:.2f} ms "
+                         f"of CPU, against {budget}; it waits (I/O, a lock, a remote call), so more workers or prefetching "
+                         "overlap the waits.")
+        elif costs.total_cpu_ms_per_sample <= budget_ms:
+            lines.append(head + f"the workers' stages together fit the budget ({costs.total_cpu_ms_per_sample:.2f} ms of CPU per sample "
+                         f"against {budget_ms:.2f}), so the CPU went elsewhere: the training process (pinning, copies, a step on "
+                         f"the CPU) or other processes (the machine was {point.system_cpu_util if point else math.nan:.0%} busy).")
         else:
-            lines.append(
-                head + f"the workers' stages fit the budget ({costs.total_ms_per_sample:.2f} ms per sample allows {_rate(whole)} "
-                f"samples/s, {needed:,.0f} needed), so the CPU went elsewhere: the training process (pinning, copies, "
-                f"a step on the CPU) or other processes (the machine was {point.system_cpu_util if point else math.nan:.0%} busy)."
-            )
+            scope = (f"all stages together need {cores_needed:.1f} cores at the device bound and this machine gives {costs.cores}, "
+                     "so the pipeline's CPU as a whole must shrink"
+                     if cores_needed > costs.cores else
+                     f"all stages together need {cores_needed:.1f} of the {costs.cores} cores at the device bound, more than "
+                     f"{workers} workers give, so more workers may carry it (try fastpipe tune)")
+            lines.append(head + f"not slow by itself ({own_cpu:.2f} ms of CPU per sample against {budget}), but {scope}.")
     if lines:
         lines[-1] += f" {consumers}."  # once, after the last explanation, not on every line
     return lines
