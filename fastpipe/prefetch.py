@@ -32,7 +32,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.profiler import record_function
@@ -41,19 +41,9 @@ from fastpipe._tree import iter_tensors, map_tensors
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError
 from fastpipe.pinning import keeps_workers, pinned_iter, shutdown_iterator, stop_iterator
+from fastpipe.prefetch_args import PREFETCHERS, DeviceLike, Transform, check_prefetch_args
 
-Transform = Callable[[Any], Any]
-DeviceLike = Union[str, Device, torch.device]
-#: Values accepted by ``make_prefetcher(kind=...)`` and ``Workload.prefetcher``.
-PREFETCHERS = ("fastpipe", "tnt")
-
-
-def check_prefetch_args(depth: int, transform: Transform | None) -> None:
-    """Reject a depth or transform that would fail later, less clearly, inside the epoch."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ConfigError(f"prefetch depth must be a whole number >= 1 (batches copied ahead), got {depth!r}; 2 is a good default")
-    if transform is not None and not callable(transform):
-        raise ConfigError(f"transform must be a function batch -> batch run on the device, got {type(transform).__name__}")
+__all__ = ["DevicePrefetcher", "PrefetchIterator", "make_prefetcher", "PREFETCHERS", "check_prefetch_args"]
 
 
 @dataclass

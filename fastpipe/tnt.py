@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, OptionalDependencyError
 from fastpipe.pinning import shutdown_iterator
-from fastpipe.prefetch import DeviceLike, Transform, check_prefetch_args
+from fastpipe.prefetch_args import DeviceLike, Transform, check_prefetch_args
 
 TESTED_TORCHTNT = "0.2.4"
 
