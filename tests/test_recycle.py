@@ -360,3 +360,18 @@ def test_leases_of_old_epochs_do_not_touch_new_workers_slots() -> None:
     release(old)
     assert sum(check_marked(images, labels) for images, labels in fresh) == 0
     assert len(recycle_loader.STATE_TABLES) >= 1
+
+
+def test_toy_recycled_is_toy_optimized_with_a_recycled_loader(small_toy_options: dict) -> None:
+    from fastpipe.measure import measure_workload
+    from fastpipe.workload import load_workload
+
+    device = SimDevice(step_ms=1)
+    options = {**small_toy_options, "num_workers": 2}
+    plain, ring = load_workload("toy:optimized", device, **options), load_workload("toy:recycled", device, **options)
+    assert isinstance(ring.loader, RecycledLoader) and not isinstance(plain.loader, RecycledLoader)
+    assert ring.prefetch_depth == plain.prefetch_depth > 0 and ring.loader.batch_size == plain.loader.batch_size
+    measurement = measure_workload(ring, device, warmup=2, steps=12)
+    stats = ring.loader.stats()
+    assert measurement.steps_per_s > 0
+    assert stats["batches"] >= 14 and stats["reused"] > 0 and stats["pinning"] == "mark"
