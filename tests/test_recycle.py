@@ -375,3 +375,20 @@ def test_toy_recycled_is_toy_optimized_with_a_recycled_loader(small_toy_options:
     stats = ring.loader.stats()
     assert measurement.steps_per_s > 0
     assert stats["batches"] >= 14 and stats["reused"] > 0 and stats["pinning"] == "mark"
+
+
+def test_a_persistent_epoch_left_midway_gives_its_unread_slots_back() -> None:
+    """The DataLoader drops the batches it had in flight; their slots return to the ring, none is lost or misread."""
+    ring = RecycledLoader(DataLoader(Marked(64), batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=3),
+                          slots=3, poison=255)
+    for epoch in range(4):
+        seen = bad = 0
+        for i, (images, labels) in enumerate(ring):
+            bad += check_marked(images, labels)
+            seen += len(labels)
+            if epoch % 2 == 0 and i == 3:
+                break
+        assert bad == 0 and seen == (16 if epoch % 2 == 0 else 64)
+    stats = ring.stats()
+    assert stats["reused"] > stats["first_buffers"] + stats["replaced_kept"]
+    ring.close()
