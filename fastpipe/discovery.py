@@ -155,14 +155,18 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
     if isinstance(parts, (list, tuple)) and parts and all(_is_dataset_like(p) for p in parts):
         return _parts_pipeline(obj, parts, path, route, ancestors, source)
 
-    for attr in WRAPPER_NAMES:
-        inner = _own(obj, attr)
-        if _is_dataset_like(inner):
-            return _search(inner, (*path, attr), (*route, f"{name}.{attr}"), ancestors)
-    held = [(attr, value) for attr, value in _own_items(obj) if _is_dataset(value)]
-    if len(held) == 1:
-        attr, inner = held[0]
-        return _search(inner, (*path, attr), (*route, f"{name}.{attr}"), ancestors)
+    candidates = [(attr, value) for attr in WRAPPER_NAMES if _is_dataset_like(value := _own(obj, attr))]
+    held = [(attr, value) for attr, value in _own_items(obj) if attr not in WRAPPER_NAMES and _is_dataset(value)]
+    if not candidates and len(held) == 1:
+        candidates = held
+    misses = []
+    for attr, inner in candidates:  # the first that splits wins; else the first one's why-not
+        found = _search(inner, (*path, attr), (*route, f"{name}.{attr}"), ancestors)
+        if isinstance(found, TransformPipeline):
+            return found
+        misses.append(found)
+    if misses:
+        return misses[0]
     if len(held) > 1:
         attrs = ", ".join(f".{a}" for a, _ in held)
         return _Miss(obj, route, f"it holds several datasets ({attrs}), so fastpipe cannot tell which one __getitem__ reads",

@@ -217,3 +217,19 @@ def test_joint_transform_on_the_class_is_reported() -> None:
 
     pipeline, why = find_pipeline(Joint(transform=None))
     assert pipeline is None and "transforms(image, target)" in why
+
+
+def test_an_indexable_non_dataset_under_a_usual_name_does_not_stop_the_search() -> None:
+    class Table:
+        def __getitem__(self, key):
+            return key
+
+    class Wrapper(torch.utils.data.Dataset):
+        def __init__(self, inner):
+            self.dataset, self.ds = Table(), inner  # .dataset is tried first, and holds no stages
+
+        def __getitem__(self, index):
+            return self.ds[index]
+
+    pipeline, why = find_pipeline(Wrapper(PlantedDataset(transform=T.Compose([Fast()]))))
+    assert why is None and pipeline.path == ("ds",)
