@@ -33,6 +33,8 @@ from fastpipe.workload import Workload
 SATURATION_CAVEAT_START = "the CPU was saturated"
 BUSY_MACHINE = 0.25
 """Share of all cores used by other processes above which a point counts as measured on a loaded machine."""
+CPU_BACKED = 0.25
+"""A span whose CPU time per step (over its workers) is at least this share of its added time counts as CPU work."""
 VARIABLE_POOL = 8
 """Samples (or batches) cached per worker when the inputs vary in size."""
 LADDER_AGREEMENT = 1.5
@@ -363,7 +365,8 @@ class _Diagnosis:
         cores = usable_cores()
         cpu_per_step = [r.cpu_util * cores * r.ms_per_step for r in (upper, lower)]
         cpu_time = (cpu_per_step[1] - cpu_per_step[0]) / max(1, min(self.runner.workers, cores))
-        return cpu_time > self.threshold * self.runner.results["device"].ms_per_step
+        added = lower.ms_per_step - upper.ms_per_step
+        return cpu_time > CPU_BACKED * added
 
     # ----- the report ------------------------------------------------------------------------
     def finish(self, elapsed: float) -> Report:
