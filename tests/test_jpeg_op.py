@@ -125,6 +125,44 @@ def test_dct_scaling_keeps_the_box_geometry(flavours: dict[str, bytes], name: st
 
 
 @requires_op
+@pytest.mark.parametrize("subsampling", [1, 2])  # 4:2:2 and 4:2:0: chroma interpolated across columns
+def test_crop_windows_on_imcu_boundaries_match_pil(subsampling: int) -> None:
+    """A box whose left or right side falls on a 16-pixel iMCU boundary: libjpeg's crop window then starts
+    or ends exactly there, where fancy upsampling treats the window's edge as the image's edge."""
+    data = _encode(_photo().resize((500, 375)), quality=90, subsampling=subsampling)
+    for box in [(40, 32, 120, 96), (0, 16, 375, 64), (17, 48, 50, 80)]:
+        for size in [(224, 224), (60, 64)]:
+            diff = np.abs(as_hwc(jpeg.decode_jpeg_crop(data, box, size)) - pil_reference(data, box, size))
+            assert diff.mean() < EXACT_MEAN and diff.max() <= EXACT_MAX, (box, size, diff.mean(), diff.max())
+
+
+@requires_op
+def test_random_boxes_sizes_and_flavours_match_pil() -> None:
+    """Random image sizes (down to a few pixels), subsamplings, modes, boxes, output sizes and flips, against
+    PIL on the same decode (its Image.draft at the op's DCT scale): crop windows that start or end at an
+    iMCU boundary, skips to any row, extreme enlargements and shrinks."""
+    rng = np.random.default_rng(5)
+    photo = _photo()
+    for trial in range(40):
+        width, height = (int(v) for v in rng.integers(1, 400, 2))
+        mode = str(rng.choice(["RGB", "RGB", "L", "CMYK"]))
+        options = {"quality": int(rng.integers(50, 100)), "progressive": bool(rng.integers(0, 2))}
+        if mode == "RGB":
+            options["subsampling"] = int(rng.integers(0, 3))
+        data = _encode(photo.resize((width, height)).convert(mode), **options)
+        h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        box = (int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w)
+        size = (int(rng.integers(1, 160)), int(rng.integers(1, 160)))
+        hflip = bool(rng.integers(0, 2))
+        scale = max([1] + [s for s in (2, 4, 8) if h >= size[0] * s and w >= size[1] * s])
+        expected = pil_draft_reference(data, box, size, scale) if scale > 1 else pil_reference(data, box, size)
+        if hflip:
+            expected = expected[:, ::-1]
+        diff = np.abs(as_hwc(jpeg.decode_jpeg_crop(data, box, size, hflip)) - expected)
+        assert diff.mean() < EXACT_MEAN and diff.max() <= EXACT_MAX, (trial, (width, height), mode, options, box, size, hflip, diff.mean(), diff.max())
+
+
+@requires_op
 def test_flip_and_greyscale_are_exact(flavours: dict[str, bytes]) -> None:
     data = flavours["500x375 greyscale"]
     box = (20, 30, 300, 280)

@@ -416,8 +416,11 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   const Coefficients vert = precompute(scaled_h, double(top) / denom, double(top + height) / denom, static_cast<int>(out_h), kVerticalBits);
   const Coefficients horiz = precompute(scaled_w, double(left) / denom, double(left + width) / denom, static_cast<int>(out_w), kHorizontalBits);
 
-  JDIMENSION xoffset = static_cast<JDIMENSION>(horiz.lo);
-  JDIMENSION crop_w = static_cast<JDIMENSION>(horiz.hi - horiz.lo);
+  // One column of margin each side: fancy (interpolating) chroma upsampling treats the edges of
+  // the decoded window as image edges, so the window's outermost columns differ from a full decode.
+  const int want_lo = std::max(horiz.lo - 1, 0), want_hi = std::min(horiz.hi + 1, scaled_w);
+  JDIMENSION xoffset = static_cast<JDIMENSION>(want_lo);
+  JDIMENSION crop_w = static_cast<JDIMENSION>(want_hi - want_lo);
   const JDIMENSION skip = static_cast<JDIMENSION>(vert.lo);
   const int rows = vert.hi - vert.lo;
   if (crop_w >= cinfo->output_width) xoffset = 0;  // the whole width: no crop
