@@ -15,6 +15,8 @@ from fastpipe.measure import Measurement, measure_workload
 from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.report import Report
 from fastpipe.stagecost import StageCosts, explain_saturation, measure_stage_costs
+from fastpipe.discovery import find_pipeline
+from fastpipe.stages import Stages
 from fastpipe.stepcheck import StepCheck, check_step
 from fastpipe.transforms.device import ConvertColorScale, Normalize
 from fastpipe.tune import TuneResult, tune
@@ -30,6 +32,8 @@ __all__ = [
     "TuneResult",
     "Normalize",
     "ConvertColorScale",
+    "Stages",
+    "find_pipeline",
     "Advice",
     "recommend",
     "StepCheck",

@@ -20,14 +20,15 @@ from torch.utils.data import DataLoader
 
 from fastpipe._system import usable_cores
 from fastpipe.attribute import SATURATED_CPU, Attribution, verdict_for
-from fastpipe.cache import CachePointDataset, UnavailablePoint, fresh_copy, rebuild_loader, stage_of_error
+from fastpipe.cache import CachePointDataset, UnavailablePoint, probe_point, rebuild_loader, stage_of_error
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.plan import COLLATE, COPY, Plan, make_plan, point_label
 from fastpipe.report import TOO_NOISY, Bottleneck, ExperimentResult, Report
 from fastpipe.snapshot import preserve_user_state
-from fastpipe.stages import StageError, find_pipeline, read_sample
+from fastpipe.discovery import find_pipeline
+from fastpipe.stages import StageError
 from fastpipe.workload import Workload
 
 SATURATION_CAVEAT_START = "the CPU was saturated"
@@ -175,7 +176,7 @@ class _Runner:
         finally:
             if close is not None:
                 close()
-        run = self._result(point, measurement, _copy_ms(dataset, self.workload.loader.dataset, self.pipeline, point))
+        run = self._result(point, measurement, _copy_ms(dataset, point))
         self.runs.setdefault(point, []).append(run)
         self.results[point] = _pooled(self.runs[point])
         return run
@@ -220,24 +221,12 @@ def _weighted(values: list[float], weights: list[int]) -> float:
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
 
 
-def _copy_ms(dataset: Any, user_dataset: Any, pipeline: Any, point: str) -> float:
-    """The cache's own per-sample copy at ``point``, in ms: timed inside the workers when the cache can say."""
+def _copy_ms(dataset: Any, point: str) -> float:
+    """The cache's own per-sample copy at ``point``, in ms, as the workers timed it (0 where no copy was needed)."""
     if dataset is None or not (point == "raw" or point.startswith("after:")):
         return 0.0
-    timed = getattr(dataset, "copy_seconds_per_sample", None)
-    if timed is not None:
-        seconds = timed()
-        return 0.0 if seconds is None or math.isnan(seconds) else seconds * 1000
-    try:  # older cache layer: one estimate in the main process
-        cached = CachePointDataset(user_dataset, pipeline, point)._capture(0).cached
-        times = []
-        for _ in range(5):
-            began = time.perf_counter()
-            fresh_copy(cached)
-            times.append(time.perf_counter() - began)
-        return statistics.median(times) * 1000
-    except Exception:  # the estimate is a refinement; a sample that cannot be read here gets none
-        return 0.0
+    seconds = dataset.copy_seconds_per_sample()
+    return 0.0 if seconds is None or math.isnan(seconds) else seconds * 1000
 
 
 def _as_pipeline_error(exc: BaseException, point: str) -> PipelineError:
@@ -258,6 +247,7 @@ class _Diagnosis:
     def __init__(self, runner: _Runner, workload: Workload, threshold: float, strategy: str, pool_reason: str | None) -> None:
         self.runner, self.workload, self.threshold, self.strategy = runner, workload, threshold, strategy
         self.unresolved: dict[tuple[str, str], str] = {}
+        self.calls_per_sample: int | None = None
         self.remeasured: set[tuple[str, str]] = set()
         r = runner
         self.report = Report(
@@ -283,11 +273,30 @@ class _Diagnosis:
         except PipelineError as exc:
             if point in ("device", "host", "baseline") or exc.stage == "step":
                 raise
-            self.plan.drop(point, f"this point could not be built or failed, so the stages around it are measured as one span: {exc}")
+            cause = exc.__cause__
+            reason = cause.reason if isinstance(cause, UnavailablePoint) and getattr(cause, "reason", None) else str(exc)
+            self.plan.drop(point, f"this point could not be built or failed ({reason}); the stages around it are measured as one span")
             self.runner.results.pop(point, None)
             return False
 
+    def probe(self) -> None:
+        """Capture one sample at each middle point in this process: drop the points that cannot be built,
+        and learn how many times the dataset calls its transform per sample (two views: 2)."""
+        pipeline, dataset = self.runner.pipeline, self.workload.loader.dataset
+        if pipeline is None:
+            return
+        for point in [p for p in self.plan.points if p == "raw" or p.startswith("after:")]:
+            try:
+                probe = probe_point(dataset, pipeline, point, timeout=self.runner.worker_timeout)
+            except Exception:  # the user's own code failing or hanging: the measurement reports it with its stage
+                return
+            if probe.reason:
+                self.plan.drop(point, f"{probe.reason}; the stages around it are measured as one span")
+            elif probe.calls_per_sample and probe.calls_per_sample > 1:
+                self.calls_per_sample = probe.calls_per_sample
+
     def run(self) -> None:
+        self.probe()
         self.measure("device")
         self.measure("baseline")
         points = self.plan.points
@@ -393,6 +402,8 @@ class _Diagnosis:
         report.components = attribution.components(baseline_s)
         for component in report.components:
             pair = component.between
+            if self.calls_per_sample and component.kind == "transform":
+                component.calls_per_sample = self.calls_per_sample
             if pair in self.unresolved:
                 _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
                 report.unresolved.append(component)
@@ -528,6 +539,8 @@ def diagnose(
     prefetch_depth: int = 0,
     model: Any = None,
     optimizer: Any = None,
+    schedulers: Any = (),
+    scaler: Any = None,
     progress: bool = True,
     worker_timeout: float = 300.0,
     name: str | None = None,
@@ -547,7 +560,8 @@ def diagnose(
         budget: seconds of measuring per point before it stops short of the precision target.
         precision: target relative standard error of each point's mean step time.
         device_transform, prefetch_depth: how the user's loop moves batches to the device.
-        model, optimizer: restored bit for bit afterwards (the diagnosis really trains).
+        model, optimizer, schedulers, scaler: restored afterwards (the diagnosis really trains): parameters,
+            buffers, gradients and train/eval mode, the optimizer's, each LR scheduler's and the GradScaler's state.
         progress: show a progress line on the terminal.
         worker_timeout: seconds a worker may take for a batch before the run stops, used only
             when the loader sets no timeout of its own.
@@ -571,7 +585,8 @@ def diagnose(
         if step is None or not callable(step):
             raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
         workload = Workload(loader=loader, step=step, device_transform=device_transform, model=model, optimizer=optimizer,
-                            prefetch_depth=prefetch_depth, name=name or "workload")
+                            schedulers=list(schedulers) if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers],
+                            scaler=scaler, prefetch_depth=prefetch_depth, name=name or "workload")
     if steps < 1 or warmup < 0 or (pool is not None and pool < 1):
         raise ConfigError(f"need steps >= 1, warmup >= 0 and pool >= 1; got steps={steps}, warmup={warmup}, pool={pool}")
     if not 0 <= threshold < 1:
@@ -594,7 +609,7 @@ def diagnose(
     diagnosis = _Diagnosis(runner, workload, threshold, strategy, pool_reason)
     if not device.runs_model and not any("simulates the step" in note for note in workload.notes):
         diagnosis.report.notes.append(f"{device.spec} simulates the step: the training step itself is not run")
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader):
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             diagnosis.run()
         except KeyboardInterrupt:
@@ -678,7 +693,7 @@ def measure_device_bound(
     device = parse_device(device)
     runner = _Runner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
                      worker_timeout=worker_timeout)
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader):
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         runner.measure("device")
     return runner.results["device"], max(tree_nbytes(batch) for batch in runner.host_batches)
 
@@ -706,7 +721,7 @@ def measure_points(
     unknown = [p for p in points if p not in runner.plan.points]
     if unknown:
         raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {runner.plan.points}")
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader):
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             for point in points:
                 runner.measure(point)

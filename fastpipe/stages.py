@@ -298,10 +298,3 @@ def _replace_slot(pipeline: TransformPipeline, transform: Callable[[Any], Any], 
 def _stage_context(name: str) -> Iterator[None]:
     with torch.profiler.record_function(f"fastpipe/{name}"):
         yield
-
-
-def find_pipeline(dataset: Any) -> tuple[TransformPipeline | None, str | None]:
-    """Kept for existing imports; the search lives in :func:`fastpipe.discovery.find_pipeline` (import it from there)."""
-    from fastpipe.discovery import find_pipeline as find
-
-    return find(dataset)

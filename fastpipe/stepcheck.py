@@ -71,7 +71,7 @@ def check_step(workload: Workload, device: "str | Device | None" = None) -> Step
         raise PipelineError(f"step check: the loader failed on its first batch: {_first_line(exc)}", stage=None) from exc
     batch = map_tensors(lambda t: t.to(target), batch)
     began = time.perf_counter()
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader):
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             if workload.device_transform is not None:
                 batch = workload.device_transform(batch)

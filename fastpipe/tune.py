@@ -590,7 +590,7 @@ def tune(
     stops: list[str] = []
     interrupted = False
     try:
-        with preserve_user_state(workload.model, workload.optimizer, loader):
+        with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
             sweep.measure_bound()
             _worker_sweep(sweep, list(range(1, top + 1)), base_prefetch, stops)
             chosen = sweep.recommend(sweep.measured())

@@ -66,6 +66,8 @@ class Workload:
     device_transform: Callable[[Any], Any] | None = None
     model: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
+    schedulers: list[Any] = field(default_factory=list)
+    scaler: Any = None
     prefetch_depth: int = 0
     prefetcher: str = "fastpipe"
     name: str = "workload"

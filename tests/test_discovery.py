@@ -205,12 +205,6 @@ def test_pipelines_pickle_for_spawned_workers() -> None:
     assert cached[5][1] == 1
 
 
-def test_old_import_path_still_finds_pipelines() -> None:
-    from fastpipe.stages import find_pipeline as old
-
-    assert old(Subset(PlantedDataset(transform=Fast()), [0]))[0].names() == ["Fast"]
-
-
 def test_joint_transform_on_the_class_is_reported() -> None:
     class Joint(PlantedDataset):
         transforms = staticmethod(lambda image, target: (image, target))

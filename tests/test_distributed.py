@@ -31,7 +31,7 @@ from fastpipe.distributed.toy import make_ray  # noqa: E402
 from fastpipe.errors import ConfigError, OptionalDependencyError, PipelineError  # noqa: E402
 from fastpipe.measure import measure_workload  # noqa: E402
 from fastpipe.prefetch import DevicePrefetcher  # noqa: E402
-from fastpipe.stages import find_pipeline  # noqa: E402
+from fastpipe.discovery import find_pipeline  # noqa: E402
 from fastpipe.toy.optimized import OPTIMIZED, make_toy_variant  # noqa: E402
 from fastpipe.transforms.device import ConvertColorScale  # noqa: E402
 

@@ -216,11 +216,6 @@ class RayLoader:
         return max(1, int(self._cpus(self._connect())))
 
     @property
-    def supported_cache_points(self) -> tuple[str, ...]:
-        """The diagnosis's cache points this loader can serve; the rest get :data:`UNSUPPORTED_POINT_REASON`."""
-        return SUPPORTED_CACHE_POINTS
-
-    @property
     def unsupported_point_reason(self) -> str:
         return UNSUPPORTED_POINT_REASON
 

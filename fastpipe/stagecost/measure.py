@@ -35,7 +35,8 @@ from fastpipe.stagecost.timing import (
     timed_loader,
     untimed_loader,
 )
-from fastpipe.stages import RAW_STAGE, StageError, find_pipeline
+from fastpipe.discovery import find_pipeline
+from fastpipe.stages import RAW_STAGE, StageError
 from fastpipe.workload import Workload
 
 
@@ -244,7 +245,7 @@ def measure_stage_costs(
     untimed: list[_Pass] = []
     timed, notes = timed_loader(loader, timeout=worker_timeout)
     tap = _Tap(timed)
-    with preserve_user_state(workload.model, workload.optimizer, loader):
+    with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
         if check_overhead:
             untimed.append(_run_pass(workload, device, untimed_loader(loader, timeout=worker_timeout), steps, warmup))
         result = _run_pass(workload, device, tap, steps, warmup, tap)

@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastpipe.cache import CachePointDataset, rebuild_loader
 from fastpipe.pinning import shutdown_iterator
-from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, find_pipeline, read_sample
+from fastpipe.discovery import find_pipeline
+from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, read_sample
 
 COLLATE_STAGE = "collate"
 RAW_LABEL, COLLATE_LABEL = f"fastpipe/{RAW_STAGE}", f"fastpipe/{COLLATE_STAGE}"
@@ -186,17 +187,6 @@ class TimedCollate:
 
 
 # ----- in the main process ------------------------------------------------------------------
-class _Overrides:
-    """A loader's attributes, some replaced: lets :func:`rebuild_loader` build a loader with new settings."""
-
-    def __init__(self, loader: DataLoader, overrides: dict[str, Any]) -> None:
-        self._loader, self._overrides = loader, overrides
-
-    def __getattr__(self, name: str) -> Any:
-        overrides = self.__dict__["_overrides"]
-        return overrides[name] if name in overrides else getattr(self.__dict__["_loader"], name)
-
-
 def loader_with(loader: DataLoader, dataset: Any, *, timeout: float | None = None, **overrides: Any) -> DataLoader:
     """A new DataLoader over ``dataset`` with ``loader``'s settings, except ``overrides`` (e.g. num_workers=3).
 
@@ -206,7 +196,7 @@ def loader_with(loader: DataLoader, dataset: Any, *, timeout: float | None = Non
     """
     if isinstance(dataset, IterableDataset):
         overrides.setdefault("sampler", None)
-    return rebuild_loader(_Overrides(loader, overrides), dataset, timeout=timeout)  # type: ignore[arg-type]
+    return rebuild_loader(loader, dataset, timeout=timeout, **overrides)
 
 
 class _Tap:
