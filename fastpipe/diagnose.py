@@ -29,7 +29,7 @@ from fastpipe.report import TOO_NOISY, Bottleneck, ExperimentResult, Report
 from fastpipe.snapshot import preserve_user_state
 from fastpipe.discovery import find_pipeline
 from fastpipe.stages import StageError
-from fastpipe.workload import Workload
+from fastpipe.workload import Workload, loader_batch_size
 
 SATURATION_CAVEAT_START = "the CPU was saturated"
 BUSY_MACHINE = 0.25
@@ -251,7 +251,7 @@ class _Diagnosis:
         self.remeasured: set[tuple[str, str]] = set()
         r = runner
         self.report = Report(
-            workload=workload.name, device=r.device.spec, num_workers=r.workers, batch_size=workload.loader.batch_size,
+            workload=workload.name, device=r.device.spec, num_workers=r.workers, batch_size=loader_batch_size(workload.loader),
             steps=r.steps, warmup=r.warmup, pool=r.pool, threshold=threshold, strategy=strategy, precision_target=r.target,
             budget_s=r.budget_s, notes=list(workload.notes),
         )
@@ -263,7 +263,7 @@ class _Diagnosis:
         return self.runner.plan
 
     def attribution(self) -> Attribution:
-        return Attribution(self.plan, self.runner.results, self.threshold, self.workload.loader.batch_size, self.runner.workers)
+        return Attribution(self.plan, self.runner.results, self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
 
     def measure(self, point: str, **kwargs: Any) -> bool:
         """Measure a point; a middle point that cannot be built is dropped from the plan with its reason."""
@@ -352,7 +352,7 @@ class _Diagnosis:
             fresh_upper = self.runner.measure(upper, budget_s=budget)
             fresh_lower = self.runner.measure(lower, budget_s=budget)
             fresh = Attribution(self.plan, {"device": self.runner.results["device"], upper: fresh_upper, lower: fresh_lower},
-                                self.threshold, self.workload.loader.batch_size, self.runner.workers)
+                                self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
             loaded = max(fresh_upper.system_cpu_util - fresh_upper.cpu_util, fresh_lower.system_cpu_util - fresh_lower.cpu_util)
             if was_named and not fresh.significant(upper, lower):
                 self.unresolved[(upper, lower)] = "its cost did not hold when the two points were remeasured back to back"

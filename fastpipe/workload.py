@@ -193,3 +193,11 @@ def load_workload(spec: str, device: "str | Device | None" = None, **options: An
     except Exception as exc:
         raise ConfigError(f"the workload factory '{spec}' raised {type(exc).__name__}: {exc} ({FACTORY_CONTRACT})") from exc
     return as_workload(result, spec)
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """Samples per batch: the loader's batch_size, or a custom batch sampler's (None when neither says)."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None

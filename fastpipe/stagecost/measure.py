@@ -37,7 +37,7 @@ from fastpipe.stagecost.timing import (
 )
 from fastpipe.discovery import find_pipeline
 from fastpipe.stages import RAW_STAGE, StageError
-from fastpipe.workload import Workload
+from fastpipe.workload import Workload, loader_batch_size
 
 
 # ----- the pass -----------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def _run_pass(workload: Workload, device: Device, loader: Any, steps: int, warmu
         batches.close()
     # in steady state the workers produce what the loop consumes, so the window's samples are the steps' samples
     # (timings themselves arrive a batch or two ahead of their step, through the pin thread)
-    batch_size = workload.loader.batch_size
+    batch_size = loader_batch_size(workload.loader)
     samples = steps * batch_size if batch_size else sum(r.samples for r in (tap.measured() if tap is not None else []))
     return _Pass(measurement, children.seconds, samples)
 
@@ -256,7 +256,7 @@ def measure_stage_costs(
         notes.append("num_workers=0: the stages ran in the training process, between steps")
     untimed_times = [t for p in untimed for t in p.measurement.step_times]
     return StageCosts(
-        workload=workload.name, device=device.spec, num_workers=workers, batch_size=loader.batch_size, cores=usable_cores(),
+        workload=workload.name, device=device.spec, num_workers=workers, batch_size=loader_batch_size(loader), cores=usable_cores(),
         steps=steps, warmup=warmup, stages=stages, samples=samples, steps_per_s=result.measurement.steps_per_s,
         noise=round_noise(result.measurement.step_times, workers), cpu_util=result.measurement.cpu_util,
         system_cpu_util=result.measurement.system_cpu_util, os_worker_cpu_ms_per_sample=_worker_cpu_ms([result], workers),
