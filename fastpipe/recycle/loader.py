@@ -308,15 +308,6 @@ class RecycledLoader:
     def _poll(self) -> None:
         """Release what is due: timed and event releases, and batches the loop has moved past."""
         with self._lock:
-            now = time.perf_counter()
-            waiting = []
-            for lease, after in self._pending:
-                ready = now >= after if isinstance(after, float) else after.query()
-                if ready:
-                    self._free(lease)
-                else:
-                    waiting.append((lease, after))
-            self._pending = waiting
             patience = self.slots * max(1, self.num_workers)
             fence = None
             latest = self._held[-1] if self._held else None
@@ -336,6 +327,15 @@ class RecycledLoader:
                 elif self._serial - lease.serial > patience:
                     self._held.remove(lease)
                     self._retire(lease)
+            now = time.perf_counter()  # after the batches just moved past: a fence already passed frees them now
+            waiting = []
+            for lease, after in self._pending:
+                ready = now >= after if isinstance(after, float) else after.query()
+                if ready:
+                    self._free(lease)
+                else:
+                    waiting.append((lease, after))
+            self._pending = waiting
             self._graveyard = [m for m in self._graveyard if not self._unregister_if_unused(m)]
 
     def _fence(self) -> Any:
