@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
 
+from fastpipe import ddp
 from fastpipe._system import usable_cores
 from fastpipe.attribute import SATURATED_CPU, Attribution, verdict_for
 from fastpipe.cache import CachePointDataset, UnavailablePoint, probe_point, rebuild_loader, stage_of_error
@@ -104,7 +105,8 @@ class _Runner:
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
-        self.progress = _Progress(progress)
+        self.rank_spreads: dict[str, ddp.RankSpread] = {}
+        self.progress = _Progress(progress and ddp.is_rank0())
 
     # ----- batch sources -----------------------------------------------------------------
     def _host_batches(self) -> list[Any]:
@@ -167,7 +169,7 @@ class _Runner:
             measurement = measure_until(
                 next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
                 budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
-                round_size=self.round, on_step=self.progress.step,
+                round_size=self.round, on_step=self.progress.step, agree=ddp.all_stop if ddp.world() else None,
             )
         except (PipelineError, KeyboardInterrupt):
             raise
@@ -176,7 +178,10 @@ class _Runner:
         finally:
             if close is not None:
                 close()
-        run = self._result(point, measurement, _copy_ms(dataset, point))
+        run, spread = ddp.slowest(self._result(point, measurement, _copy_ms(dataset, point)))
+        if spread is not None:
+            previous = self.rank_spreads.get(point)
+            self.rank_spreads[point] = spread if previous is None or spread.spread > previous.spread else previous
         self.runs.setdefault(point, []).append(run)
         self.results[point] = _pooled(self.runs[point])
         return run
@@ -282,18 +287,27 @@ class _Diagnosis:
     def probe(self) -> None:
         """Capture one sample at each middle point in this process: drop the points that cannot be built,
         and learn how many times the dataset calls its transform per sample (two views: 2)."""
+        drops, calls = ddp.from_rank0(self._probe_points())  # one plan for every rank
+        for point, reason in drops:
+            self.plan.drop(point, f"{reason}; the stages around it are measured as one span")
+        self.calls_per_sample = calls
+
+    def _probe_points(self) -> tuple[list[tuple[str, str]], int | None]:
         pipeline, dataset = self.runner.pipeline, self.workload.loader.dataset
+        drops: list[tuple[str, str]] = []
+        calls = None
         if pipeline is None:
-            return
+            return drops, calls
         for point in [p for p in self.plan.points if p == "raw" or p.startswith("after:")]:
             try:
                 probe = probe_point(dataset, pipeline, point, timeout=self.runner.worker_timeout)
             except Exception:  # the user's own code failing or hanging: the measurement reports it with its stage
-                return
+                break
             if probe.reason:
-                self.plan.drop(point, f"{probe.reason}; the stages around it are measured as one span")
+                drops.append((point, probe.reason))
             elif probe.calls_per_sample and probe.calls_per_sample > 1:
-                self.calls_per_sample = probe.calls_per_sample
+                calls = probe.calls_per_sample
+        return drops, calls
 
     def run(self) -> None:
         self.probe()
@@ -420,6 +434,12 @@ class _Diagnosis:
             report.notes.append(f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was "
                                 f"timed inside the workers ({listed} per sample) and taken out of each point's step")
         report.caveats += self._caveats(report)
+        if self.runner.rank_spreads:
+            point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
+            _, size = ddp.world() or (0, 1)
+            report.notes.append(f"DDP with {size} ranks: every point shows its slowest rank, and all ranks followed one plan; "
+                                f"the ranks' step times differed by up to {widest.spread:.0%} (at '{point_label(point)}', "
+                                f"slowest rank {widest.slowest_rank})")
         return report
 
     def _caveats(self, report: Report) -> list[str]:
@@ -601,7 +621,7 @@ def diagnose(
                      progress=progress, worker_timeout=worker_timeout)
     pool_reason = None
     if pool is None:
-        why = _variable_inputs(runner)
+        why = ddp.from_rank0(_variable_inputs(runner) if ddp.is_rank0() else None)
         if why:
             runner.pool = VARIABLE_POOL
             pool_reason = (f"{why}, so each cache point keeps {VARIABLE_POOL} samples (or batches) per worker instead of one "

@@ -225,11 +225,13 @@ def measure_until(
     device: Device,
     round_size: int = 1,
     on_step: Callable[[int], None] | None = None,
+    agree: Callable[[bool], bool] | None = None,
 ) -> Measurement:
     """Like :func:`measure_steps`, but keep going, a whole round of workers at a time, until the mean
     step time's relative standard error is under ``target`` or ``budget_s`` of measuring is spent.
 
-    At least ``min_steps`` are measured whatever the budget. The stopping rule reads host-side
+    At least ``min_steps`` are measured whatever the budget. ``agree(stop) -> stop`` makes the
+    decision a joint one (under DDP every rank must run the same number of steps). The stopping rule reads host-side
     intervals (on an asynchronous device they match the device's in steady state); the figures
     returned are read on the device's timeline, as :func:`measure_steps` does.
     """
@@ -255,7 +257,10 @@ def measure_until(
             count = len(host_times)
             if count >= min_steps and count % size == 0:
                 precise = Measurement(host_times, 0.0, 0.0, round_size=size).rel_stderr <= target and count // size >= 3
-                if precise or now - started >= budget_s:
+                stop = precise or now - started >= budget_s
+                if agree is not None:
+                    stop = agree(stop)
+                if stop:
                     break
         device.synchronize()
     step_times = [device.seconds_between(a, b) for a, b in zip(marks, marks[1:])]
