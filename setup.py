@@ -25,7 +25,12 @@ def _extension_kwargs() -> dict:
         return {}
 
     class OptionalBuildExtension(BuildExtension):
-        """A compile failure degrades to the fallbacks instead of failing the install."""
+        """A compile failure degrades to the fallbacks instead of failing the install.
+
+        Each extension fails on its own (``fastpipe._jpeg`` needs libjpeg's headers, ``fastpipe._C``
+        does not), and a failed one is left out of what is copied in place and reported as built,
+        which would otherwise fail on its missing file.
+        """
 
         def build_extension(self, ext):  # noqa: D401 - setuptools hook
             try:
@@ -33,7 +38,26 @@ def _extension_kwargs() -> dict:
             except Exception as exc:  # the compiler's errors vary by toolchain
                 if os.environ.get("FASTPIPE_REQUIRE_EXT") == "1":
                     raise
-                print(f"fastpipe: C++ extension not built ({exc}); using fallbacks", file=sys.stderr)
+                self._failed = getattr(self, "_failed", set()) | {ext.name}
+                print(f"fastpipe: C++ extension {ext.name} not built ({exc}); using fallbacks", file=sys.stderr)
+
+        def _built_only(self, method, *args):
+            failed = getattr(self, "_failed", set())
+            everything = self.extensions
+            self.extensions = [ext for ext in everything if ext.name not in failed]
+            try:
+                return method(*args)
+            finally:
+                self.extensions = everything
+
+        def copy_extensions_to_source(self):  # noqa: D401 - setuptools hook (build_ext --inplace)
+            return self._built_only(super().copy_extensions_to_source)
+
+        def get_outputs(self):  # noqa: D401 - setuptools hook (wheels, editable installs)
+            return self._built_only(super().get_outputs)
+
+        def get_output_mapping(self):  # noqa: D401 - setuptools hook (editable installs)
+            return self._built_only(super().get_output_mapping)
 
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     extension = CppExtension(

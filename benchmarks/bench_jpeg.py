@@ -145,7 +145,7 @@ def simplejpeg_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
     try:
         import simplejpeg
     except ImportError:
-        return what, None, "not installed (pip install simplejpeg)"
+        return what, None, "not installed (pip install 'fastpipe[peers]')"
     import torchvision.transforms.v2 as v2
 
     crop = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
@@ -162,7 +162,7 @@ def spdl_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
     try:
         import spdl.io
     except ImportError:
-        return what, None, "not installed (pip install spdl)"
+        return what, None, "not installed (pip install spdl; it also needs the system's FFmpeg libraries, e.g. libavcodec59 libavfilter8)"
     except Exception as exc:  # e.g. the FFmpeg libraries it loads are missing
         return what, None, f"cannot import: {type(exc).__name__}: {exc}"
     import torchvision.transforms as T
@@ -182,7 +182,7 @@ def dali_epoch(files: list[Path], threads: int, batch: int) -> tuple[Callable[[]
     try:
         from nvidia.dali import fn, pipeline_def, types
     except ImportError:
-        return None, "not installed (pip install nvidia-dali-cuda120 --extra-index-url https://pypi.nvidia.com)"
+        return None, "not installed (pip install 'fastpipe[dali]', i.e. nvidia-dali-cuda120)"
     except Exception as exc:
         return None, f"cannot import: {type(exc).__name__}: {exc}"
 
