@@ -510,6 +510,11 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
     std::memcpy(base + plane, base, plane);
     std::memcpy(base + 2 * plane, base, plane);
   }
+  // Keep the buffers for the next image, unless a huge one grew them: a worker should not hold on to
+  // tens of megabytes for the rare large photo.
+  constexpr size_t kKeepBytes = size_t{16} << 20;
+  if (buffers.pixels.capacity() > kKeepBytes) std::vector<uint8_t>().swap(buffers.pixels);
+  if (buffers.mid.capacity() * sizeof(int16_t) > kKeepBytes) std::vector<int16_t>().swap(buffers.mid);
   return out;
 }
 
