@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, current_part, read_sample
+from fastpipe.stages import StageError, TransformPipeline, current_part, read_sample
 
 _UNNEST = object()
 """Path marker: ``__getitem__`` returned the transform's batch-of-one dict unnested (Hugging Face datasets)."""

@@ -7,15 +7,14 @@ DataLoader workers) is sampled alongside, so a saturated CPU shows in every resu
 """
 from __future__ import annotations
 
-import math
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from fastpipe._system import usable_cores
+from fastpipe.cpu import CpuMonitor
 from fastpipe.devices import Device
+from fastpipe.noise import rel_stderr
 from fastpipe.pinning import forget_dead_iterator, pinned_iter, shutdown_iterator
 from fastpipe.workload import Workload
 
@@ -52,78 +51,7 @@ class Measurement:
     @property
     def rel_stderr(self) -> float:
         """Relative standard error of the mean step time, from whole rounds when there are several."""
-        size = max(1, self.round_size)
-        rounds = [sum(self.step_times[i:i + size]) for i in range(0, len(self.step_times) - size + 1, size)]
-        if len(rounds) >= 3:
-            return statistics.stdev(rounds) / statistics.fmean(rounds) / math.sqrt(len(rounds))
-        return self.spread / math.sqrt(max(1, len(self.step_times)))
-
-
-class CpuMonitor:
-    """Samples the CPU time of a process and all its descendants in a background thread.
-
-    Descendants come and go (DataLoader workers die with their iterator), so each pid's
-    latest CPU time is remembered; pids seen first inside the window count from zero.
-    """
-
-    def __init__(self, interval_s: float = 0.1, cores: int | None = None) -> None:
-        try:  # imported here so fastpipe still measures throughput where psutil is missing
-            import psutil
-        except ImportError:
-            psutil = None
-        self._psutil = psutil
-        self.interval_s = interval_s
-        self.cores = cores or usable_cores()
-        self._root = psutil.Process() if psutil is not None else None
-        self._baseline: dict[int, float] = {}
-        self._latest: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._wall_start = 0.0
-        self._wall = 0.0
-        self.cpu_util = math.nan if psutil is None else 0.0
-        self.system_cpu_util = math.nan if psutil is None else 0.0
-
-    def _sample(self) -> dict[int, float]:
-        seen: dict[int, float] = {}
-        try:
-            processes = [self._root, *self._root.children(recursive=True)]
-        except self._psutil.Error:
-            processes = [self._root]
-        for proc in processes:
-            try:
-                times = proc.cpu_times()
-                seen[proc.pid] = times.user + times.system
-            except self._psutil.Error:
-                continue  # exited between listing and reading
-        return seen
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._latest.update(self._sample())
-
-    def __enter__(self) -> "CpuMonitor":
-        if self._psutil is None:
-            return self
-        self._baseline = self._sample()
-        self._latest = dict(self._baseline)
-        self._psutil.cpu_percent(interval=None)  # starts the system-wide window
-        self._wall_start = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, name="fastpipe-cpu-monitor", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._psutil is None:
-            return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._latest.update(self._sample())
-        self._wall = time.perf_counter() - self._wall_start
-        used = sum(cpu - self._baseline.get(pid, 0.0) for pid, cpu in self._latest.items())
-        self.cpu_util = max(0.0, used / (self._wall * self.cores)) if self._wall > 0 else 0.0
-        self.system_cpu_util = self._psutil.cpu_percent(interval=None) / 100.0
+        return rel_stderr(self.step_times, self.round_size)
 
 
 class LoaderCycle:

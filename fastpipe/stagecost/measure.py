@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,12 +29,13 @@ from fastpipe.stagecost.timing import (
     BatchTimings,
     TimedCollate,
     TimedDataset,
-    _ChildCpu,
     _Tap,
     timed_loader,
     untimed_loader,
 )
+from fastpipe.cpu import CpuMonitor
 from fastpipe.discovery import find_pipeline
+from fastpipe.noise import rel_stderr
 from fastpipe.stages import RAW_STAGE, StageError
 from fastpipe.workload import Workload, loader_batch_size
 
@@ -142,18 +142,8 @@ def _pipeline_error(exc: BaseException, what: str) -> PipelineError:
 
 
 def round_noise(step_times: list[float], workers: int) -> float:
-    """Relative standard error of the mean step time, over whole rounds of ``workers`` steps.
-
-    With several workers, batches arrive in bursts (one step waits, the next finds its batch
-    ready), so single step times vary far more than throughput does; rounds average that out.
-    Falls back to single steps when there are fewer than two rounds.
-    """
-    size = max(1, workers)
-    rounds = [sum(step_times[i:i + size]) for i in range(0, len(step_times) - size + 1, size)]
-    values = rounds if len(rounds) >= 2 else step_times
-    if len(values) < 2:
-        return 0.0
-    return statistics.stdev(values) / statistics.fmean(values) / math.sqrt(len(values))
+    """Relative standard error of the mean step time over whole rounds of ``workers`` steps (:func:`fastpipe.noise.rel_stderr`)."""
+    return rel_stderr(step_times, workers)
 
 
 @dataclass
@@ -166,7 +156,7 @@ class _Pass:
 
 def _run_pass(workload: Workload, device: Device, loader: Any, steps: int, warmup: int, tap: _Tap | None = None) -> _Pass:
     """The workload's own loop over ``loader`` (a DataLoader or a timing tap), timed after warm-up."""
-    children = _ChildCpu()
+    children = CpuMonitor()
     batches = device_batches(dataclasses.replace(workload, loader=loader), device)
 
     def on_step(i: int) -> None:
@@ -196,7 +186,7 @@ def _run_pass(workload: Workload, device: Device, loader: Any, steps: int, warmu
     # (timings themselves arrive a batch or two ahead of their step, through the pin thread)
     batch_size = loader_batch_size(workload.loader)
     samples = steps * batch_size if batch_size else sum(r.samples for r in (tap.measured() if tap is not None else []))
-    return _Pass(measurement, children.seconds, samples)
+    return _Pass(measurement, children.children_seconds, samples)
 
 
 def _worker_cpu_ms(passes: list[_Pass], workers: int) -> float | None:

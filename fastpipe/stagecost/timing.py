@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -236,56 +234,6 @@ class _TapIterator:
 
     def close(self) -> None:
         shutdown_iterator(self.source)
-
-
-class _ChildCpu:
-    """CPU seconds used by this process's children (the DataLoader workers), sampled in a thread.
-
-    Workers can come and go (a new epoch restarts non-persistent workers), so each pid's latest
-    reading is kept; a pid first seen inside the window counts from zero.
-    """
-
-    def __init__(self, interval_s: float = 0.2) -> None:
-        self.interval_s = interval_s
-        self._root = psutil.Process()
-        self._baseline: dict[int, float] = {}
-        self._latest: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.seconds = 0.0
-
-    def _sample(self) -> dict[int, float]:
-        seen = {}
-        try:
-            children = self._root.children(recursive=True)
-        except psutil.Error:
-            return seen
-        for child in children:
-            try:
-                times = child.cpu_times()
-                seen[child.pid] = times.user + times.system
-            except psutil.Error:
-                continue
-        return seen
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._latest.update(self._sample())
-
-    def start(self) -> None:
-        self._baseline = self._sample()
-        self._latest = dict(self._baseline)
-        self._thread = threading.Thread(target=self._run, name="fastpipe-worker-cpu", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-        self._latest.update(self._sample())
-        self.seconds = sum(cpu - self._baseline.get(pid, 0.0) for pid, cpu in self._latest.items())
 
 
 def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[DataLoader, list[str]]:
