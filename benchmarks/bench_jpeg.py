@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import platform
 import random
 import statistics
@@ -141,7 +142,7 @@ def main_candidates() -> dict[str, tuple[str, Callable[[Path], Any]]]:
 
 
 def simplejpeg_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
-    what = "simplejpeg.decode_jpeg (full) + v2 RandomResizedCrop + flip (uint8)"
+    what = "simplejpeg.decode_jpeg (full; PIL for CMYK) + v2 RandomResizedCrop + flip (uint8)"
     try:
         import simplejpeg
     except ImportError:
@@ -150,8 +151,14 @@ def simplejpeg_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
 
     crop = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
 
+    from PIL import Image
+
     def sample(path: Path) -> torch.Tensor:
-        pixels = simplejpeg.decode_jpeg(path.read_bytes(), colorspace="RGB")
+        data = path.read_bytes()
+        try:
+            pixels = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        except ValueError:  # what it cannot decode (CMYK), a user would hand to PIL
+            pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         return crop(torch.from_numpy(pixels).permute(2, 0, 1))
 
     return what, sample, "ok"
@@ -364,6 +371,25 @@ def loader_table(rows: list[Row]) -> list[str]:
     return lines
 
 
+def issue_targets(rows: dict[str, Row], loader_rows: list[Row]) -> list[tuple[str, float, str]]:
+    """Issue 13's "Must show" ratios, each measured in this run (a peer that did not run gives no line)."""
+    fast = rows["fastpipe"].median_ms
+    out: list[tuple[str, float, str]] = []
+
+    def add(name: str, value: float, goal: float) -> None:
+        out.append((name, value, "PASS" if value >= goal else f"FAIL (goal {goal:g}x)"))
+
+    add("cost: usual PIL recipe / fastpipe >= 4x", rows["pil-recipe"].median_ms / fast, 4)
+    add("cost: torchvision.io + v2 / fastpipe >= 2x", rows["torchvision-v2"].median_ms / fast, 2)
+    if rows["dali-cpu"].status == "ok":
+        add("images/s, 1 thread: fastpipe / DALI CPU >= 2x (wall)", rows["dali-cpu"].median_ms / rows["fastpipe-wall"].median_ms, 2)
+    by_name = {r.name.split(" (")[0]: r for r in loader_rows}
+    if "dali-cpu" in by_name and "fastpipe" in by_name:
+        threads = by_name["dali-cpu"].name.split("(")[1].split()[0]
+        add(f"images/s, {threads} workers / threads: fastpipe / DALI CPU >= 2x", by_name["dali-cpu"].median_ms / by_name["fastpipe"].median_ms, 2)
+    return out
+
+
 def plot(rows: list[Row], path: Path) -> str | None:
     try:
         import matplotlib
@@ -399,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(RESULTS), help="folder for bench_jpeg.{json,md,png}")
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()[0]
     torch.set_num_threads(1)
     torch.manual_seed(0)
     random.seed(0)
@@ -418,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = Row(name, what, clock, status=status)
         if fn is not None:
             try:
-                fn(files[0])
+                for path in files:  # a peer must decode every file to be timed on the same work
+                    fn(path)
                 fns[name] = over_files(fn, files, time.thread_time if clock == "thread CPU" else time.perf_counter)
             except Exception as exc:  # a peer that imports but cannot decode here, e.g. without FFmpeg's libraries
                 rows[name].status = f"cannot run: {type(exc).__name__}: {str(exc)[:300]}"
@@ -453,12 +481,14 @@ def main(argv: list[str] | None = None) -> int:
         time_rounds({r.name: r for r in loader_rows}, loader_fns, args.rounds, len(files))
 
     headers = header_costs(files)
+    targets = issue_targets(rows, loader_rows)
     ordered = list(rows.values())
     single = table(ordered, "fastpipe")
     lines = [
         "# bench_jpeg: JPEG file to a 224x224 RandomResizedCrop + flip sample",
         "",
-        f"Corpus: {origin}. Machine: {platform.machine()}, {torch.get_num_threads()} torch thread, "
+        f"Corpus: {origin}. Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load_before:.1f} before "
+        f"and {os.getloadavg()[0]:.1f} after (other processes share it), {torch.get_num_threads()} torch thread, "
         f"python {platform.python_version()}, torch {torch.__version__}; {fjpeg.jpeg_op_status()}.",
         f"{args.rounds} rounds, candidates in a shuffled order each round; median of the rounds' mean cost per image.",
         "",
@@ -478,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
             *loader_table(loader_rows),
             "",
         ]
+    lines += ["Issue 13's targets, as measured in this run:", "", "| target | measured | verdict |", "|---|---:|---|"]
+    lines += [f"| {name} | {value:.2f}x | {verdict} |" for name, value, verdict in targets] + [""]
     lines += ["Header read, bytes in memory, best of 3 (us per file): " + ", ".join(f"{k} {v:.1f}" for k, v in headers.items()), ""]
     text = "\n".join(lines)
     print()
@@ -497,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         "flavour_counts": {g: len(idx) for g, idx in groups.items()},
         "loader": [asdict(r) | {"median_ms": r.median_ms} for r in loader_rows],
         "header_us": headers,
+        "issue_targets": [{"target": t, "measured": v, "verdict": verdict} for t, v, verdict in targets],
     }
     (out / "bench_jpeg.json").write_text(json.dumps(payload, indent=2) + "\n")
     note = plot(ordered, out / "bench_jpeg.png")
