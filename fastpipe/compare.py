@@ -108,12 +108,16 @@ class Comparison:
     def __str__(self) -> str:
         return self.to_table()
 
+    def colors(self) -> list[str]:
+        """Each rung's bar colour, in the colour language of every fastpipe picture."""
+        return [COLORS["minor"] if v.improved is False else COLORS["gain"] if v.improved else COLORS["reference"] for v in self.variants]
+
     def plot(self, path: str) -> str:
         """Each rung's step time, the device step marked; colours as in every fastpipe picture."""
         plt = pyplot()
         names = [v.name for v in self.variants]
         times = [v.ms_per_step for v in self.variants]
-        colors = [COLORS["minor"] if v.improved is False else COLORS["gain"] if v.improved else COLORS["reference"] for v in self.variants]
+        colors = self.colors()
         fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
         ax.barh(names[::-1], times[::-1], color=colors[::-1])
         ax.axvline(self.device_step_ms, color=COLORS["device"], linestyle="--", linewidth=1.5,

@@ -628,7 +628,8 @@ def diagnose(
                            "(set pool= / --pool to choose)")
     diagnosis = _Diagnosis(runner, workload, threshold, strategy, pool_reason)
     if not device.runs_model and not any("simulates the step" in note for note in workload.notes):
-        diagnosis.report.notes.append(f"{device.spec} simulates the step: the training step itself is not run")
+        diagnosis.report.notes.append(f"{device.spec} simulates the step: the training step itself is not run "
+                                      "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)")
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             diagnosis.run()

@@ -236,6 +236,21 @@ class Report:
         return self.to_table()
 
     # ----- picture ----------------------------------------------------------------------
+    def waterfall(self) -> list[tuple[str, float, float, str]]:
+        """The bars of :meth:`plot`: (stage label, start ms, width ms, colour), the device step first."""
+        named = {b.between for b in self.bottlenecks}
+        unresolved = {b.between for b in self.unresolved}
+        bars: list[tuple[str, float, float, str]] = []
+        if self.device_step_ms:
+            bars.append(("device step (the bound)", 0.0, self.device_step_ms, COLORS["device"]))
+            start = self.device_step_ms
+            for c in self.components:
+                width = c.added_ms  # a negative span (noise) steps back, so the bars still end at the baseline step
+                colour = COLORS["cost"] if c.between in named else COLORS["unresolved"] if c.between in unresolved else COLORS["minor"]
+                bars.append((f"{'≥ ' if c.at_least else ''}{c.stage}", start, width, colour))
+                start += width
+        return bars
+
     def plot(self, path: str) -> str:
         """A waterfall of the baseline step: the device step, then each stage's added time; returns ``path``.
 
@@ -243,22 +258,12 @@ class Report:
         named as a cost, an unresolved one, and spans within noise or the threshold.
         """
         plt = pyplot()
-        named = {b.between for b in self.bottlenecks}
-        unresolved = {b.between for b in self.unresolved}
-        bars: list[tuple[str, float, float, str]] = []  # (label, start, width, colour)
-        if self.device_step_ms:
-            bars.append(("device step (the bound)", 0.0, self.device_step_ms, COLORS["device"]))
-            start = self.device_step_ms
-            for c in self.components:
-                width = max(0.0, c.added_ms)
-                colour = COLORS["cost"] if c.between in named else COLORS["unresolved"] if c.between in unresolved else COLORS["minor"]
-                bars.append((f"{'≥ ' if c.at_least else ''}{c.stage}", start, width, colour))
-                start += width
+        bars = self.waterfall()
         fig, ax = plt.subplots(figsize=(9, 0.45 * max(1, len(bars)) + 1.8))
         labels = [b[0] for b in bars][::-1]
         ax.barh(labels, [b[2] for b in bars][::-1], left=[b[1] for b in bars][::-1], color=[b[3] for b in bars][::-1])
         for y, (_, start, width, _) in enumerate(bars[::-1]):
-            ax.text(start + width, y, f" {width:.0f} ms", va="center", fontsize=8)
+            ax.text(start + max(width, 0.0), y, f" {width:+.0f} ms" if y < len(bars) - 1 else f" {width:.0f} ms", va="center", fontsize=8)
         if self.baseline_step_ms:
             ax.axvline(self.baseline_step_ms, color="black", linestyle="--", linewidth=1, label=f"baseline step ({self.baseline_step_ms:.0f} ms)")
         from matplotlib.patches import Patch
@@ -270,7 +275,7 @@ class Report:
         line_handles, _ = ax.get_legend_handles_labels()
         ax.legend(handles=handles + line_handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False, fontsize=8)
         ax.set_xlabel("milliseconds per step (each bar starts where the one above ends; together they make the baseline step)")
-        ax.set_xlim(0, max([b[1] + b[2] for b in bars] + [self.baseline_step_ms or 0]) * 1.15 or 1)
+        ax.set_xlim(0, max([b[1] + max(b[2], 0.0) for b in bars] + [self.baseline_step_ms or 0]) * 1.15 or 1)
         ax.set_title(f"{self.workload} on {self.device}: {self.verdict}", fontsize=10, pad=36)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
