@@ -189,6 +189,14 @@ def test_jpeg_size_reads_the_header(flavours: dict[str, bytes], tmp_path: Path) 
     png = tmp_path / "a.png"
     Image.new("RGB", (31, 17)).save(png)
     assert jpeg.jpeg_size(png) == (17, 31)
+    # Markers before the frame header: EXIF (APP1), an ICC profile (APP2), a comment; the walk skips them.
+    exif = Image.Exif()
+    exif[0x010F] = "fastpipe test camera"
+    photo = _photo().resize((321, 123))
+    icc = b"\0" * 3000  # an opaque profile: only its length matters to the marker walk
+    data = _encode(photo, quality=80, exif=exif.tobytes(), icc_profile=icc, comment=b"x" * 100)
+    assert data[2:4] != b"\xff\xc0"
+    assert jpeg.jpeg_size(data) == (123, 321)
 
 
 @requires_op
