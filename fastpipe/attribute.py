@@ -89,9 +89,11 @@ class Attribution:
         return -added > max(noise, self.threshold * self.device_s)
 
     def at_bound(self, point: str) -> bool:
+        """The point runs at the device step, within noise and threshold: its own pipeline work hides under the step."""
         if point == "device":
             return True
-        return self.corrected_s(point) - self.device_s <= difference_noise_s(self.results[point], self.results["device"])
+        excess = self.corrected_s(point) - self.device_s
+        return excess <= max(difference_noise_s(self.results[point], self.results["device"]), self.threshold * self.device_s)
 
     def components(self, baseline_s: float | None) -> list[Bottleneck]:
         """One entry per pair of neighbouring measured points, in order from the device down."""

@@ -247,7 +247,7 @@ class Report:
             for c in self.components:
                 width = c.added_ms  # a negative span (noise) steps back, so the bars still end at the baseline step
                 colour = COLORS["cost"] if c.between in named else COLORS["unresolved"] if c.between in unresolved else COLORS["minor"]
-                bars.append((f"{'≥ ' if c.at_least else ''}{c.stage}", start, width, colour))
+                bars.append((f"{'≥ ' if c.at_least and c.between in named else ''}{c.stage}", start, width, colour))
                 start += width
         return bars
 
