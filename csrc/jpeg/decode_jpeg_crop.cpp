@@ -97,7 +97,7 @@ struct Decompressor {
 };
 
 [[noreturn]] void fail(const ErrorManager& err) {
-  TORCH_CHECK(false, "corrupt or truncated JPEG: ", err.message);
+  TORCH_CHECK(false, "cannot decode the JPEG (corrupt, truncated or unsupported): ", err.message);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,7 +23,12 @@ photographs at several sizes, qualities and flavours:
   differ by tens of levels.
 
 A truncated file is an error when the truncation falls inside the rows the box needs; the
-decoder stops after the box's last row, so damage below it goes unnoticed.
+decoder stops after the box's last row, so damage below it goes unnoticed. EXIF orientation
+is not applied, as in PIL's ``Image.open`` and torchvision's ``decode_jpeg`` by default.
+
+Cost: the decoder must still entropy-decode every row above the box and, for progressive
+files, the whole image; that, not the pixels, is most of what is left (see
+``benchmarks/bench_jpeg.py``, which splits baseline and progressive files).
 """
 from __future__ import annotations
 
