@@ -12,6 +12,11 @@ A slot goes back to its worker when the batch in it is no longer used:
 * a batch still referred to long after the loop moved on has been kept: its buffer becomes
   yours, never to be overwritten, and the worker gets a new one for that slot (``kept`` in
   :meth:`RecycledLoader.stats`).
+
+On the simulated device "device" tensors alias host memory (see :mod:`fastpipe.devices`), so once
+a slot is released at its modelled copy's ready time, the sim batch may show a later batch's
+values. The sim step never reads them; check values on ``cpu``, where the step reads the host
+batch itself and it is released only once unused.
 """
 from __future__ import annotations
 
