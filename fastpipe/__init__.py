@@ -13,6 +13,7 @@ from fastpipe.errors import (
 )
 from fastpipe.measure import Measurement, measure_workload
 from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
+from fastpipe.recycle import RecycledLoader, recycled, release, releasing
 from fastpipe.report import Report
 from fastpipe.stagecost import StageCosts, explain_saturation, measure_stage_costs
 from fastpipe.discovery import find_pipeline
@@ -32,6 +33,10 @@ __all__ = [
     "TuneResult",
     "Normalize",
     "ConvertColorScale",
+    "recycled",
+    "RecycledLoader",
+    "release",
+    "releasing",
     "Stages",
     "find_pipeline",
     "Advice",

@@ -524,7 +524,8 @@ def rebuild_loader(loader: DataLoader, dataset: Any, *, timeout: float | None = 
     ``timeout`` replaces the loader's only when the loader has none, as a guard against hangs.
     """
     if not isinstance(loader, DataLoader) and hasattr(loader, "with_dataset"):
-        return loader.with_dataset(dataset)  # e.g. a RayLoader rebuilds itself around the wrapped dataset
+        # e.g. a RayLoader or a RecycledLoader rebuilds itself around the wrapped dataset
+        return loader.with_dataset(dataset, **overrides) if overrides else loader.with_dataset(dataset)
 
     def setting(name: str) -> Any:
         return overrides[name] if name in overrides else getattr(loader, name)

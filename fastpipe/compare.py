@@ -29,6 +29,7 @@ TOY_LADDER: list[tuple[str, str]] = [
     ("+ uint8 on the host, colour on the device", "toy:uint8-host"),
     ("+ crop-first raw loading", "toy:crop-first"),
     ("+ prefetcher (= toy:optimized)", "toy:optimized"),
+    ("+ recycled batch memory", "toy:recycled"),
 ]
 
 

@@ -106,6 +106,7 @@ class _Runner:
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
         self.rank_spreads: dict[str, ddp.RankSpread] = {}
+        self.baseline_loader: Any = None
         self.progress = _Progress(progress and ddp.is_rank0())
 
     # ----- batch sources -----------------------------------------------------------------
@@ -150,6 +151,8 @@ class _Runner:
             return (lambda: self._device_transform(self.device.to_device(next(cycle), non_blocking=non_blocking))), (lambda: None), None
         dataset = self._dataset(point)
         loader = rebuild_loader(self.workload.loader, dataset, timeout=self.worker_timeout)
+        if point == "baseline":
+            self.baseline_loader = loader  # what the user's own loop runs: its stats (e.g. recycled memory) go in the report
         batches = device_batches(dataclasses.replace(self.workload, loader=loader), self.device)
         return (lambda: next(batches)), batches.close, dataset
 
@@ -434,6 +437,9 @@ class _Diagnosis:
             report.notes.append(f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was "
                                 f"timed inside the workers ({listed} per sample) and taken out of each point's step")
         report.caveats += self._caveats(report)
+        stats = getattr(self.runner.baseline_loader, "stats", None)
+        if callable(stats):
+            report.notes += _loader_stat_notes(stats())
         if self.runner.rank_spreads:
             point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
             _, size = ddp.world() or (0, 1)
@@ -473,6 +479,16 @@ class _Diagnosis:
             caveats.append(f"{len(imprecise)} point(s) did not reach the {self.runner.target:.0%} precision target within the "
                            f"{self.runner.budget_s:g} s budget ({listed}); raise --budget for a firmer answer")
         return caveats
+
+
+def _loader_stat_notes(stats: dict[str, Any]) -> list[str]:
+    """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
+    if "reused" not in stats:
+        return []
+    line = (f"recycled batch memory: {stats['reused']} of {stats['batches']} batches went into reused buffers; "
+            f"{stats['fallbacks']} fresh allocations because every slot was in use (raise slots=), {stats['grown']} larger "
+            f"buffers (batches outgrew their slot), {stats['kept']} batches kept by the loop")
+    return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
 def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int) -> None:
