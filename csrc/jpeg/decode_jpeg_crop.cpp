@@ -369,7 +369,7 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= 65535 && out_w <= 65535, "decode_jpeg_crop: output size must be positive, got ", out_h, "x", out_w);
   TORCH_CHECK(height > 0 && width > 0 && top >= 0 && left >= 0, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
               ", width=", width, ") must have top, left >= 0 and a positive size");
-  TORCH_CHECK(data.numel() > 2, "corrupt or truncated JPEG: only ", data.numel(), " bytes");
+  TORCH_CHECK(data.numel() > 2, "cannot decode the JPEG (corrupt, truncated or unsupported): only ", data.numel(), " bytes");
   const at::Tensor bytes = data.contiguous();
 
   Decompressor d;
@@ -386,8 +386,8 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   TORCH_CHECK(top + height <= image_h && left + width <= image_w, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
               ", width=", width, ") is not inside the ", image_h, "x", image_w, " image");
 
-  // The coarsest DCT scale at which the box still covers the output.
-  int num = 8;  // the DCT scale is num / 8: the coarsest of 1/8, 1/4, 1/2 at which the box still covers the output
+  // The DCT scale is num / 8: the coarsest of 1/8, 1/4, 1/2 at which the box still covers the output.
+  int num = 8;
   for (int m : {1, 2, 4}) {
     if (width * m >= out_w * 8 && height * m >= out_h * 8) {
       num = m;
@@ -449,7 +449,8 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
       })) {
     fail(d.err);
   }
-  TORCH_CHECK(rows_read == rows, "corrupt or truncated JPEG: libjpeg returned no data at row ", vert.lo + rows_read);
+  TORCH_CHECK(rows_read == rows, "cannot decode the JPEG (corrupt, truncated or unsupported): libjpeg returned no data at row ",
+              vert.lo + rows_read);
   // Stop here: the Decompressor's destructor aborts the decode of the rows below the box.
 
   // Vertical pass over the columns the horizontal pass reads, into rows with ksize pixels of
