@@ -275,3 +275,15 @@ def test_opcheck(flavours: dict[str, bytes]) -> None:
         data = torch.frombuffer(bytearray(flavours[name]), dtype=torch.uint8)
         opcheck(torch.ops.fastpipe.decode_jpeg_crop.default, (data, 10, 20, 300, 400, 224, 224, False))
         opcheck(torch.ops.fastpipe.decode_jpeg_crop.default, (data, 0, 0, 375, 500, 64, 48, True))
+
+
+@requires_op
+def test_threads_decode_the_same_as_one(flavours: dict[str, bytes]) -> None:
+    """Each thread keeps its own scratch buffers: concurrent calls on different files and boxes equal serial ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(data, (i, 2 * i, 150 + i, 120 + 3 * i), (64 + i, 96), i % 2 == 0) for i, data in enumerate(flavours.values())] * 3
+    serial = [jpeg.decode_jpeg_crop(*job) for job in jobs]
+    with ThreadPoolExecutor(3) as pool:
+        concurrent = list(pool.map(lambda job: jpeg.decode_jpeg_crop(*job), jobs))
+    assert all(torch.equal(a, b) for a, b in zip(serial, concurrent))
