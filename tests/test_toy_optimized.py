@@ -19,8 +19,9 @@ LADDER = ["fast-transforms", "uint8-host", "prefetch", "fast-raw", "optimized"]
 
 
 def test_variants_are_registered_in_ladder_order() -> None:
-    assert list(VARIANT_OPTIMIZATIONS) == [*LADDER, "crop-first"]
+    assert list(VARIANT_OPTIMIZATIONS) == [*LADDER, "crop-first", "recycled"]
     assert VARIANT_OPTIMIZATIONS["crop-first"] == replace(VARIANT_OPTIMIZATIONS["optimized"], prefetch=False)
+    assert VARIANT_OPTIMIZATIONS["recycled"] == replace(VARIANT_OPTIMIZATIONS["optimized"], recycled=True)
     assert all(name in VARIANTS for name in ["naive", *LADDER])
     flags = [VARIANT_OPTIMIZATIONS[name] for name in LADDER]
     for before, after in zip(flags, flags[1:]):  # cumulative: each step keeps every fix of the one before
