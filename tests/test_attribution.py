@@ -76,9 +76,14 @@ class AddOneInPlace:
 
 
 def test_a_cheap_stage_after_a_large_cached_tensor_is_not_named() -> None:
-    # a 4 ms step: copying the cached 12 MB raw tensor for 8 samples over 2 workers would add several steps' worth
-    report = run(BigRaw(T.Compose([SliceCrop(), AddOneInPlace()])), "sim:4", batch=8, threshold=0.15)
+    # The raw point caches the 12 MB raw tensor and, since AddOneInPlace writes through the crop's view into it,
+    # copies it for every sample: ~5 ms a sample, 8 samples over 2 workers, some 20 ms a step on top of the
+    # Slow stage's 80. Without the copy measured in the workers and taken out, SliceCrop (a view: microseconds)
+    # would be named for that time.
+    transform = T.Compose([SliceCrop(), AddOneInPlace(), Slow(20)])
+    report = run(BigRaw(transform), "sim:40", batch=8, threshold=0.15)
     assert "SliceCrop" not in {b.stage for b in report.bottlenecks}, report.to_table()
+    assert "Slow" in {b.stage for b in report.bottlenecks}, report.to_table()
     raw = report.experiment("raw")
     assert raw is not None and raw.copy_ms_per_sample > 0, "the raw point's copy of the 12 MB tensor was timed in the workers"
 
