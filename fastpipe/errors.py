@@ -37,3 +37,7 @@ class PipelineError(FastpipeError, RuntimeError):
     def __init__(self, message: str, stage: str | None = None) -> None:
         super().__init__(message)
         self.stage = stage
+
+
+class CorruptImageError(FastpipeError, OSError):
+    """An image file that cannot be decoded: truncated, corrupt, or not an image. The message names the file."""

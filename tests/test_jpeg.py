@@ -11,7 +11,7 @@ import torchvision.transforms as T
 from PIL import Image
 
 from fastpipe.errors import ConfigError
-from fastpipe.transforms.jpeg import JpegRandomResizedCrop, dct_scale_for, decode_jpeg_crop, decode_jpeg_reduced
+from fastpipe.transforms.jpeg import JpegRandomResizedCrop, dct_scale_for, decode_pil_draft_crop, decode_jpeg_reduced
 
 SIZE = (640, 480)  # width, height
 
@@ -55,7 +55,7 @@ def test_dct_scale_for() -> None:
 
 def test_large_box_decodes_at_reduced_scale_and_matches_full_decode(jpeg_path: Path, drafts: list) -> None:
     box, size = (40, 20, 600, 460), (128, 96)
-    out = decode_jpeg_crop(jpeg_path, box, size)
+    out = decode_pil_draft_crop(jpeg_path, box, size)
     assert out.size == size and out.mode == "RGB"
     assert drafts == [(SIZE[0] // 4, SIZE[1] // 4)]  # 560x440 box -> 128x96 output allows 1/4 scale
     difference = np.abs(np.asarray(out, dtype=np.float64) - full_decode(jpeg_path, box, size))
@@ -64,7 +64,7 @@ def test_large_box_decodes_at_reduced_scale_and_matches_full_decode(jpeg_path: P
 
 def test_small_box_decodes_at_full_size_exactly(jpeg_path: Path, drafts: list) -> None:
     box, size = (100, 100, 300, 260), (200, 160)
-    out = decode_jpeg_crop(jpeg_path, box, size)
+    out = decode_pil_draft_crop(jpeg_path, box, size)
     assert drafts == []  # no reduction possible: the decoder was not touched
     assert np.array_equal(np.asarray(out, dtype=np.float64), full_decode(jpeg_path, box, size))
 
@@ -91,14 +91,14 @@ def test_random_resized_crop_loader(jpeg_path: Path) -> None:
 def test_non_jpeg_files_decode_at_full_size(tmp_path: Path) -> None:
     path = tmp_path / "image.png"
     Image.fromarray(np.full((64, 80, 3), 90, dtype=np.uint8)).save(path)
-    out = decode_jpeg_crop(path, (0, 0, 80, 64), (20, 16))
+    out = decode_pil_draft_crop(path, (0, 0, 80, 64), (20, 16))
     assert out.size == (20, 16) and np.asarray(out).max() == 90
 
 
 def test_bad_boxes_and_sizes(jpeg_path: Path) -> None:
     with pytest.raises(ConfigError, match="not inside"):
-        decode_jpeg_crop(jpeg_path, (0, 0, 700, 100), (10, 10))
+        decode_pil_draft_crop(jpeg_path, (0, 0, 700, 100), (10, 10))
     with pytest.raises(ConfigError, match="positive"):
-        decode_jpeg_crop(jpeg_path, (0, 0, 100, 100), (0, 10))
+        decode_pil_draft_crop(jpeg_path, (0, 0, 100, 100), (0, 10))
     with pytest.raises(ConfigError, match="positive"):
         decode_jpeg_reduced(jpeg_path, 0)

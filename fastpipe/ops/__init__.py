@@ -39,6 +39,14 @@ def require_extension() -> None:
 
 
 from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_, random_mask_out  # noqa: E402  (needs the flags above)
+from fastpipe.ops.jpeg import (  # noqa: E402  (its own library and load flag, fastpipe._jpeg)
+    JPEG_OP_AVAILABLE,
+    CorruptImageError,
+    decode_jpeg_crop,
+    jpeg_op_status,
+    jpeg_size,
+    which_decoder,
+)
 
 __all__ = [
     "EXTENSION_AVAILABLE",
@@ -49,4 +57,10 @@ __all__ = [
     "apply_mask_",
     "random_mask_",
     "random_mask_out",
+    "JPEG_OP_AVAILABLE",
+    "CorruptImageError",
+    "decode_jpeg_crop",
+    "jpeg_op_status",
+    "jpeg_size",
+    "which_decoder",
 ]

@@ -38,7 +38,7 @@ from typing import Union
 
 import torch
 
-from fastpipe.errors import ConfigError, ExtensionUnavailableError, FastpipeError
+from fastpipe.errors import ConfigError, CorruptImageError, ExtensionUnavailableError, FastpipeError
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, torch.Tensor]
 
@@ -54,10 +54,6 @@ except (ImportError, OSError) as exc:
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # Start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-class CorruptImageError(FastpipeError, OSError):
-    """An image file that cannot be decoded: truncated, corrupt, or not an image. The message names the file."""
 
 
 def jpeg_op_status() -> str:

@@ -42,7 +42,7 @@ def _draft(im: Image.Image, scale: int) -> float:
     return width / chosen[1][2]  # chosen = (mode, box of the original image in reduced coordinates)
 
 
-def decode_jpeg_crop(
+def decode_pil_draft_crop(
     source: "str | PathLike[str] | BinaryIO", box: Box, size: tuple[int, int], resample: int = Image.BILINEAR
 ) -> Image.Image:
     """The region ``box`` (left, top, right, bottom, in full-size pixels) resized to ``size`` = (width, height), as RGB.
@@ -52,7 +52,7 @@ def decode_jpeg_crop(
     up to the difference between DCT-domain and pixel-domain downscaling.
     """
     if size[0] <= 0 or size[1] <= 0:
-        raise ConfigError(f"decode_jpeg_crop needs a positive output size, got {size}")
+        raise ConfigError(f"decode_pil_draft_crop needs a positive output size, got {size}")
     with Image.open(source) as im:
         left, top, right, bottom = box
         if not (0 <= left < right <= im.size[0] and 0 <= top < bottom <= im.size[1]):
@@ -83,7 +83,7 @@ class JpegRandomResizedCrop:
 
     The crop box is drawn first, with torchvision's own ``RandomResizedCrop.get_params`` (so
     the distribution of boxes is torchvision's), from the image size in the header; then only
-    as much of the image is decoded as that box needs (:func:`decode_jpeg_crop`).
+    as much of the image is decoded as that box needs (:func:`decode_pil_draft_crop`).
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class JpegRandomResizedCrop:
             image_size = im.size
         if hasattr(source, "seek"):
             source.seek(0)
-        return decode_jpeg_crop(source, self.box(image_size), (self.size[1], self.size[0]), self.resample)
+        return decode_pil_draft_crop(source, self.box(image_size), (self.size[1], self.size[0]), self.resample)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
