@@ -89,11 +89,13 @@ class Attribution:
         return -added > max(noise, self.threshold * self.device_s)
 
     def at_bound(self, point: str) -> bool:
-        """The point runs at the device step, within noise and threshold: its own pipeline work hides under the step."""
-        if point == "device":
+        """The point runs as fast as the loop can without workers (the host point, or the device's when it was
+        not measured), within noise and threshold: its own pipeline work hides under the step."""
+        if point in ("device", "host"):
             return True
-        excess = self.corrected_s(point) - self.device_s
-        return excess <= max(difference_noise_s(self.results[point], self.results["device"]), self.threshold * self.device_s)
+        reference = self.results.get("host") or self.results["device"]
+        excess = self.corrected_s(point) - step_s(reference)
+        return excess <= max(difference_noise_s(self.results[point], reference), self.threshold * self.device_s)
 
     def components(self, baseline_s: float | None) -> list[Bottleneck]:
         """One entry per pair of neighbouring measured points, in order from the device down."""
