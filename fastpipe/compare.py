@@ -203,7 +203,8 @@ def compare(
             saved = previous_ms - ms
             gain = previous_ms / ms - 1
             over_bound = max(0.0, previous_ms - device_ms)
-            gap_closed = saved / over_bound if over_bound > 0 else 0.0
+            # against a rung already within 5% of the device step, a share of what is left means nothing
+            gap_closed = saved / over_bound if over_bound > 0.05 * device_ms else None
             noise = 2 * math.hypot(ms * result.noise, previous_ms * previous.noise)
             floor = drift * over_bound
             improved = saved > max(noise, floor)

@@ -432,6 +432,11 @@ def _check_against_stage_costs(report: Report, workload: Workload, device: Devic
         if batch and parts and all(parts):
             b.in_worker_ms = sum(p.ms_per_sample for p in parts) * batch / workers
     report.caveats += _ladder_disagreements(report)
+    # Rank by the larger of the two sizes: the ladder's marginal time misses what a stage hides under the
+    # device step, or loses to the other stages once the CPU is saturated; the in-worker timing misses what
+    # a stage un-hides when it tips the pipeline over the device step.
+    report.bottlenecks.sort(key=lambda b: max(b.added_ms, b.in_worker_ms or 0.0), reverse=True)
+    report.ranked_by = "the larger of the ladder's time and the in-worker timing"
     if any(b.cpu_saturated for b in report.bottlenecks):
         explained = explain_saturation(report, costs)
         if explained:
@@ -455,8 +460,9 @@ def _ladder_disagreements(report: Report) -> list[str]:
     by_ladder = [b.stage for b in sorted(checked, key=lambda b: b.added_ms, reverse=True)]
     by_workers = [b.stage for b in sorted(checked, key=lambda b: b.in_worker_ms or 0.0, reverse=True)]
     if by_ladder[:2] != by_workers[:2] and len(checked) > 1:
-        lines.append(f"the ladder ranks {', '.join(by_ladder[:2])} first, the in-worker timing {', '.join(by_workers[:2])}: "
-                     "trust the in-worker timing for stages whose upper point ran at the device bound")
+        lines.append(f"the ladder ranks {', '.join(by_ladder[:2])} first, the in-worker timing {', '.join(by_workers[:2])}: a stage "
+                     "that tips the pipeline over the device step is charged for what it un-hides, and once the CPU is saturated "
+                     "stages slow each other; the list above ranks by the larger of the two sizes")
     return lines
 
 

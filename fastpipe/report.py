@@ -30,6 +30,7 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
       "components": [StageTime],               # every span between neighbouring points, named or not, in order
       "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
+      "ranked_by": str,                        # what orders "bottlenecks"
       "stage_costs": null | {...}              # fastpipe.stagecost.StageCosts.to_dict()
     }
 
@@ -138,6 +139,8 @@ class Report:
     interrupted: bool = False
     elapsed_s: float = 0.0
     stage_costs: dict[str, Any] | None = None
+    ranked_by: str = "the ladder's time"
+    """How the named stages are ordered (the in-worker timing joins in when it was measured)."""
     stage_cost_lines: list[str] = field(default_factory=list, repr=False)
     """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
 
@@ -189,7 +192,7 @@ class Report:
         if self.interrupted:
             lines.append("Interrupted: this report is partial.")
         if self.bottlenecks:
-            lines.append("Stages that cost time per step, largest first:")
+            lines.append(f"Stages that cost time per step, largest first (by {self.ranked_by}):")
             lines += [self._stage_line(b) for b in self.bottlenecks]
         elif self.experiments and not self.unresolved:
             lines.append("No stage adds more than the threshold and the noise to the step.")

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torchvision
 import torchvision.transforms as T
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from fastpipe._system import usable_cores
 from fastpipe.datasets import DecodeCropOnDevice, EncodedImageFolder, ImageFolder, collate_encoded
@@ -54,6 +54,10 @@ def default_num_workers() -> int:
     return min(MAX_DEFAULT_WORKERS, usable_cores())
 
 
+#: Shuffled passes over the corpus in one epoch of the reference loaders.
+EPOCH_PASSES = 50
+
+
 def usual_recipe(img_size: int = IMG_SIZE) -> T.Compose:
     """The per-sample transform of torchvision's ImageNet training recipe, on PIL images."""
     return T.Compose([T.RandomResizedCrop(img_size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
@@ -65,7 +69,11 @@ def training_loader(dataset: Dataset, batch_size: int, num_workers: int | None, 
     if workers < 0 or batch_size < 1:
         raise ConfigError(f"jpeg workloads need batch_size >= 1 and num_workers >= 0, got {batch_size} and {workers}")
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator, num_workers=workers,
+    # The corpus stands in for a large dataset: an epoch of EPOCH_PASSES shuffled passes over it, so the
+    # workers are not restarted every few steps (ImageNet's epoch is 5,000 steps of 256), and every
+    # sample is still drawn once per pass.
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * EPOCH_PASSES, generator=generator)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       pin_memory=pin_memory, persistent_workers=False, **kwargs)
 
 
