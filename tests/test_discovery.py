@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pickle
 
-import pytest
 import torch
 import torchvision.transforms as T
 from torch.utils.data import ConcatDataset, DataLoader, Subset

@@ -38,7 +38,7 @@ from typing import Union
 
 import torch
 
-from fastpipe.errors import ConfigError, CorruptImageError, ExtensionUnavailableError, FastpipeError
+from fastpipe.errors import ConfigError, CorruptImageError, ExtensionUnavailableError
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, torch.Tensor]
 
