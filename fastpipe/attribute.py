@@ -24,6 +24,7 @@ from fastpipe.report import Bottleneck, ExperimentResult
 
 VERDICT_BANDS = ((0.05, "not input-bound"), (0.20, "moderately input-bound"), (math.inf, "highly input-bound"))
 SATURATED_CPU = 0.9
+"""CPU utilisation (0..1 of usable cores) at which a point counts as saturated."""
 
 
 def verdict_for(gap: float) -> str:

@@ -7,6 +7,7 @@ DataLoader workers) is sampled alongside, so a saturated CPU shows in every resu
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -126,20 +127,8 @@ def measure_steps(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    for i in range(warmup):
-        run_step(next_batch())
-        if on_step is not None:
-            on_step(i)
-    marks = [device.timeline_mark()]
-    with CpuMonitor() as monitor:
-        for i in range(steps):
-            run_step(next_batch())
-            marks.append(device.timeline_mark())
-            if on_step is not None:
-                on_step(warmup + i)
-        device.synchronize()  # the device's own clock: what each step took there, not when the host launched it
-    step_times = [device.seconds_between(a, b) for a, b in zip(marks, marks[1:])]
-    return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util, round_size=round_size)
+    return measure_until(next_batch, run_step, warmup=warmup, min_steps=steps, budget_s=math.inf, target=0.0, device=device,
+                         round_size=round_size, on_step=on_step, max_steps=steps)
 
 
 def measure_until(
@@ -154,11 +143,12 @@ def measure_until(
     round_size: int = 1,
     on_step: Callable[[int], None] | None = None,
     agree: Callable[[bool], bool] | None = None,
+    max_steps: int | None = None,
 ) -> Measurement:
     """Like :func:`measure_steps`, but keep going, a whole round of workers at a time, until the mean
     step time's relative standard error is under ``target`` or ``budget_s`` of measuring is spent.
 
-    At least ``min_steps`` are measured whatever the budget. ``agree(stop) -> stop`` makes the
+    At least ``min_steps`` are measured whatever the budget, and never more than ``max_steps``. ``agree(stop) -> stop`` makes the
     decision a joint one (under DDP every rank must run the same number of steps). The stopping rule reads host-side
     intervals (on an asynchronous device they match the device's in steady state); the figures
     returned are read on the device's timeline, as :func:`measure_steps` does.
@@ -183,6 +173,8 @@ def measure_until(
             if on_step is not None:
                 on_step(warmup + len(host_times) - 1)
             count = len(host_times)
+            if max_steps is not None and count >= max_steps:
+                break
             if count >= min_steps and count % size == 0:
                 precise = Measurement(host_times, 0.0, 0.0, round_size=size).rel_stderr <= target and count // size >= 3
                 stop = precise or now - started >= budget_s

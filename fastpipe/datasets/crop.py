@@ -59,6 +59,14 @@ def crop_params(
     return T.RandomResizedCrop.get_params(shape_only, list(scale), list(ratio))  # type: ignore[arg-type]
 
 
+def crop_settings(size: Size, scale: Sequence[float], ratio: Sequence[float], hflip: float
+                  ) -> tuple[tuple[int, int], tuple[float, float], tuple[float, float], float]:
+    """RandomResizedCrop's settings and the flip probability, checked: (size, scale, ratio, hflip)."""
+    if not 0.0 <= hflip <= 1.0:
+        raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
+    return as_size(size), check_range("scale", scale), check_range("ratio", ratio), float(hflip)
+
+
 def draw_flip(p: float) -> bool:
     """``RandomHorizontalFlip(p)``'s draw; none at all when ``p`` is 0, as a recipe without the flip makes none."""
     return p > 0 and bool(torch.rand(1) < p)
@@ -88,12 +96,7 @@ class DecodeCrop:
     """
 
     def __init__(self, size: Size = 224, scale: Sequence[float] = DEFAULT_SCALE, ratio: Sequence[float] = DEFAULT_RATIO, hflip: float = 0.5) -> None:
-        if not 0.0 <= hflip <= 1.0:
-            raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
-        self.size = as_size(size)
-        self.scale = check_range("scale", scale)
-        self.ratio = check_range("ratio", ratio)
-        self.hflip = float(hflip)
+        self.size, self.scale, self.ratio, self.hflip = crop_settings(size, scale, ratio, hflip)
 
     def __call__(self, data: torch.Tensor) -> torch.Tensor:
         box = crop_params(*jpeg_ops.jpeg_size(data), self.scale, self.ratio)

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 from torchvision.transforms.v2 import functional as F
 
-from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, Size, as_size, check_range, crop_params, draw_flip
+from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, Size, crop_params, crop_settings, draw_flip
 from fastpipe.errors import ConfigError
 from fastpipe.ops.jpeg import CorruptImageError
 
@@ -140,12 +140,7 @@ class DecodeCropOnDevice:
         device: "str | torch.device | None" = None,
         normalize: Any = None,
     ) -> None:
-        if not 0.0 <= hflip <= 1.0:
-            raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
-        self.size = as_size(size)
-        self.scale = check_range("scale", scale)
-        self.ratio = check_range("ratio", ratio)
-        self.hflip = float(hflip)
+        self.size, self.scale, self.ratio, self.hflip = crop_settings(size, scale, ratio, hflip)
         self.device = None if device is None else torch.device(device)
         self.normalize = normalize
 

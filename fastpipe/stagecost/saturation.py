@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import math
 
+from fastpipe.attribute import SATURATED_CPU
 from fastpipe.report import Report
 from fastpipe.stagecost.result import StageCost, StageCosts
 from fastpipe.stagecost.timing import COLLATE_STAGE
 
-#: CPU utilisation (0..1 of usable cores) at which a point counts as saturated; diagnose's own value.
-SATURATED_CPU = 0.9
 
 
 # ----- the saturation caveat, settled -------------------------------------------------------
