@@ -287,3 +287,23 @@ def test_threads_decode_the_same_as_one(flavours: dict[str, bytes]) -> None:
     with ThreadPoolExecutor(3) as pool:
         concurrent = list(pool.map(lambda job: jpeg.decode_jpeg_crop(*job), jobs))
     assert all(torch.equal(a, b) for a, b in zip(serial, concurrent))
+
+
+@requires_op
+@pytest.mark.parametrize("name", ["500x375 q90 4:2:0", "333x500 q95 4:4:4", "500x375 greyscale", "500x375 CMYK"])
+def test_entropy_floor_covers_whole_imcu_rows_above_the_bottom(flavours: dict[str, bytes], name: str) -> None:
+    """bench_jpeg's floor: baseline files stop at the last whole iMCU row above the box's bottom (a lower bound)."""
+    data = jpeg.read_bytes(flavours[name])
+    height, _ = jpeg.jpeg_size(data)
+    imcu = 8 if "4:4:4" in name or "greyscale" in name else 16
+    for bottom in (1, 17, 100, 231, height):
+        covered = torch.ops.fastpipe._jpeg_entropy_floor(data, bottom)
+        assert covered == (bottom // imcu) * imcu, (name, bottom, covered)
+
+
+@requires_op
+def test_entropy_floor_reads_every_scan_of_a_progressive_file(flavours: dict[str, bytes]) -> None:
+    data = jpeg.read_bytes(flavours["375x500 q75 progressive"])
+    assert torch.ops.fastpipe._jpeg_entropy_floor(data, 40) == jpeg.jpeg_size(data)[0]
+    with pytest.raises(RuntimeError, match="cannot decode"):
+        torch.ops.fastpipe._jpeg_entropy_floor(data[:200].clone(), 40)
