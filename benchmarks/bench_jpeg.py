@@ -137,7 +137,7 @@ def main_candidates() -> dict[str, tuple[str, Callable[[Path], Any]]]:
         data = fjpeg.read_bytes(path)
         height, width = fjpeg.jpeg_size(data)
         top, _, box_h, _ = T.RandomResizedCrop.get_params(torch.empty(1, 1, 1).expand(1, height, width), scale, ratio)
-        bool(torch.rand(1) < 0.5)
+        bool(torch.rand(1) < 0.5)  # the flip's draw, as fastpipe's path makes it
         return torch.ops.fastpipe._jpeg_entropy_floor(data, top + box_h) if fjpeg.is_jpeg(data) else 0
 
     def tv_decode(path: Path) -> torch.Tensor:

@@ -13,7 +13,7 @@ sim:50 was chosen on the machine the issue came from, where toy:optimized reache
 that bound: its workers' CPU was the limit. Machines of this kind differ twice over in speed per
 sample, and where toy:optimized already runs near sim:50's bound, no rung can add 1.25x (at 92%
 of the bound, the most is 1/0.92 = 1.09x). So the speed target is also checked on the same
-footing on this machine (``--scaled``, on by default): toy:optimized's own time per step against
+footing on this machine (skipped with ``--no-scaled``): toy:optimized's own time per step against
 a device too fast to wait for (sim:1) is measured first, and the device step is set to 47% of it,
 where toy:optimized is as starved as it was at sim:50 there. The script prints what sim:50 leaves
 to gain here, so the two checks can be read side by side.
