@@ -24,7 +24,8 @@ fastpipe measured in the same run. Single-thread rows are thread CPU time; DALI 
 own threads, so its row and fastpipe's comparison row are wall time. A second table runs the
 main recipes through a DataLoader with ``--workers`` worker processes and gives images/s.
 
-Writes ``bench_jpeg.json``, ``bench_jpeg.md`` and ``bench_jpeg.png`` under ``--out``.
+Writes ``bench_jpeg.json``, ``bench_jpeg.md`` and ``bench_jpeg.png`` under ``--out``. Exits 1 when
+one of issue 13's targets is not met in this run (the tables are written either way).
 
 Usage:
     python benchmarks/bench_jpeg.py [--root FOLDER] [--n 300] [--rounds 5] [--workers 2] [--threads 1]
@@ -559,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_jpeg.json").write_text(json.dumps(payload, indent=2) + "\n")
     note = plot(ordered, out / "bench_jpeg.png")
     print(note or f"wrote {out / 'bench_jpeg.md'}, .json and .png")
-    return 0
+    return 1 if any(verdict != "PASS" for _, _, verdict in targets) else 0
 
 
 if __name__ == "__main__":

@@ -99,14 +99,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the device scaled to this machine (see the module docstring)")
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
-    speed_devices = [SPEED_TARGET_DEVICE]
+    # (device, check, label): the speed check at sim:50, the no-regression check at the others, and
+    # the speed check again at the scaled device (beside any check that device already has).
+    checks = [(spec, "speed" if spec == SPEED_TARGET_DEVICE else "bound", "") for spec in args.devices]
     devices = list(args.devices)
+    scaled = None
     if args.scaled:
         scaled, own_ms = scaled_device(args.steps, args.warmup)
         print(f"toy:optimized alone against sim:1: {own_ms:.0f} ms per step on this machine; "
               f"{ISSUE_OPTIMIZED_OF_BOUND:.0%} of that is {scaled}, the step where it is as starved as at "
               f"{SPEED_TARGET_DEVICE} on the machine issue 15 came from")
-        speed_devices.append(scaled)
+        if (scaled, "speed", "") not in checks:
+            checks.append((scaled, "speed", " (scaled to this machine)"))
         if scaled not in devices:
             devices.append(scaled)
     print(f"toy:optimized vs toy:recycled, {args.steps} steps after {args.warmup} warm-up, each pair measured in one compare run")
@@ -126,19 +130,22 @@ def main(argv: list[str] | None = None) -> int:
                       f"{recycled.fraction_of_bound:15.1%}", flush=True)
     print("\ntargets (issue 15):")
     ok = True
-    for spec in devices:
+    for spec, check, label in checks:
         mine = [r for r in runs if r["device"] == spec]
-        if spec in speed_devices:
+        if check == "speed":
             worst = min(r["ratio"] for r in mine)
             passed = worst >= SPEED_TARGET
             most = 1.0 / max(r["optimized_of_bound"] for r in mine)
-            scaled_note = " (scaled to this machine)" if spec != SPEED_TARGET_DEVICE else ""
-            print(f"  {spec}{scaled_note}: recycled / optimized >= {SPEED_TARGET}x in every run: lowest {worst:.2f}x -> "
+            print(f"  {spec}{label}: recycled / optimized >= {SPEED_TARGET}x in every run: lowest {worst:.2f}x -> "
                   f"{'PASS' if passed else 'FAIL'}; toy:optimized reached up to {1 / most:.0%} of the bound, "
-                  f"so no rung could add more than {most:.2f}x here")
-            if spec == SPEED_TARGET_DEVICE and args.scaled and most < SPEED_TARGET and not passed:
-                print(f"    out of reach at {spec} on this machine, so this line does not decide the exit status: "
-                      f"the scaled device carries the speed target")
+                  f"so no rung could add more than {most:.2f}x in that run")
+            # sim:50 is excused only when another device carries the target and every run that
+            # missed it had no room to meet it (toy:optimized too near the bound in that same run).
+            failing = [r for r in mine if r["ratio"] < SPEED_TARGET]
+            out_of_reach = all(1.0 / r["optimized_of_bound"] < SPEED_TARGET for r in failing)
+            if spec == SPEED_TARGET_DEVICE and scaled is not None and scaled != spec and failing and out_of_reach:
+                print(f"    out of reach at {spec} in every failing run on this machine, so this line does not decide "
+                      f"the exit status: the scaled device {scaled} carries the speed target")
                 continue
         else:
             worst = min(r["recycled_of_bound"] for r in mine)

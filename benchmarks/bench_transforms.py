@@ -183,7 +183,9 @@ def targets(rows: list[Row]) -> list[tuple[str, float, float, bool]]:
     checks.append(("worker cost >= 10x lower, 1024x1024 raw (toy:fast-raw)", ratio("per-sample worker", "toy:fast-raw"), 10.0))
     checks.append(("worker cost >= 20x lower, crop-first (toy:optimized)", ratio("per-sample worker", "toy:optimized"), 20.0))
     # float32 -> uint8 images are exactly 4x; the int64 labels (2 KiB of 48 MiB) keep the whole batch a hair under
-    checks.append(("H2D payload per batch ~4x smaller (uint8 vs float32)", ratio("host-to-device", "toy:optimized"), 3.99))
+    # A property of the batch, not a timing: it fails only if toy:optimized stops shipping uint8.
+    checks.append(("H2D payload per batch ~4x smaller (uint8 vs float32; a property check, not a timing)",
+                   ratio("host-to-device", "toy:optimized"), 3.99))
     return [(label, value, goal, bool(value >= goal)) for label, value, goal in checks]
 
 

@@ -89,6 +89,12 @@ struct Decompressor {
     err.pub.emit_message = emit_message;
     err.pub.output_message = silent_output;
     err.message[0] = '\0';
+    // jpeg_create_decompress fails when the libjpeg loaded at run time does not match the headers
+    // built against; its error must land here, not on an unset jump buffer. Throwing from the
+    // constructor skips the destructor, which must not run on a struct that was never created.
+    if (setjmp(err.jump)) {
+      TORCH_CHECK(false, "decode_jpeg_crop: cannot start libjpeg: ", err.message);
+    }
     jpeg_create_decompress(&cinfo);
   }
   ~Decompressor() { jpeg_destroy_decompress(&cinfo); }  // also aborts a decode stopped early

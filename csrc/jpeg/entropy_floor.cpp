@@ -41,6 +41,12 @@ struct FloorDecompressor {
     err.pub.error_exit = floor_error_exit;
     err.pub.output_message = floor_silent;
     err.message[0] = '\0';
+    // jpeg_create_decompress fails when the libjpeg loaded at run time does not match the headers
+    // built against; its error must land here, not on an unset jump buffer. Throwing from the
+    // constructor skips the destructor, which must not run on a struct that was never created.
+    if (setjmp(err.jump)) {
+      TORCH_CHECK(false, "_jpeg_entropy_floor: cannot start libjpeg: ", err.message);
+    }
     jpeg_create_decompress(&cinfo);
   }
   ~FloorDecompressor() { jpeg_destroy_decompress(&cinfo); }
@@ -49,34 +55,47 @@ struct FloorDecompressor {
 };
 
 // Entropy-decodes the iMCU rows that lie wholly above full-size row `bottom` (all scans for a
-// progressive file) and returns how many full-size rows that covered. Rounding down to whole
-// iMCU rows keeps the floor a lower bound.
+// progressive file) and returns how many full-size rows libjpeg reports it has decoded. Rounding
+// down to whole iMCU rows keeps the floor a lower bound.
 int64_t jpeg_entropy_floor_cpu(const at::Tensor& data, int64_t bottom) {
   TORCH_CHECK(data.device().is_cpu() && data.dtype() == at::kByte && data.dim() == 1, "_jpeg_entropy_floor: data must be 1-D uint8 bytes on the CPU");
   const at::Tensor bytes = data.contiguous();
   FloorDecompressor d;
   jpeg_decompress_struct* cinfo = &d.cinfo;
-  int64_t covered = 0;
+  unsigned char last_row[4 * 8192];  // one row at 1/8 scale: up to 65535 / 8 pixels of 4 components
   if (setjmp(d.err.jump)) {
     TORCH_CHECK(false, "_jpeg_entropy_floor: cannot decode the JPEG: ", d.err.message);
   }
   jpeg_mem_src(cinfo, bytes.data_ptr<uint8_t>(), static_cast<unsigned long>(bytes.numel()));
   jpeg_read_header(cinfo, TRUE);
-  // 1/8 scale: an iMCU row's blocks become single pixels, so the one partial row skip_scanlines
-  // may output costs next to nothing; whole rows are Huffman-decoded and discarded.
+  // 1/8 scale: an iMCU row's blocks become single pixels, so the one row read at the end costs
+  // next to nothing; whole rows skipped are Huffman-decoded and discarded.
   cinfo->scale_num = 1;
   cinfo->scale_denom = 8;
   const J_COLOR_SPACE space = cinfo->jpeg_color_space;
   cinfo->out_color_space = space == JCS_GRAYSCALE ? JCS_GRAYSCALE : ((space == JCS_CMYK || space == JCS_YCCK) ? JCS_CMYK : JCS_RGB);
   jpeg_start_decompress(cinfo);  // a progressive file: every scan is entropy-decoded here
+  if (jpeg_has_multiple_scans(cinfo)) {
+    return static_cast<int64_t>(cinfo->image_height);  // the destructor aborts the output pass
+  }
   const int64_t full_rows_per_imcu = static_cast<int64_t>(cinfo->max_v_samp_factor) * DCTSIZE;
   const int64_t scaled_rows_per_imcu = static_cast<int64_t>(cinfo->max_v_samp_factor);  // DCT_scaled_size 1
   const int64_t imcu_rows = std::min<int64_t>(bottom, cinfo->image_height) / full_rows_per_imcu;
-  if (!jpeg_has_multiple_scans(cinfo) && imcu_rows > 0) {
-    jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(imcu_rows * scaled_rows_per_imcu));
+  const int64_t lines = imcu_rows * scaled_rows_per_imcu;
+  const int64_t height = cinfo->output_height;
+  if (lines >= height) {
+    // Skipping to the very end is a shortcut in libjpeg-turbo that decodes nothing: skip all but
+    // the last row and decode that one, as a crop reaching the bottom must.
+    if (height > 1) jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(height - 1));
+    JSAMPROW row = last_row;
+    TORCH_CHECK(static_cast<size_t>(cinfo->output_width) * cinfo->output_components <= sizeof(last_row), "_jpeg_entropy_floor: image too wide");
+    jpeg_read_scanlines(cinfo, &row, 1);
+  } else if (lines > 0) {
+    jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(lines));
   }
-  covered = jpeg_has_multiple_scans(cinfo) ? static_cast<int64_t>(cinfo->image_height) : imcu_rows * full_rows_per_imcu;
-  return covered;  // the destructor aborts the rest of the decode
+  // libjpeg's own count of the iMCU rows whose data it has consumed, so a skip that decoded
+  // nothing shows up as such.
+  return std::min<int64_t>(static_cast<int64_t>(cinfo->input_iMCU_row) * full_rows_per_imcu, cinfo->image_height);
 }
 
 }  // namespace
