@@ -224,3 +224,23 @@ def test_drop_in_for_the_article_compose() -> None:
     out = compose(Image.fromarray(np.random.randint(0, 256, (64, 64, 3), dtype=np.uint8)))
     assert out.shape == (3, 32, 32) and out.dtype == torch.float32
     assert "backend=" in repr(RandomMask()) and RandomMask().warm_up() is not None
+
+
+@pytest.mark.skipif(not backend_available("numba"), reason="numba is not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_numba_zeroes_floats_through_their_bits_like_a_select(dtype: torch.dtype, inplace: bool) -> None:
+    """Float images are masked through an unsigned view of their bits (branch-free on any CPU).
+
+    That must match the numpy backend's select exactly: masked pixels become +0.0 (NaN and inf
+    too), unmasked ones keep every bit, -0.0 and NaN included.
+    """
+    image = torch.rand(3, 40, 48).to(dtype)
+    image[0, ::3, ::5] = float("nan")
+    image[1, 1::4, ::2] = -0.0
+    image[2, ::7, 1::3] = float("inf")
+    expected = apply_mask(image.clone(), draw_mask(40, 48, 0.25, seed=11), backend="numpy", inplace=True)
+    got = random_mask(image.clone() if inplace else image, 0.25, seed=11, backend="numba", inplace=inplace)
+    bits = {torch.float16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    assert torch.equal(got.view(bits), expected.view(bits))
+    assert (got == 0).any() and got.isnan().any() and (got.view(bits) == torch.tensor(-0.0, dtype=dtype).view(bits)).any()

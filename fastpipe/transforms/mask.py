@@ -147,6 +147,13 @@ def _numba_mask(img: Any, out: Any, mask: np.ndarray | None, seed: int = 0, bits
     inplace = out is img
     src = _layout.planar_numpy(img)
     dst = src if inplace else _layout.planar_numpy(out)
+    if src.dtype.kind == "f":
+        # Zero float pixels through their bits (all-zero bits are +0.0, as the select writes):
+        # integer kernels multiply by 0 or 1 branch-free, where a float select becomes a branch
+        # per pixel on CPUs without SSE4.1 blends (see _numba_kernels.zero_planar_row).
+        bits_type = np.dtype(f"u{src.dtype.itemsize}")
+        src = src.view(bits_type)
+        dst = src if inplace else dst.view(bits_type)
     draws = _NO_MASK if mask is None else mask
     src_flat = _layout.interleaved_flat(src)
     dst_flat = src_flat if inplace else _layout.interleaved_flat(dst)
@@ -158,7 +165,7 @@ def _numba_mask(img: Any, out: Any, mask: np.ndarray | None, seed: int = 0, bits
     elif src_flat is not None and integer and channels == 3 and dst.strides[2] == dst.itemsize:
         call = (kernels.mask_rgb_to_planar, *src_flat, dst)
     else:
-        call = (kernels.mask_planar, src, dst, inplace)
+        call = (kernels.mask_planar, src, dst, inplace, integer)
     if JIT_DISABLED:  # plain Python on NumPy uint64 scalars warns on the wrap-around the algorithm relies on
         with np.errstate(over="ignore"):
             call[0](*call[1:], seed, bits, threshold, draws)
