@@ -90,8 +90,8 @@ def mask_times(rounds: int) -> dict[str, float]:
 def baseline_isa_rows(rounds: int) -> list[Row]:
     """The numba mask compiled for x86-64's baseline ISA, timed with the naive mask in a subprocess.
 
-    Numba compiles for the CPU it runs on; a VM that hides SSE4.1/AVX2, or an old CPU, gets the
-    baseline, where LLVM once turned the mask's per-pixel select into a branch (3-8x slower).
+    Numba compiles for the CPU it reports; for some targets (this baseline, Sandy Bridge, what a
+    VM may present) LLVM once turned the mask's per-pixel select into a branch (3-8x slower).
     The subprocess gets its own Numba cache folder so the baseline build stays out of the package's.
     """
     import subprocess

@@ -174,9 +174,10 @@ def dilate_row(prev: np.ndarray, cur: np.ndarray, nxt: np.ndarray, hit: np.ndarr
 def zero_planar_row(img: np.ndarray, y: int, hit: np.ndarray, integer: bool) -> None:
     """In place: zero pixels of row y of a (C, H, W) image where ``hit`` is set.
 
-    Integer images multiply by 0 or 1. The select that float images need (a multiply would keep
-    NaN and inf) is left to LLVM, which without SSE4.1 blends (x86-64's baseline, or a VM that
-    hides them) compiles it to a branch per pixel: 3-8x slower on random masks.
+    Integer images multiply by 0 or 1, branch-free for any target. A select (which float images
+    would need, since a multiply keeps NaN and inf) is compiled by LLVM into a branch per pixel for
+    some targets (the x86-64 baseline, Sandy Bridge), 3-8x slower on random masks, so float images
+    arrive here as their bits (see ``mask._numba_mask``).
     """
     if integer:
         for c in range(img.shape[0]):

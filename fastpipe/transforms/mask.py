@@ -149,8 +149,8 @@ def _numba_mask(img: Any, out: Any, mask: np.ndarray | None, seed: int = 0, bits
     dst = src if inplace else _layout.planar_numpy(out)
     if src.dtype.kind == "f":
         # Zero float pixels through their bits (all-zero bits are +0.0, as the select writes):
-        # integer kernels multiply by 0 or 1 branch-free, where a float select becomes a branch
-        # per pixel on CPUs without SSE4.1 blends (see _numba_kernels.zero_planar_row).
+        # integer kernels multiply by 0 or 1 branch-free, where LLVM compiles a float select into
+        # a branch per pixel for some targets (see _numba_kernels.zero_planar_row).
         bits_type = np.dtype(f"u{src.dtype.itemsize}")
         src = src.view(bits_type)
         dst = src if inplace else dst.view(bits_type)
