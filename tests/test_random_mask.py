@@ -244,3 +244,16 @@ def test_numba_zeroes_floats_through_their_bits_like_a_select(dtype: torch.dtype
     bits = {torch.float16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
     assert torch.equal(got.view(bits), expected.view(bits))
     assert (got == 0).any() and got.isnan().any() and (got.view(bits) == torch.tensor(-0.0, dtype=dtype).view(bits)).any()
+
+
+@pytest.mark.skipif(not backend_available("numba"), reason="numba is not installed")
+@pytest.mark.parametrize("channels", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32])
+def test_numba_interleaved_images_of_any_channel_count_match_numpy(channels: int, dtype: type) -> None:
+    """HWC arrays that are not RGB take the spread-and-multiply path; they must equal the numpy backend."""
+    image = (np.random.default_rng(0).random((40, 48, channels)) * 100).astype(dtype)
+    expected = apply_mask(image.copy(), draw_mask(40, 48, 0.25, seed=3), backend="numpy")
+    assert (expected == 0).any() and (expected != 0).any()
+    for inplace in (True, False):
+        got = random_mask(image.copy(), 0.25, seed=3, backend="numba", inplace=inplace)
+        assert np.array_equal(got, expected), inplace

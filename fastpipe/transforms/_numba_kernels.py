@@ -217,9 +217,9 @@ def interleaved_row(
 
     Interleaved images arrive flat: a 1-D contiguous array whose row y starts at ``y * step``,
     so each row is a contiguous slice that LLVM vectorises even inside a crop view. RGB integer
-    images (the common case) multiply each pixel's 3 values by 0 or 1, unrolled; anything else
-    spreads ``hit`` over the channels first and then selects (a multiply would keep NaN and
-    inf in float images).
+    images (the common case) multiply each pixel's 3 values by 0 or 1, unrolled; other integer
+    images spread ``hit`` over the channels first and multiply; anything else (bool) selects.
+    Float images arrive as their bits (see ``mask._numba_mask``).
     """
     width = hit.size
     channels = spread.size // width
@@ -243,6 +243,14 @@ def interleaved_row(
         lane = spread[c:]
         for x in range(width):
             lane[x * channels] = hit[x]
+    if integer:  # branch-free, as in zero_planar_row
+        if inplace:
+            for i in range(spread.size):
+                target[i] *= dst.dtype.type(1 - spread[i])
+        else:
+            for i in range(spread.size):
+                target[i] = source[i] * dst.dtype.type(1 - spread[i])
+        return
     zero = dst.dtype.type(0)
     if inplace:
         for i in range(spread.size):
