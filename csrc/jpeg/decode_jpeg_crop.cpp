@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -35,72 +34,14 @@
 #include <emmintrin.h>
 #endif
 
-#include <jpeglib.h>
-#include <jerror.h>
+#include "decompressor.h"
 
 namespace fastpipe {
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Error handling: longjmp out of libjpeg, then throw from C++ frames only.
-
-struct ErrorManager {
-  jpeg_error_mgr pub;
-  jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-void error_exit(j_common_ptr cinfo) {
-  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
-  longjmp(err->jump, 1);
-}
-
-// Warnings about metadata are harmless; every other warning means the pixels would be wrong.
-bool harmless_warning(int code) {
-  return code == JWRN_EXTRANEOUS_DATA || code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || code == JWRN_BOGUS_ICC;
-}
-
-void emit_message(j_common_ptr cinfo, int level) {
-  if (level < 0 && !harmless_warning(cinfo->err->msg_code)) {
-    error_exit(cinfo);
-  }
-}
-
-void silent_output(j_common_ptr) {}
-
-// Runs `step` (plain libjpeg calls only: nothing with a destructor may be live inside it, since
-// an error longjmps out of it). Returns false, with the message in `err`, if libjpeg failed.
-template <typename Step>
-bool guarded(ErrorManager& err, Step&& step) {
-  if (setjmp(err.jump)) {
-    return false;
-  }
-  step();
-  return true;
-}
-
-struct Decompressor {
-  jpeg_decompress_struct cinfo;
-  ErrorManager err;
-  Decompressor() {
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = error_exit;
-    err.pub.emit_message = emit_message;
-    err.pub.output_message = silent_output;
-    err.message[0] = '\0';
-    // jpeg_create_decompress fails when the libjpeg loaded at run time does not match the headers
-    // built against; its error must land here, not on an unset jump buffer. Throwing from the
-    // constructor skips the destructor, which must not run on a struct that was never created.
-    if (setjmp(err.jump)) {
-      TORCH_CHECK(false, "decode_jpeg_crop: cannot start libjpeg: ", err.message);
-    }
-    jpeg_create_decompress(&cinfo);
-  }
-  ~Decompressor() { jpeg_destroy_decompress(&cinfo); }  // also aborts a decode stopped early
-  Decompressor(const Decompressor&) = delete;
-  Decompressor& operator=(const Decompressor&) = delete;
-};
+using jpeg_detail::Decompressor;
+using jpeg_detail::ErrorManager;
+using jpeg_detail::guarded;
 
 [[noreturn]] void fail(const ErrorManager& err) {
   TORCH_CHECK(false, "cannot decode the JPEG (corrupt, truncated or unsupported): ", err.message);
@@ -378,7 +319,7 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   TORCH_CHECK(data.numel() > 2, "cannot decode the JPEG (corrupt, truncated or unsupported): only ", data.numel(), " bytes");
   const at::Tensor bytes = data.contiguous();
 
-  Decompressor d;
+  Decompressor d("decode_jpeg_crop", /*warnings_are_errors=*/true);
   jpeg_decompress_struct* cinfo = &d.cinfo;
   const unsigned char* buffer = bytes.data_ptr<uint8_t>();
   const unsigned long size = static_cast<unsigned long>(bytes.numel());

@@ -12,47 +12,13 @@
 
 #include <algorithm>
 #include <csetjmp>
-#include <cstdio>
 
-#include <jpeglib.h>
+#include "decompressor.h"
 
 namespace fastpipe {
 namespace {
 
-struct FloorErrorManager {
-  jpeg_error_mgr pub;
-  jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-void floor_error_exit(j_common_ptr cinfo) {
-  auto* err = reinterpret_cast<FloorErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
-  longjmp(err->jump, 1);
-}
-
-void floor_silent(j_common_ptr) {}
-
-struct FloorDecompressor {
-  jpeg_decompress_struct cinfo;
-  FloorErrorManager err;
-  FloorDecompressor() {
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = floor_error_exit;
-    err.pub.output_message = floor_silent;
-    err.message[0] = '\0';
-    // jpeg_create_decompress fails when the libjpeg loaded at run time does not match the headers
-    // built against; its error must land here, not on an unset jump buffer. Throwing from the
-    // constructor skips the destructor, which must not run on a struct that was never created.
-    if (setjmp(err.jump)) {
-      TORCH_CHECK(false, "_jpeg_entropy_floor: cannot start libjpeg: ", err.message);
-    }
-    jpeg_create_decompress(&cinfo);
-  }
-  ~FloorDecompressor() { jpeg_destroy_decompress(&cinfo); }
-  FloorDecompressor(const FloorDecompressor&) = delete;
-  FloorDecompressor& operator=(const FloorDecompressor&) = delete;
-};
+using jpeg_detail::Decompressor;
 
 // Entropy-decodes the iMCU rows that lie wholly above full-size row `bottom` (all scans for a
 // progressive file) and returns how many full-size rows libjpeg reports it has decoded. Rounding
@@ -60,7 +26,7 @@ struct FloorDecompressor {
 int64_t jpeg_entropy_floor_cpu(const at::Tensor& data, int64_t bottom) {
   TORCH_CHECK(data.device().is_cpu() && data.dtype() == at::kByte && data.dim() == 1, "_jpeg_entropy_floor: data must be 1-D uint8 bytes on the CPU");
   const at::Tensor bytes = data.contiguous();
-  FloorDecompressor d;
+  Decompressor d("_jpeg_entropy_floor", /*warnings_are_errors=*/false);  // a floor, not a validator
   jpeg_decompress_struct* cinfo = &d.cinfo;
   unsigned char last_row[4 * 8192];  // one row at 1/8 scale: up to 65535 / 8 pixels of 4 components
   if (setjmp(d.err.jump)) {
