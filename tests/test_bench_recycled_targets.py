@@ -6,23 +6,17 @@ that the exit status fails whenever a measured ratio had room and fell short.
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_recycled.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture()
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_recycled_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_recycled")
 
 
 def fake_compare(table: dict[str, tuple[float, float]], own_ms: float = 55.0) -> Any:

@@ -1,7 +1,6 @@
 """benchmarks/gpu_table.py: the GPU check's table and utilisation sampler, fed with files written here."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,16 +9,12 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_table.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def gpu_table() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_table", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_table")
 
 
 def diagnosis(bound: float, experiments: list[dict[str, Any]], verdict: str = "input-bound") -> dict[str, Any]:
