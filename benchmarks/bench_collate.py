@@ -33,8 +33,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from fastpipe.devices import Device, parse_device
-from fastpipe.recycle import RecycledLoader
-from fastpipe.recycle.ring import FREE, RingCollate
+from fastpipe.loading.recycle import RecycledLoader
+from fastpipe.loading.recycle._ring import FREE, RingCollate
 
 TARGET = 5.0
 

@@ -80,10 +80,10 @@ def corpus_files(root: str | None, n: int) -> tuple[list[Path], str]:
             sys.exit(f"bench_jpeg: no .jpg/.jpeg files under {root}")
         return files[:n], f"{root} ({len(files[:n])} files)"
     try:
-        from fastpipe.photos import build_corpus
+        from fastpipe.workloads.photos import build_corpus
 
         built = build_corpus(n=n, seed=0)
-        return sorted(built.rglob("*.jpg"))[:n], f"fastpipe.photos.build_corpus(n={n}, seed=0) at {built}"
+        return sorted(built.rglob("*.jpg"))[:n], f"fastpipe.workloads.photos.build_corpus(n={n}, seed=0) at {built}"
     except ImportError as exc:  # scikit-image / scikit-learn missing: a synthetic stand-in, said so
         return _synthetic_corpus(n), f"synthetic gradients + noise ({exc}); install fastpipe[photos] for real photos"
 
@@ -442,7 +442,7 @@ def plot(rows: list[Row], path: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", help="a folder of JPEGs (default: fastpipe.photos' corpus, built and cached on first use)")
+    parser.add_argument("--root", help="a folder of JPEGs (default: fastpipe.workloads.photos' corpus, built and cached on first use)")
     parser.add_argument("--n", type=int, default=300, help="files to use")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (each runs every candidate over every file)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the loader table (0: skip it)")

@@ -32,12 +32,12 @@ from typing import Any
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import parse_device
-from fastpipe.diagnose import measure_points
+from fastpipe.diagnosis._diagnose import measure_points
 from fastpipe.distributed import cluster as ray_cluster
 from fastpipe.distributed import ray_stats_notes
-from fastpipe.distributed.toy import make_ray
-from fastpipe.measure import Measurement, measure_workload
-from fastpipe.toy.optimized import OPTIMIZED, make_toy_variant
+from fastpipe.workloads.toy.ray import make_ray
+from fastpipe.diagnosis._measure import Measurement, measure_workload
+from fastpipe.workloads.toy.optimized import OPTIMIZED, make_toy_variant
 
 
 @dataclass

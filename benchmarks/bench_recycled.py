@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 
 from fastpipe._tree import map_tensors
-from fastpipe.compare import compare
+from fastpipe.experiments._compare import compare
 from fastpipe.devices import SimDevice
 
 SPEED_TARGET = 1.25

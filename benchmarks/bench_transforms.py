@@ -39,10 +39,10 @@ from torch.utils.data import default_collate
 from fastpipe._tree import tree_nbytes
 from fastpipe.devices import parse_device
 from fastpipe.ops import extension_status
-from fastpipe.toy import FakeDataset, FastFakeDataset, naive_transform
-from fastpipe.toy.naive import ConvertColor, RandomMask as NaiveRandomMask, Scale
-from fastpipe.toy.optimized import FAST_RAW, FAST_TRANSFORMS, OPTIMIZED, UINT8_HOST, Optimizations, optimized_transform
-from fastpipe.toy.workloads import ARTICLE_BATCH_SIZE, make_workload
+from fastpipe.workloads.toy import FakeDataset, FastFakeDataset, naive_transform
+from fastpipe.workloads.toy.naive import ConvertColor, RandomMask as NaiveRandomMask, Scale
+from fastpipe.workloads.toy.optimized import FAST_RAW, FAST_TRANSFORMS, OPTIMIZED, UINT8_HOST, Optimizations, optimized_transform
+from fastpipe.workloads.toy.workloads import ARTICLE_BATCH_SIZE, make_workload
 from fastpipe.transforms import ConvertColorScale, RandomMask, backend_available, uniform_noise
 
 IMG = 256

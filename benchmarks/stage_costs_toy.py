@@ -27,11 +27,11 @@ import time
 import torch
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnose import measure_points
-from fastpipe.stagecost import loader_with, measure_stage_costs, round_noise
-from fastpipe.toy import VARIANTS
-from fastpipe.tune import tune
-from fastpipe.workload import load_workload
+from fastpipe.diagnosis._diagnose import measure_points
+from fastpipe.diagnosis.stagecost import loader_with, measure_stage_costs, round_noise
+from fastpipe.workloads.toy import VARIANTS
+from fastpipe.experiments._tune import tune
+from fastpipe.workloads._workload import load_workload
 
 
 def check(ok: bool, text: str) -> bool:

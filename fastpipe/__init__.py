@@ -1,8 +1,25 @@
-"""fastpipe: find and fix GPU starvation in PyTorch training input pipelines."""
-from fastpipe.advice import Advice, recommend
-from fastpipe.compare import Comparison, compare
-from fastpipe.diagnose import diagnose
+"""fastpipe: find and fix GPU starvation in PyTorch training input pipelines.
+
+The public API. Everything below is re-exported from the package that owns it (see ARCHITECTURE.md):
+``diagnosis`` (the cache ladder and its report), ``experiments`` (compare, tune), ``loading`` (prefetcher,
+recycled batch memory), ``workloads`` (Workload and the reference pipelines), ``transforms``, ``stages``,
+``devices`` and ``errors``.
+"""
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
+from fastpipe.diagnosis import (
+    Advice,
+    Measurement,
+    Report,
+    StageCosts,
+    StepCheck,
+    check_step,
+    diagnose,
+    explain_saturation,
+    find_pipeline,
+    measure_stage_costs,
+    measure_workload,
+    recommend,
+)
 from fastpipe.errors import (
     ConfigError,
     DeviceUnavailableError,
@@ -11,59 +28,53 @@ from fastpipe.errors import (
     OptionalDependencyError,
     PipelineError,
 )
-from fastpipe.measure import Measurement, measure_workload
-from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
-from fastpipe.recycle import RecycledLoader, recycled, release, releasing
-from fastpipe.report import Report
-from fastpipe.stagecost import StageCosts, explain_saturation, measure_stage_costs
-from fastpipe.discovery import find_pipeline
+from fastpipe.experiments import Comparison, TuneResult, compare, tune
+from fastpipe.loading import DevicePrefetcher, RecycledLoader, make_prefetcher, recycled, release, releasing
 from fastpipe.stages import Stages
-from fastpipe.stepcheck import StepCheck, check_step
 from fastpipe.transforms.device import ConvertColorScale, Normalize
-from fastpipe.tune import TuneResult, tune
-from fastpipe.workload import Workload, default_device_for, load_workload
+from fastpipe.workloads import Workload, default_device_for, load_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "measure_stage_costs",
-    "StageCosts",
-    "explain_saturation",
-    "tune",
-    "TuneResult",
-    "Normalize",
-    "ConvertColorScale",
-    "recycled",
-    "RecycledLoader",
-    "release",
-    "releasing",
-    "Stages",
-    "find_pipeline",
     "Advice",
-    "recommend",
-    "StepCheck",
-    "check_step",
-    "default_device_for",
-    "DevicePrefetcher",
-    "make_prefetcher",
-    "compare",
     "Comparison",
-    "diagnose",
-    "Report",
-    "Device",
+    "ConfigError",
+    "ConvertColorScale",
     "CpuDevice",
     "CudaDevice",
-    "SimDevice",
-    "parse_device",
-    "default_device_spec",
-    "FastpipeError",
-    "ConfigError",
+    "Device",
+    "DevicePrefetcher",
     "DeviceUnavailableError",
     "ExtensionUnavailableError",
+    "FastpipeError",
+    "Measurement",
+    "Normalize",
     "OptionalDependencyError",
     "PipelineError",
-    "Measurement",
-    "measure_workload",
+    "RecycledLoader",
+    "Report",
+    "SimDevice",
+    "StageCosts",
+    "Stages",
+    "StepCheck",
+    "TuneResult",
     "Workload",
+    "check_step",
+    "compare",
+    "default_device_for",
+    "default_device_spec",
+    "diagnose",
+    "explain_saturation",
+    "find_pipeline",
     "load_workload",
+    "make_prefetcher",
+    "measure_stage_costs",
+    "measure_workload",
+    "parse_device",
+    "recommend",
+    "recycled",
+    "release",
+    "releasing",
+    "tune",
 ]

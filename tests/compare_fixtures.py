@@ -4,7 +4,7 @@ from __future__ import annotations
 import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
-from fastpipe.workload import Workload
+from fastpipe.workloads._workload import Workload
 from tests.fakes import PlantedDataset, Slow
 
 

@@ -26,7 +26,7 @@ def hanging_in_worker():
 
 
 def heavy_copy(prefetch_depth: int = 0):
-    from fastpipe.workload import Workload
+    from fastpipe.workloads._workload import Workload
 
     # 6.3 MB a batch of 8; long enough that no experiment crosses an epoch (and restarts its workers)
     dataset = PlantedDataset(length=1000, shape=(3, 256, 256), transform=T.Compose([Fast()]))

@@ -9,7 +9,7 @@ import torchvision.transforms as T
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fastpipe.advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
+from fastpipe.diagnosis._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
 
 IMAGENET = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                       T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
@@ -154,7 +154,7 @@ def test_collate_snippet_runs_and_names_float_output(capsys: pytest.CaptureFixtu
     loader = DataLoader([(torch.zeros(3, 8, 8), 0)] * 4, batch_size=4)
     namespace = run_snippet(advice, loader=loader)
     assert "torch.float32 (4, 3, 8, 8)" in capsys.readouterr().out
-    assert "fastpipe.recycle.recycled" in advice.summary
+    assert "fastpipe.loading.recycle.recycled" in advice.summary
     images, labels = next(iter(namespace["loader"]))  # the recycled loader yields the same batches
     assert torch.equal(images, torch.zeros(4, 3, 8, 8)) and labels.tolist() == [0] * 4
     assert recommend(COLLATE, COLLATE, transform=T.Compose([T.PILToTensor()])).caveat is None

@@ -13,9 +13,9 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe import diagnose
-from fastpipe.attribute import Attribution
-from fastpipe.plan import make_plan
-from fastpipe.report import ExperimentResult
+from fastpipe.diagnosis._attribute import Attribution
+from fastpipe.diagnosis._plan import make_plan
+from fastpipe.diagnosis._report import ExperimentResult
 from tests.fakes import Fast, PlantedDataset, Slow
 
 BATCH, WORKERS = 4, 2

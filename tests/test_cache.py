@@ -1,4 +1,4 @@
-"""Cache points (fastpipe.cache): unavailable points, repeated transforms, the copy ledger, rebuilt loaders."""
+"""Cache points (fastpipe.diagnosis._cache): unavailable points, repeated transforms, the copy ledger, rebuilt loaders."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
-from fastpipe.cache import CachePointDataset, UnavailablePoint, check_point, probe_point, rebuild_loader
-from fastpipe.discovery import find_pipeline
+from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, check_point, probe_point, rebuild_loader
+from fastpipe.diagnosis._discovery import find_pipeline
 from tests.fakes import AddOne, Fast, PlantedDataset, PostProcessed, TwoViews
 
 
@@ -253,7 +253,7 @@ def test_stateful_dataloader_is_kept() -> None:
 
 
 def test_capture_value_reads_the_raw_input_even_where_the_point_cannot_be_served() -> None:
-    from fastpipe.cache import capture_value
+    from fastpipe.diagnosis._cache import capture_value
 
     dataset = PostProcessed(shape=(3, 5, 6), transform=T.Compose([Fast()]))
     pipeline, _ = find_pipeline(dataset)

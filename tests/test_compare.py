@@ -3,7 +3,7 @@ import json
 import pytest
 
 from fastpipe.cli import main
-from fastpipe.compare import TOY_LADDER, compare, resolve_variants
+from fastpipe.experiments._compare import TOY_LADDER, compare, resolve_variants
 
 M = "tests.compare_fixtures"
 DEVICE = "sim:40"
@@ -29,7 +29,7 @@ def test_ladder_closes_the_gap_and_flags_a_rung_that_does_not() -> None:
 def test_toy_means_the_ladder() -> None:
     assert resolve_variants(["toy"]) == TOY_LADDER
     assert [spec for _, spec in TOY_LADDER] == ["toy:naive", "toy:fast-transforms", "toy:uint8-host", "toy:crop-first", "toy:optimized", "toy:recycled"]
-    from fastpipe.toy import VARIANTS
+    from fastpipe.workloads.toy import VARIANTS
 
     assert all(spec.partition(":")[2] in VARIANTS for _, spec in TOY_LADDER)
 

@@ -34,7 +34,7 @@ pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip instal
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fastpipe.photos import build_corpus
+    from fastpipe.workloads.photos import build_corpus
 
     return build_corpus(tmp_path_factory.mktemp("photos") / "corpus", n=20, seed=0, classes=4)
 
@@ -251,7 +251,7 @@ def test_decode_crop_on_cuda_matches_cpu(corpus: Path) -> None:
 
 def test_stages_are_declared_for_diagnose(corpus: Path, tmp_path: Path) -> None:
     """Reading the file is the raw load, then DecodeCrop, then the user's transform: fastpipe times each."""
-    from fastpipe.discovery import find_pipeline
+    from fastpipe.diagnosis._discovery import find_pipeline
 
     dataset = ImageFolder(corpus, size=24, transform=Normalize.imagenet())
     pipeline, why_not = find_pipeline(dataset)

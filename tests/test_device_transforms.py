@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fastpipe.errors import ConfigError
-from fastpipe.toy.naive import ConvertColor, Scale
+from fastpipe.workloads.toy.naive import ConvertColor, Scale
 import torchvision.transforms as T
 
 import fastpipe.transforms

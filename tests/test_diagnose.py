@@ -78,8 +78,8 @@ def test_bisect_finds_the_same_culprit_with_fewer_experiments() -> None:
 
 
 def test_in_place_transforms_do_not_pile_up() -> None:
-    from fastpipe.cache import CachePointDataset
-    from fastpipe.discovery import find_pipeline
+    from fastpipe.diagnosis._cache import CachePointDataset
+    from fastpipe.diagnosis._discovery import find_pipeline
 
     dataset = PlantedDataset(transform=T.Compose([Fast(), AddOne(), AddOne()]))
     pipeline, _ = find_pipeline(dataset)
@@ -90,8 +90,8 @@ def test_in_place_transforms_do_not_pile_up() -> None:
 
 
 def test_pool_cycles_through_distinct_samples() -> None:
-    from fastpipe.cache import CachePointDataset
-    from fastpipe.discovery import find_pipeline
+    from fastpipe.diagnosis._cache import CachePointDataset
+    from fastpipe.diagnosis._discovery import find_pipeline
 
     dataset = PlantedDataset(transform=T.Compose([Fast()]))
     pipeline, _ = find_pipeline(dataset)
@@ -202,7 +202,7 @@ def test_nothing_the_user_owns_changes() -> None:
 
 
 def test_loader_settings_are_kept() -> None:
-    from fastpipe.cache import rebuild_loader
+    from fastpipe.diagnosis._cache import rebuild_loader
 
     def init(worker_id):
         pass
@@ -255,7 +255,7 @@ def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
     from tests.diagnose_fixtures import heavy_copy
 
     # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
-    from fastpipe.diagnose import measure_points
+    from fastpipe.diagnosis._diagnose import measure_points
 
     results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], steps=8, warmup=2)
     fraction = results["host"].steps_per_s / results["device"].steps_per_s
@@ -305,8 +305,8 @@ def test_iterable_dataset_gets_device_host_and_baseline() -> None:
 
 
 def test_saturated_drop_is_settled_with_stage_costs() -> None:
-    from fastpipe.diagnose import _check_against_stage_costs
-    from fastpipe.workload import Workload
+    from fastpipe.diagnosis._diagnose import _check_against_stage_costs
+    from fastpipe.workloads._workload import Workload
 
     loader = loader_for(PlantedDataset(transform=T.Compose([Fast(), Slow(PLANTED_MS)])))
     report = run(loader, stage_costs=False)

@@ -1,4 +1,4 @@
-"""Stage discovery (fastpipe.discovery): each dataset shape users bring, and the why-not for the rest."""
+"""Stage discovery (fastpipe.diagnosis._discovery): each dataset shape users bring, and the why-not for the rest."""
 from __future__ import annotations
 
 import pickle
@@ -9,8 +9,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset
 from torchvision.datasets import FakeData
 from torchvision.datasets.vision import StandardTransform
 
-from fastpipe.cache import CachePointDataset
-from fastpipe.discovery import find_pipeline
+from fastpipe.diagnosis._cache import CachePointDataset
+from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.stages import Stages
 from tests.fakes import (AddOne, DeclaredStages, Fast, HeldAsDs, NoTransformDataset, OwnGetitem, PlantedDataset, Slow,
                          SleepBatch, ToTensorColumn, TransformProperty, hf_dataset)

@@ -23,16 +23,16 @@ pytest.importorskip("ray.data")
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
 
-from fastpipe.cache import CachePointDataset  # noqa: E402
+from fastpipe.diagnosis._cache import CachePointDataset  # noqa: E402
 from fastpipe.devices import SimDevice  # noqa: E402
 from fastpipe.distributed import RayLoader, parse_stats, ray_stats_notes  # noqa: E402
 from fastpipe.distributed import cluster as ray_cluster  # noqa: E402
-from fastpipe.distributed.toy import make_ray  # noqa: E402
+from fastpipe.workloads.toy.ray import make_ray  # noqa: E402
 from fastpipe.errors import ConfigError, OptionalDependencyError, PipelineError  # noqa: E402
-from fastpipe.measure import measure_workload  # noqa: E402
-from fastpipe.prefetch import DevicePrefetcher  # noqa: E402
-from fastpipe.discovery import find_pipeline  # noqa: E402
-from fastpipe.toy.optimized import OPTIMIZED, make_toy_variant  # noqa: E402
+from fastpipe.diagnosis._measure import measure_workload  # noqa: E402
+from fastpipe.loading._prefetch import DevicePrefetcher  # noqa: E402
+from fastpipe.diagnosis._discovery import find_pipeline  # noqa: E402
+from fastpipe.workloads.toy.optimized import OPTIMIZED, make_toy_variant  # noqa: E402
 from fastpipe.transforms.device import ConvertColorScale  # noqa: E402
 
 SMALL = dict(batch_size=4, raw_size=64, img_size=32, length=32, model="resnet18")
@@ -100,7 +100,7 @@ def epoch_images(loader: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ----- no cluster needed -----------------------------------------------------------------
 def test_importing_the_package_and_toy_variant_does_not_import_ray() -> None:
-    code = "import sys, fastpipe.distributed, fastpipe.distributed.toy; sys.exit('ray' in sys.modules)"
+    code = "import sys, fastpipe.distributed, fastpipe.workloads.toy.ray; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
@@ -215,7 +215,7 @@ class Explode:
 def test_a_failing_stage_is_named_through_the_cache_wrapper(shared_ray: None) -> None:
     import torchvision.transforms as T
 
-    from fastpipe.toy.dataset import FakeDataset
+    from fastpipe.workloads.toy.dataset import FakeDataset
 
     dataset = FakeDataset(T.Compose([T.PILToTensor(), Explode()]), length=8, raw_size=(16, 16))
     pipeline, _ = find_pipeline(dataset)

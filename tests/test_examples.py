@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastpipe.workload import load_workload
+from fastpipe.workloads._workload import load_workload
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "first_diagnosis"
 
 
 @pytest.fixture
 def in_example(tmp_path, monkeypatch):
-    photos = pytest.importorskip("fastpipe.photos")
+    photos = pytest.importorskip("fastpipe.workloads.photos")
     pytest.importorskip("skimage", reason="the example's photos need fastpipe[photos]")
     monkeypatch.setenv("PHOTOS", str(photos.build_corpus(root=tmp_path / "photos", n=24)))
     monkeypatch.chdir(EXAMPLE)

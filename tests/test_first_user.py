@@ -8,10 +8,10 @@ from torch.utils.data import DataLoader
 
 from fastpipe import diagnose
 from fastpipe._render import COLORS
-from fastpipe.compare import Comparison, VariantResult
+from fastpipe.experiments._compare import Comparison, VariantResult
 from fastpipe.devices import parse_device
 from fastpipe.errors import DeviceUnavailableError
-from fastpipe.report import Bottleneck, Report
+from fastpipe.diagnosis._report import Bottleneck, Report
 from tests.fakes import Fast, PlantedDataset, Slow
 
 

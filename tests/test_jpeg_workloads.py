@@ -8,7 +8,7 @@ import torch
 
 from fastpipe.devices import DEFAULT_SIM_STEP_MS, parse_device
 from fastpipe.errors import ConfigError
-from fastpipe.jpeg import DEFAULT_SIM_SPEC, JPEG_SIM_STEP_MS, LADDER, VARIANTS, make_workload
+from fastpipe.workloads.jpeg import DEFAULT_SIM_SPEC, JPEG_SIM_STEP_MS, LADDER, VARIANTS, make_workload
 from fastpipe.transforms import Normalize
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
@@ -69,7 +69,7 @@ def test_sim_runs_no_model_and_the_default_sim_step_is_scaled_from_the_toys(root
 
 
 def test_load_workload_dispatches_jpeg_specs(root: Path) -> None:
-    from fastpipe.workload import load_workload
+    from fastpipe.workloads._workload import load_workload
 
     workload = load_workload("jpeg:uint8-host", "cpu", root=root, **SMALL)
     assert workload.name == "jpeg:uint8-host"

@@ -10,7 +10,7 @@ from torch.library import opcheck
 
 import fastpipe.ops as ops
 from fastpipe.errors import ExtensionUnavailableError
-from fastpipe.toy.naive import RandomMask as NaiveRandomMask
+from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 from fastpipe.transforms import _prng
 
 requires_ext = pytest.mark.skipif(not ops.EXTENSION_AVAILABLE, reason=ops.extension_status())

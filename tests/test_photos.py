@@ -11,7 +11,7 @@ import torchvision
 from PIL import Image, JpegImagePlugin
 
 from fastpipe.errors import ConfigError, OptionalDependencyError
-from fastpipe.photos import BUILDING_MARKER, MARKER, build_corpus, default_root
+from fastpipe.workloads.photos import BUILDING_MARKER, MARKER, build_corpus, default_root
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 pytest.importorskip("sklearn", reason="the corpus needs scikit-learn: pip install 'fastpipe[photos]'")

@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.devices import Device, SimDevice, parse_device
 from fastpipe.errors import ConfigError
-from fastpipe.measure import measure_workload
-from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
-from fastpipe.workload import Workload
+from fastpipe.diagnosis._measure import measure_workload
+from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
+from fastpipe.workloads._workload import Workload
 
 Sample = namedtuple("Sample", ["image", "label"])
 

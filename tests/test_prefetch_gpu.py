@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.prefetch import DevicePrefetcher, make_prefetcher
+from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -212,7 +212,7 @@ def _wrong_samples(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def test_recycled_buffers_are_registered_as_pinned_memory() -> None:
     from fastpipe.devices import parse_device
-    from fastpipe.recycle import RecycledLoader
+    from fastpipe.loading.recycle import RecycledLoader
 
     ring = RecycledLoader(DataLoader(Marked(), batch_size=8, num_workers=2, pin_memory=True), slots=3)
     iterator = ring.iter_for_device(parse_device("cuda"))
@@ -227,7 +227,7 @@ def test_recycled_buffers_are_registered_as_pinned_memory() -> None:
 
 def _prefetched_ring_errors(honour_event: bool, monkeypatch: pytest.MonkeyPatch) -> int:
     """Poisoned slots, a side stream kept busy: a slot released before its copy ran shows as 255 on the GPU."""
-    from fastpipe.recycle import RecycledLoader
+    from fastpipe.loading.recycle import RecycledLoader
 
     if not honour_event:
         original = RecycledLoader.release
@@ -255,7 +255,7 @@ def test_the_poisoned_ring_detects_a_release_before_the_copy(monkeypatch: pytest
 
 def _hand_written_loop_errors(fence_works: bool, monkeypatch: pytest.MonkeyPatch) -> int:
     """A loop of its own: ``x.cuda(non_blocking=True)`` queued behind a busy stream, then on to the next batch."""
-    from fastpipe.recycle import RecycledLoader
+    from fastpipe.loading.recycle import RecycledLoader
 
     if not fence_works:
         monkeypatch.setattr(RecycledLoader, "_fence", lambda self: False)
@@ -279,8 +279,8 @@ def test_the_hand_written_loop_detects_a_release_without_the_fence(monkeypatch: 
 
 
 def test_registration_failure_falls_back_to_pinned_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fastpipe.recycle.hostpin as hostpin
-    from fastpipe.recycle import RecycledLoader
+    import fastpipe.loading.recycle._hostpin as hostpin
+    from fastpipe.loading.recycle import RecycledLoader
 
     monkeypatch.setattr(hostpin, "register", lambda buffer: 1)  # cudaErrorInvalidValue, as a locked-memory limit gives
     ring = RecycledLoader(DataLoader(Marked(), batch_size=8, num_workers=2, pin_memory=True), slots=3, poison=255)

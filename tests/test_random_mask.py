@@ -13,7 +13,7 @@ import torchvision.transforms as T
 
 from fastpipe.errors import ConfigError
 from fastpipe.ops import EXTENSION_AVAILABLE, extension_status
-from fastpipe.toy.naive import RandomMask as NaiveRandomMask
+from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 from fastpipe.transforms import RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
 from fastpipe.transforms import _numba_kernels, _prng
 from fastpipe.transforms.mask import AUTO_ORDER, BACKENDS
@@ -215,7 +215,7 @@ def test_bad_inputs_raise_config_errors_that_say_what_to_do() -> None:
 
 def test_drop_in_for_the_article_compose() -> None:
     """Swapped into the article's Compose, the fast mask keeps shapes, dtypes and the in-place contract."""
-    from fastpipe.toy.naive import ConvertColor, Scale
+    from fastpipe.workloads.toy.naive import ConvertColor, Scale
 
     np.random.seed(0)
     compose = T.Compose([T.PILToTensor(), T.RandomCrop(32), RandomMask(0.25), ConvertColor(), Scale()])

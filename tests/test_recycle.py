@@ -21,11 +21,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import fastpipe.recycle.loader as recycle_loader
+import fastpipe.loading.recycle._loader as recycle_loader
 from fastpipe.devices import SimDevice, parse_device
 from fastpipe.errors import ConfigError
-from fastpipe.prefetch import DevicePrefetcher
-from fastpipe.recycle import RecycledLoader, recycled, release, releasing
+from fastpipe.loading._prefetch import DevicePrefetcher
+from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing
 
 Pair = collections.namedtuple("Pair", ["left", "right"])
 pytestmark = pytest.mark.filterwarnings("ignore:.*pin_memory.*no accelerator")
@@ -359,8 +359,8 @@ def test_leases_of_old_epochs_do_not_touch_new_workers_slots() -> None:
 
 
 def test_toy_recycled_is_toy_optimized_with_a_recycled_loader(small_toy_options: dict) -> None:
-    from fastpipe.measure import measure_workload
-    from fastpipe.workload import load_workload
+    from fastpipe.diagnosis._measure import measure_workload
+    from fastpipe.workloads._workload import load_workload
 
     device = SimDevice(step_ms=1)
     options = {**small_toy_options, "num_workers": 2}

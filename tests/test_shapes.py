@@ -101,7 +101,7 @@ def test_stateful_dataloader_is_diagnosed() -> None:
 def test_report_batch_size_with_custom_sampler_is_not_none() -> None:
     dataset = PlantedDataset(transform=T.Compose([Fast()]))
     sampler = BatchSampler(SequentialSampler(dataset), batch_size=3, drop_last=False)
-    from fastpipe.workload import loader_batch_size
+    from fastpipe.workloads._workload import loader_batch_size
 
     assert loader_batch_size(DataLoader(dataset, batch_sampler=sampler)) == 3
     assert loader_batch_size(DataLoader(dataset, batch_size=5)) == 5

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from fastpipe import PipelineError
 from fastpipe.errors import ConfigError
-from fastpipe.report import Bottleneck, ExperimentResult, Report
-from fastpipe.stagecost import (
+from fastpipe.diagnosis._report import Bottleneck, ExperimentResult, Report
+from fastpipe.diagnosis.stagecost import (
     COLLATE_LABEL,
     RAW_LABEL,
     StageCost,

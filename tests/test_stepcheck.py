@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.cli import main
 from fastpipe.errors import PipelineError
-from fastpipe.stepcheck import check_step
-from fastpipe.workload import Workload, load_workload
+from fastpipe.diagnosis._stepcheck import check_step
+from fastpipe.workloads._workload import Workload, load_workload
 
 _DATA = [(torch.ones(3), 1)] * 8
 

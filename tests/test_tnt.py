@@ -12,11 +12,11 @@ from typing import Any, Iterable, Iterator
 import pytest
 import torch
 
-import fastpipe.tnt
+import fastpipe.loading._tnt
 from fastpipe.devices import CpuDevice
 from fastpipe.errors import ConfigError, OptionalDependencyError
-from fastpipe.prefetch import make_prefetcher
-from fastpipe.tnt import TntPrefetcher, import_cuda_data_prefetcher
+from fastpipe.loading._prefetch import make_prefetcher
+from fastpipe.loading._tnt import TntPrefetcher, import_cuda_data_prefetcher
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_another_missing_module_is_named(fresh_torchtnt: pytest.MonkeyPatch) -> 
 
 def test_torchtnt_imports_without_the_pkg_resources_warning() -> None:
     pytest.importorskip("torchtnt")
-    code = "from fastpipe.tnt import import_cuda_data_prefetcher as f; print(f().__name__)"
+    code = "from fastpipe.loading._tnt import import_cuda_data_prefetcher as f; print(f().__name__)"
     # -W error turns any warning left unhandled into an import failure
     done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -120,7 +120,7 @@ class ClosableIterator:
 
 
 def test_adapter_keeps_the_prefetcher_interface(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fastpipe.tnt, "import_cuda_data_prefetcher", lambda: StandInPrefetcher)
+    monkeypatch.setattr(fastpipe.loading._tnt, "import_cuda_data_prefetcher", lambda: StandInPrefetcher)
     StandInPrefetcher.instances.clear()
     loader = CountingLoader([torch.tensor([i]) for i in range(4)])
     prefetcher = make_prefetcher(loader, FakeCuda(), depth=3, transform=lambda b: b * 10, kind="tnt")

@@ -5,7 +5,7 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from fastpipe.toy import ConvertColor, FakeDataset, RandomMask, Scale, naive_transform
+from fastpipe.workloads.toy import ConvertColor, FakeDataset, RandomMask, Scale, naive_transform
 
 
 def brute_force_dilation(mask: np.ndarray) -> np.ndarray:

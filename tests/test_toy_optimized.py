@@ -10,8 +10,8 @@ import torch
 from fastpipe.devices import parse_device
 from fastpipe.errors import ConfigError
 from fastpipe.stages import split_transform
-from fastpipe.toy import VARIANTS, FastFakeDataset, make_workload, optimized_transform
-from fastpipe.toy.optimized import FAST_RAW, OPTIMIZED, UINT8_HOST, VARIANT_OPTIMIZATIONS
+from fastpipe.workloads.toy import VARIANTS, FastFakeDataset, make_workload, optimized_transform
+from fastpipe.workloads.toy.optimized import FAST_RAW, OPTIMIZED, UINT8_HOST, VARIANT_OPTIMIZATIONS
 from fastpipe.transforms import ConvertColorScale, RandomMask, uniform_noise
 from fastpipe.transforms.convert import ToCHWTensor
 
@@ -58,7 +58,7 @@ def test_stages_are_the_naive_ones_with_the_fixes_swapped_in() -> None:
 @pytest.mark.parametrize("opts", [UINT8_HOST, FAST_RAW, OPTIMIZED], ids=["uint8-host", "fast-raw", "optimized"])
 def test_optimized_samples_have_the_naive_distribution(opts) -> None:  # type: ignore[no-untyped-def]
     """Masked fraction ~ 1 - 0.75**5, unmasked pixels uniform on 1..255, CHW uint8, compact."""
-    from fastpipe.toy import FakeDataset
+    from fastpipe.workloads.toy import FakeDataset
 
     np.random.seed(0)
     torch.manual_seed(0)

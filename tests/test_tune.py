@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from fastpipe._tree import tree_nbytes
 from fastpipe.errors import ConfigError, PipelineError
-from fastpipe.tune import TuneResult, _memory_failure, shm_estimate, tune
+from fastpipe.experiments._tune import TuneResult, _memory_failure, shm_estimate, tune
 from tests.fakes import Fast, PlantedDataset
 
 # The sim step loop adds the loader's own ~2 ms per step to the bound's; a 10% tolerance keeps

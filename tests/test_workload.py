@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader
 
 from fastpipe.devices import CpuDevice, Device, default_device_spec, parse_device
 from fastpipe.errors import ConfigError
-from fastpipe.measure import measure_workload
-from fastpipe.workload import Workload, default_device_for, load_workload
+from fastpipe.diagnosis._measure import measure_workload
+from fastpipe.workloads._workload import Workload, default_device_for, load_workload
 
 _LOADER = DataLoader(list(range(8)), batch_size=2)
 
@@ -115,10 +115,10 @@ def test_a_module_whose_own_import_fails_names_what_it_imports(user_folder) -> N
 
 def test_jpeg_specs_go_to_the_jpeg_family_with_its_own_sim_step(monkeypatch) -> None:
     calls = []
-    fake = types.ModuleType("fastpipe.jpeg")
+    fake = types.ModuleType("fastpipe.workloads.jpeg")
     fake.DEFAULT_SIM_SPEC = "sim:222"
     fake.make_workload = lambda variant, device, **options: calls.append((variant, device, options)) or Workload(loader=_LOADER, step=print)
-    monkeypatch.setitem(sys.modules, "fastpipe.jpeg", fake)
+    monkeypatch.setitem(sys.modules, "fastpipe.workloads.jpeg", fake)
     load_workload("jpeg:naive", "cpu", batch_size=4)
     assert calls[0][0] == "naive" and isinstance(calls[0][1], CpuDevice) and calls[0][2] == {"batch_size": 4}
     expected = default_device_spec() if torch.cuda.is_available() else "sim:222"
@@ -131,8 +131,8 @@ def test_jpeg_specs_go_to_the_jpeg_family_with_its_own_sim_step(monkeypatch) -> 
 
 
 def test_jpeg_specs_without_the_jpeg_family_are_a_clear_error(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "fastpipe.jpeg", None)  # as if fastpipe/jpeg were absent
-    with pytest.raises(ConfigError, match="'jpeg:' workloads need fastpipe.jpeg"):
+    monkeypatch.setitem(sys.modules, "fastpipe.workloads.jpeg", None)  # as if fastpipe/jpeg were absent
+    with pytest.raises(ConfigError, match="'jpeg:' workloads need fastpipe.workloads.jpeg"):
         load_workload("jpeg:naive", "cpu")
 
 
@@ -172,6 +172,6 @@ def test_persistent_workers_survive_epochs_and_the_users_loader_still_works() ->
 
 
 def test_the_real_jpeg_family_asks_for_its_own_sim_step() -> None:
-    jpeg = pytest.importorskip("fastpipe.jpeg")
+    jpeg = pytest.importorskip("fastpipe.workloads.jpeg")
     expected = default_device_spec() if torch.cuda.is_available() else jpeg.DEFAULT_SIM_SPEC
     assert default_device_for("jpeg:naive") == default_device_for("jpeg") == expected

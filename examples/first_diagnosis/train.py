@@ -25,7 +25,7 @@ def photos_root() -> str:
     root = os.environ.get("PHOTOS")
     if root:
         return root
-    from fastpipe.photos import build_corpus
+    from fastpipe.workloads.photos import build_corpus
 
     return str(build_corpus(n=int(os.environ.get("PHOTOS_N", "600"))))
 

@@ -31,7 +31,7 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 def resolve_device(device: str | None, specs: "str | list[str]") -> Any:
     """The Device to run ``specs`` on: the one asked for, or the default for those SPECs (see default_device_for)."""
     from fastpipe.devices import parse_device
-    from fastpipe.workload import default_device_for
+    from fastpipe.workloads._workload import default_device_for
 
     return parse_device(default_device_for(specs) if device is None else device)
 
@@ -69,7 +69,7 @@ def check_steps(args: argparse.Namespace) -> None:
 
 def workload_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """(device, workload) for a single-SPEC subcommand, after checking --steps/--warmup."""
-    from fastpipe.workload import load_workload
+    from fastpipe.workloads._workload import load_workload
 
     check_steps(args)
     device = resolve_device(args.device, args.spec)
@@ -78,7 +78,7 @@ def workload_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     """``toy_option_values`` for subcommands that take a single SPEC."""
-    from fastpipe.workload import family_of
+    from fastpipe.workloads._workload import family_of
 
     return toy_option_values(args, family_of(args.spec) is not None)
 

@@ -27,8 +27,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.compare import compare
-    from fastpipe.workload import family_of
+    from fastpipe.experiments._compare import compare
+    from fastpipe.workloads._workload import family_of
 
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError("--steps must be at least 1 and --warmup at least 0")

@@ -19,7 +19,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.stagecost import measure_stage_costs
+    from fastpipe.diagnosis.stagecost import measure_stage_costs
 
     device, workload = workload_from_args(args)
     costs = measure_stage_costs(workload, device, steps=args.steps, warmup=args.warmup, check_overhead=args.check_overhead)

@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.diagnose import diagnose
+    from fastpipe.diagnosis._diagnose import diagnose
 
     if args.pool is not None and args.pool < 1:
         raise ConfigError("--pool must be at least 1")
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     device, workload = workload_from_args(args)
     checked = None
     if args.check_step:
-        from fastpipe.stepcheck import check_step
+        from fastpipe.diagnosis._stepcheck import check_step
 
         checked = check_step(workload, device)
         print(checked.line(), file=sys.stderr)

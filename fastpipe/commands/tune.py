@@ -43,7 +43,7 @@ def _progress(trial: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.tune import tune
+    from fastpipe.experiments._tune import tune
 
     if args.max_workers is not None and args.max_workers < 1:
         raise ConfigError(f"--max-workers must be at least 1, got {args.max_workers}")

@@ -4,7 +4,7 @@ When no single host can feed the accelerator, the article's fix is to add CPUs o
 :class:`RayLoader` runs a fastpipe or torchvision-style pipeline (the raw load plus the CPU
 transforms of a map-style dataset) in Ray Data tasks on any node of a Ray cluster and streams
 uint8 batches to the trainer. It stands where a DataLoader stands: the measurement loop,
-:class:`~fastpipe.prefetch.DevicePrefetcher`, device-side transforms and ``fastpipe diagnose``
+:class:`~fastpipe.loading._prefetch.DevicePrefetcher`, device-side transforms and ``fastpipe diagnose``
 take it as they are.
 
 Moving an existing pipeline onto a cluster is one line::

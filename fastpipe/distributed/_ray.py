@@ -1,6 +1,6 @@
 """Importing Ray lazily, with an error that says how to install it.
 
-fastpipe's core never needs Ray, and ``fastpipe.toy`` registers ``toy:ray`` at import time, so
+fastpipe's core never needs Ray, and ``fastpipe.workloads.toy`` registers ``toy:ray`` at import time, so
 nothing here may import Ray until a Ray loader is actually built or iterated.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ on it rather than on a home-made server:
 
 The loader has the DataLoader attributes fastpipe's measurement, prefetcher and diagnosis read
 (``dataset``, ``batch_size``, ``pin_memory``, ``num_workers``, ``len()``), so it works with
-:class:`~fastpipe.prefetch.DevicePrefetcher` and device-side transforms unchanged, and
+:class:`~fastpipe.loading._prefetch.DevicePrefetcher` and device-side transforms unchanged, and
 :meth:`RayLoader.with_dataset` is the hook the diagnosis uses to serve a cache point from the tasks.
 
 Why tasks and not an actor pool: Ray Data restarts an actor pool for every execution, and every
@@ -173,7 +173,7 @@ class RayLoader:
     def with_dataset(self, dataset: Any, *, label: str | None = None) -> "RayLoader":
         """A copy that reads ``dataset`` instead, every other setting kept: the diagnosis's cache-point hook.
 
-        Mirrors :func:`fastpipe.cache.rebuild_loader` for DataLoaders. The copy shares this loader's
+        Mirrors :func:`fastpipe.diagnosis._cache.rebuild_loader` for DataLoaders. The copy shares this loader's
         cluster, sampler and ``stats_history``; ``label`` (default: the wrapper's cache point, e.g.
         ``"sample"``) names its epochs in the report. Since each Ray worker process keeps its own copy
         of the dataset, a wrapper that caches a finished sample (the ``sample`` point) caches one per

@@ -1,0 +1,425 @@
+"""What to do about a slow stage: its own remedy, fastpipe's drop-in for it, and when that cannot help.
+
+A diagnosis that says "make it cheaper" leaves the user where they started. :func:`recommend`
+names the remedy that fits the stage that was found (cropping is not sped up by a compiled
+kernel; a Python pixel loop is), gives a snippet that runs against fastpipe's real API, and
+says when a drop-in cannot pay off (DCT scaling on images smaller than twice the output).
+
+Snippets use the names a training script has: ``root`` (the image folder), ``dataset``,
+``loader``, ``device`` (a torch.device) and ``step(batch)``.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+RAW, TRANSFORM, COLLATE, COPY, WORKERS = "raw load", "transform", "collate/IPC", "host-to-device copy", "too few workers"
+#: torchvision's RandomResizedCrop scale range: on average a box covers (0.08 + 1) / 2 of the image's area.
+_DEFAULT_SCALE = (0.08, 1.0)
+_DEFAULT_OUT = 224
+_CROPS = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop")
+_FLOAT_OUT = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype")
+_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One recommendation for one stage.
+
+    Attributes:
+        summary: one line: the stage's own remedy and fastpipe's drop-in for it.
+        snippet: Python that applies the drop-in (using the script's ``root``, ``loader``, ``device``,
+            ``step``), or None where no code fits every case.
+        caveat: when the drop-in cannot help, or what fastpipe could not check; None when nothing applies.
+    """
+
+    summary: str
+    snippet: str | None = None
+    caveat: str | None = None
+
+    def text(self) -> str:
+        """Summary and caveat as one string, for a report's recommendation field."""
+        return self.summary if self.caveat is None else f"{self.summary} Caveat: {self.caveat}"
+
+
+def recommend(stage: str, kind: str, *, transform: object | None = None, dataset: object | None = None,
+              image_size: tuple[int, int] | None = None) -> Advice:
+    """The remedy for ``stage``, a stage name as a diagnosis reports it.
+
+    Args:
+        stage: e.g. ``"RandomResizedCrop"``, ``"raw load"``, ``"collate/IPC"``, or a span measured as one
+            (``"raw load + PILToTensor + collate/IPC"``), which is advised as a span, never as a transform.
+        kind: ``"raw load"``, ``"transform"``, ``"collate/IPC"``, ``"host-to-device copy"`` or ``"too few workers"``.
+        transform: the dataset's transform (a Compose, a list of its stages, or the stage itself): gives the
+            output size, mean and std for the snippet, and shows whether a crop runs after ToTensor.
+        dataset: the dataset; an ImageFolder-like one (``samples`` of (path, label)), or a wrapper holding
+            one as ``.dataset``, lets a few image headers be read to say whether DCT scaling can help.
+        image_size: (height, width) of a typical raw image, when the caller knows it.
+    """
+    parts = [part.strip() for part in stage.split(" + ") if part.strip()]
+    if len(parts) > 1:
+        return _span(parts, transform, dataset, image_size)
+    name = parts[0] if parts else stage
+    base = re.sub(r"#\d+$", "", name)
+    if kind == WORKERS:
+        return _workers()
+    if base == RAW or kind == RAW:
+        return _raw_load(transform, dataset, image_size)
+    if base == COLLATE or kind == COLLATE:
+        return _collate(transform)
+    if base == COPY or kind == COPY:
+        return _copy()
+    return _transform(base, transform, dataset, image_size)
+
+
+# ----- what fastpipe can learn about the pipeline ----------------------------------------------
+def _leaves(transform: object | None) -> list[object]:
+    """The stages of a Compose, a list of stages, or one stage, flattened."""
+    inner = transform if isinstance(transform, (list, tuple)) else getattr(transform, "transforms", None)
+    if isinstance(inner, (list, tuple)):
+        return [leaf for t in inner for leaf in _leaves(t)]
+    return [] if transform is None else [transform]
+
+
+def _find(transform: object | None, name: str) -> tuple[object | None, list[str]]:
+    """The stage called ``name`` in ``transform`` and the class names before it."""
+    leaves = _leaves(transform)
+    names = [type(leaf).__name__ for leaf in leaves]
+    if name in names:
+        i = names.index(name)
+        return leaves[i], names[:i]
+    return None, []
+
+
+def _out_size(transform: object | None) -> int:
+    for leaf in _leaves(transform):
+        size = getattr(leaf, "size", None) if type(leaf).__name__ in _CROPS else None
+        if isinstance(size, int):
+            return size
+        if isinstance(size, (list, tuple)) and size:
+            return int(min(size))
+    return _DEFAULT_OUT
+
+
+def _mean_std(transform: object | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    normalize, _ = _find(transform, "Normalize")
+    mean, std = getattr(normalize, "mean", None), getattr(normalize, "std", None)
+    if mean is None or std is None:
+        return _IMAGENET
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def _image_size(dataset: object | None, image_size: tuple[int, int] | None, probe: int = 8) -> tuple[int, int] | None:
+    """(height, width) of a typical raw image: given, or the median of a few headers of an ImageFolder-like dataset."""
+    if image_size is not None:
+        return image_size
+    for _ in range(4):  # through wrappers that keep the real dataset as .dataset (Subset, and most user wrappers)
+        if getattr(dataset, "samples", None) is not None or getattr(dataset, "dataset", None) is None:
+            break
+        dataset = getattr(dataset, "dataset")
+    samples = getattr(dataset, "samples", None)
+    if not isinstance(samples, (list, tuple)) or not samples:
+        return None
+    from PIL import Image
+
+    sizes = []
+    for sample in samples[:probe]:
+        path = sample[0] if isinstance(sample, (list, tuple)) else sample
+        try:
+            with Image.open(path) as img:  # reads the header only
+                sizes.append((img.height, img.width))
+        except (OSError, TypeError, ValueError):
+            continue
+    if not sizes:
+        return None
+    return int(statistics.median(h for h, _ in sizes)), int(statistics.median(w for _, w in sizes))
+
+
+def _crop_caveat(crop: str, size: tuple[int, int] | None, out: int) -> str | None:
+    """When decoding only the box cannot pay as hoped. DCT scaling (1/2, 1/4, 1/8) needs a box at least twice the output."""
+    if crop in ("RandomCrop", "CenterCrop"):
+        if size is None:
+            return None
+        share = min(1.0, out * out / (size[0] * size[1]))
+        return (f"{crop} keeps the output's size, so there is no DCT scaling; decoding only the box decodes about "
+                f"{share:.0%} of each {size[1]}x{size[0]} image" + (": little to gain, measure it with `fastpipe compare` first"
+                                                                     if share > 0.5 else ""))
+    if size is None:
+        return (f"DCT scaling only pays when the crop box is at least twice the output ({2 * out} px for {out}); "
+                "fastpipe did not see your image sizes, so check them: on smaller images only the cropping saves time")
+    height, width = size
+    if min(height, width) >= 2 * out:
+        return None
+    if crop == "Resize":
+        return (f"on {width}x{height} images to {out} px the drop-in cannot help: the whole image is decoded either way, "
+                f"and its short side ({min(height, width)} px) is under twice the output ({2 * out} px), so there is no DCT scaling")
+    mean_area = sum(_DEFAULT_SCALE) / 2
+    return (f"on {width}x{height} images to {out} px, DCT scaling cannot help: even the largest crop box "
+            f"({min(height, width)} px) is under twice the output ({2 * out} px), so the box is decoded at full "
+            f"resolution; decoding only the box still skips the pixels outside it (on average {1 - mean_area:.0%} of the "
+            "image with RandomResizedCrop's default scale), so measure it with `fastpipe compare` before relying on it")
+
+
+def _crop_of(transform: object | None) -> str | None:
+    """The first crop or resize in the pipeline: what a decoder could do while decoding."""
+    return next((type(leaf).__name__ for leaf in _leaves(transform) if type(leaf).__name__ in _CROPS), None)
+
+
+# ----- the remedies ----------------------------------------------------------------------------
+_DECODE_CROP_SNIPPET = """\
+import torchvision
+from fastpipe.datasets import DecodeCropLoader, ImageFolder
+from fastpipe.transforms import Normalize
+
+# decode only the random crop, uint8 out: replaces RandomResizedCrop({out}) + RandomHorizontalFlip() + ToTensor()
+dataset = ImageFolder(root, size={out})
+# or keep torchvision's ImageFolder, with the crop drawn and decoded by its loader (no transform):
+# dataset = torchvision.datasets.ImageFolder(root, loader=DecodeCropLoader({out}))
+normalize = Normalize(mean={mean}, std={std})  # after the copy: images = normalize(images.to(device, non_blocking=True))
+"""
+
+_UINT8_SNIPPET = """\
+import torchvision.transforms as T
+from fastpipe.transforms import Normalize
+
+# in the workers: uint8 out (PILToTensor), a quarter of float32's bytes, no per-pixel arithmetic
+transform = T.Compose([{head}T.PILToTensor()])
+# on the device, ToTensor + Normalize fused into one multiply-add on the whole batch:
+normalize = Normalize(mean={mean}, std={std})
+# your loop: images = normalize(images.to(device, non_blocking=True)); or let fastpipe copy and normalize:
+# fastpipe.DevicePrefetcher(loader, device, transform=normalize), or fastpipe.Workload(..., device_transform=normalize)
+"""
+
+_BOX_LOADER_SNIPPET = """\
+import torch
+import torchvision
+from fastpipe.ops.jpeg import decode_jpeg_crop, jpeg_size
+
+def decode_{what}(path, size={out}):
+    \"\"\"{name}({out}) decoded alone from the file, uint8 (3, h, w) out: a loader= for torchvision's ImageFolder.\"\"\"
+    data = open(path, "rb").read()
+    height, width = jpeg_size(data)
+{box}    return decode_jpeg_crop(data, box, out_size)
+
+dataset = torchvision.datasets.ImageFolder(root, loader=decode_{what})  # drop {name} (and ToTensor) from its transform
+"""
+
+_BOXES = {
+    "RandomCrop": ("random_crop", "    box = torchvision.transforms.RandomCrop.get_params(torch.empty(height, width), (size, size))\n"
+                   "    out_size = (size, size)\n"),
+    "CenterCrop": ("center_crop", "    box = ((height - size) // 2, (width - size) // 2, size, size)\n    out_size = (size, size)\n"),
+    "Resize": ("resized", "    box = (0, 0, height, width)  # the whole image, shorter side scaled to size (DCT scaling when 2x or more)\n"
+               "    out_size = (size, round(width * size / height)) if height <= width else (round(height * size / width), size)\n"),
+}
+
+_DEVICE_SNIPPET = """\
+import fastpipe
+
+# {name} on the device, after the copy, once per batch ({var}: your {name}; it must take a (N, C, H, W) tensor on the device)
+def on_device(batch):
+    images, labels = batch
+    return {var}(images), labels
+
+for batch in fastpipe.DevicePrefetcher(loader, device, transform=on_device):
+    step(batch)
+"""
+
+_MASK_SNIPPET = """\
+import torchvision.transforms as T
+from fastpipe.transforms import RandomMask
+
+# on uint8, before any float conversion; warm_up() compiles once, before the workers start
+transform = T.Compose([T.RandomResizedCrop({out}), T.PILToTensor(), RandomMask(ratio=0.25).warm_up()])
+"""
+
+_PREFETCH_SNIPPET = """\
+import fastpipe
+
+# each batch pinned and copied non_blocking on a side stream, 2 batches ahead, while the step runs; with
+# pin_memory=True in your DataLoader its pinning thread pins instead of this loop
+for batch in fastpipe.DevicePrefetcher(loader, device, depth=2):
+    step(batch)
+"""
+
+_PAYLOAD_SNIPPET = """\
+# what each batch ships from the workers: float32 images weigh 4x their uint8 pixels
+images, labels = next(iter(loader))
+print(images.dtype, tuple(images.shape), f"{images.element_size() * images.nelement() / 1e6:.1f} MB a batch")
+"""
+
+_RECYCLED_LINES = """\
+import fastpipe
+
+loader = fastpipe.recycled(loader)  # workers collate into a ring of reused shared-memory buffers, no fresh pages per batch
+"""
+
+_TUNE_SNIPPET = """\
+import fastpipe
+
+# sweeps num_workers and prefetch_factor against the device bound (or: fastpipe tune SPEC)
+print(fastpipe.tune(loader, device, step=step))
+"""
+
+
+def _fmt(values: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{v:g}" for v in values) + ")"
+
+
+def _decode_crop(transform: object | None) -> str:
+    mean, std = _mean_std(transform)
+    return _DECODE_CROP_SNIPPET.format(out=_out_size(transform), mean=_fmt(mean), std=_fmt(std))
+
+
+def _decode_box(crop: str, stage: object | None, transform: object | None, dataset: object | None,
+                image_size: tuple[int, int] | None, converted: str | None, label: str) -> Advice:
+    """Decode only what ``crop`` keeps: the remedy for a crop or resize, and for the raw load before one."""
+    out = _out_size(transform if stage is None else stage)
+    caveat = _crop_caveat(crop, _image_size(dataset, image_size), out)
+    if converted:
+        caveat = (f"{crop} runs after {converted}, on a tensor of the whole image: move it before the conversion "
+                  "(the drop-in does both)" + ("; " + caveat if caveat else ""))
+    what = "resized" if crop == "Resize" else "cropped"
+    if crop in _BOXES:
+        name, box = _BOXES[crop]
+        return Advice(
+            summary=(f"{label}: the image is decoded whole to be {what} by {crop}. {'Scale' if crop == 'Resize' else 'Crop'} while "
+                     "decoding: fastpipe.ops.jpeg.decode_jpeg_crop decodes only the box (at 1/2, 1/4 or 1/8 DCT scale when the "
+                     "box is at least twice the output), uint8 out, as the loader of torchvision's ImageFolder."),
+            snippet=_BOX_LOADER_SNIPPET.format(what=name, name=crop, out=out, box=box), caveat=caveat)
+    return Advice(
+        summary=(f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop: "
+                 f"fastpipe.datasets.ImageFolder(root, size={out}) draws torchvision's box from the header and decodes only it "
+                 f"(or DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."),
+        snippet=_decode_crop(transform), caveat=caveat)
+
+
+def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+    crop = _crop_of(transform)
+    if crop is not None:
+        stage, _ = _find(transform, crop)
+        return _decode_box(crop, stage, transform, dataset, image_size, None, "Raw load")
+    if transform is not None:
+        return Advice(
+            summary=("Raw load: reading and decoding each file. With no crop or resize in the transform there is nothing "
+                     "to skip while decoding: read less (fewer, larger files; local disk) or add workers if cores are idle."),
+            caveat="fastpipe's decode-the-crop drop-ins cannot help a pipeline that uses the whole image")
+    advice = _decode_box("RandomResizedCrop", None, None, dataset, image_size, None, "Raw load")
+    return Advice(summary=advice.summary, snippet=advice.snippet,
+                  caveat="fastpipe did not see the transform: this assumes the usual RandomResizedCrop recipe"
+                         + ("; " + advice.caveat if advice.caveat else ""))
+
+
+def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+    stage, before = _find(transform, name)
+    converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage")), None)
+    if name in _CROPS:
+        return _decode_box(name, stage, transform, dataset, image_size, converted, name)
+    if name in _FLOAT_OUT:
+        mean, std = _mean_std(transform)
+        head = _head(transform, name)
+        return Advice(
+            summary=(f"{name}: per-pixel float arithmetic in the workers, and float32 batches 4x the bytes of uint8. "
+                     "Ship uint8 (PILToTensor) and normalize on the device: fastpipe.transforms.Normalize, which matches "
+                     "torchvision's ToTensor() + Normalize(mean, std)."),
+            snippet=_UINT8_SNIPPET.format(head=head, mean=_fmt(mean), std=_fmt(std)))
+    if name == "RandomHorizontalFlip":
+        return Advice(
+            summary=("RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize "
+                     f"(fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}, hflip=0.5)), at no extra cost."),
+            snippet=_decode_crop(transform))
+    if name == "PILToTensor":
+        return Advice(
+            summary=("PILToTensor: it copies every pixel it is given; crop before it, or let the decoder return the "
+                     f"cropped uint8 tensor itself (fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}))."),
+            snippet=_decode_crop(transform))
+    if name == "RandomMask" and not _is_fastpipe_mask(stage):
+        return Advice(
+            summary=("RandomMask: a per-pixel loop in Python. fastpipe.transforms.RandomMask is a compiled drop-in "
+                     "(Numba or a C++ op, same distribution and in-place contract); apply it to uint8, before converting to float."),
+            snippet=_MASK_SNIPPET.format(out=_out_size(transform)))
+    return Advice(
+        summary=(f"{name}: a custom transform that is slow by itself. Compile it (Numba @njit over a uint8 array, or a C++ "
+                 "TORCH_LIBRARY op, as fastpipe.transforms.RandomMask is), or move it onto the device after the copy, "
+                 "on whole batches (fastpipe.DevicePrefetcher(transform=...) or Workload(device_transform=...))."),
+        snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)))
+
+
+def _head(transform: object | None, stop: str) -> str:
+    """The transforms before ``stop`` as Python, for the uint8 recipe; ones fastpipe cannot write out are named in a comment."""
+    code, unknown = [], []
+    for leaf in _leaves(transform):
+        name = type(leaf).__name__
+        if name == stop or name in _FLOAT_OUT or name in ("ToTensor", "PILToTensor"):
+            break
+        size = getattr(leaf, "size", None)
+        if name in _CROPS and size is not None:
+            code.append(f"T.{name}({list(size) if isinstance(size, (list, tuple)) else size})")
+        elif name == "RandomHorizontalFlip":
+            code.append(f"T.RandomHorizontalFlip(p={getattr(leaf, 'p', 0.5)})")
+        else:
+            unknown.append(name)
+    text = "".join(c + ", " for c in code)
+    return text + (f"  # and your {', '.join(unknown)}\n    " if unknown else "")
+
+
+def _is_fastpipe_mask(stage: object | None) -> bool:
+    from fastpipe.transforms.mask import RandomMask
+
+    return isinstance(stage, RandomMask)
+
+
+def _snake(name: str) -> str:
+    """``ConvertColor`` -> ``convert_color``: the name the snippet gives the user's transform."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _collate(transform: object | None) -> Advice:
+    floats = [n for n in (type(leaf).__name__ for leaf in _leaves(transform)) if n in _FLOAT_OUT]
+    recycled = _recycled_available()
+    summary = ("Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: "
+               "uint8 images (PILToTensor, normalize on the device with fastpipe.transforms.Normalize), smaller dtypes, no padding")
+    summary += (", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else ".")
+    caveat = f"your transform ends in {', '.join(floats)}: float32 out, 4x the bytes of uint8" if floats else None
+    return Advice(summary=summary, snippet=_PAYLOAD_SNIPPET + ("\n" + _RECYCLED_LINES if recycled else ""), caveat=caveat)
+
+
+def _recycled_available() -> bool:
+    """Recycled batch memory is a newer part of fastpipe: advise it only where it is there."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("fastpipe.loading.recycle") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _copy() -> Advice:
+    return Advice(
+        summary=("Host-to-device copy: overlap it with the step and copy less: pin_memory=True, non_blocking copies on a "
+                 "side stream with fastpipe.DevicePrefetcher, and uint8 payloads (normalize on the device). "
+                 "fastpipe.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."),
+        snippet=_PREFETCH_SNIPPET)
+
+
+def _workers() -> Advice:
+    return Advice(
+        summary=("Too few workers: the input is late while the CPU has idle cores. Find the fewest workers that keep up "
+                 "with `fastpipe tune SPEC` (or fastpipe.tune), which also watches shared memory."),
+        snippet=_TUNE_SNIPPET)
+
+
+def _span(parts: list[str], transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+    """Stages measured together (an interrupted or bisected run): which part costs the time is not known."""
+    kinds: dict[str, Callable[[], Advice]] = {
+        RAW: lambda: _raw_load(transform, dataset, image_size), COLLATE: lambda: _collate(transform), COPY: _copy,
+    }
+    advice = [kinds[p]() if p in kinds else _transform(re.sub(r"#\d+$", "", p), transform, dataset, image_size) for p in parts]
+    first = next((a for a in advice if a.snippet is not None), None)
+    remedies = " ".join(a.summary for a in advice)
+    return Advice(
+        summary=(f"{' + '.join(parts)} were measured as one span, so their time is not split between them: "
+                 f"`fastpipe costs SPEC` times each inside the workers. The remedies, part by part: {remedies}"),
+        snippet=None if first is None else first.snippet,
+        caveat="; ".join(a.caveat for a in advice if a.caveat) or None)

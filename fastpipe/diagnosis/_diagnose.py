@@ -1,0 +1,514 @@
+"""The cache-bisection engine: rerun the loop with data cached at successive points.
+
+The plan (:mod:`fastpipe.diagnosis._plan`) lists the points a pipeline allows; this module measures them
+(each until its step time is precise enough or its time budget is spent), remeasures pairs whose
+difference is borderline, inverted or taken on a loaded machine (interleaved, A B A B), and hands
+the step times to :mod:`fastpipe.diagnosis._attribute`, which turns them into milliseconds per step per
+stage. The user's DataLoader settings (workers, batch sampler, collate, pinning...) are kept by
+building new loaders around a wrapped copy of the dataset, and everything the user owns is
+restored afterwards (:mod:`fastpipe.diagnosis._snapshot`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+from torch.utils.data import DataLoader
+
+from fastpipe.diagnosis import _ddp as ddp
+from fastpipe._system import usable_cores
+from fastpipe.diagnosis._attribute import SATURATED_CPU, Attribution, verdict_for
+from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
+from fastpipe.devices import Device, parse_device
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.diagnosis._plan import COLLATE, COPY, Plan, point_label
+from fastpipe.diagnosis._points import PointRunner
+from fastpipe.diagnosis._report import TOO_NOISY, Bottleneck, ExperimentResult, Report
+from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis._variable import variable_inputs
+from fastpipe.workloads._workload import Workload, loader_batch_size
+
+SATURATION_CAVEAT_START = "the CPU was saturated"
+BUSY_MACHINE = 0.25
+"""Share of all cores used by other processes above which a point counts as measured on a loaded machine."""
+CPU_BACKED = 0.25
+"""A span whose CPU time per step (over its workers) is at least this share of its added time counts as CPU work."""
+VARIABLE_POOL = 8
+"""Samples (or batches) cached per worker when the inputs vary in size."""
+LADDER_AGREEMENT = 1.5
+"""Ladder time and in-worker time of a stage further apart than this factor are flagged."""
+
+__all__ = ["diagnose", "measure_points", "measure_device_bound", "point_label", "verdict_for", "SATURATED_CPU", "COPY", "COLLATE"]
+
+
+# ----- the strategy ------------------------------------------------------------------------
+class _Diagnosis:
+    def __init__(self, runner: PointRunner, workload: Workload, threshold: float, strategy: str, pool_reason: str | None) -> None:
+        self.runner, self.workload, self.threshold, self.strategy = runner, workload, threshold, strategy
+        self.unresolved: dict[tuple[str, str], str] = {}
+        self.calls_per_sample: int | None = None
+        self.remeasured: set[tuple[str, str]] = set()
+        r = runner
+        self.report = Report(
+            workload=workload.name, device=r.device.spec, num_workers=r.workers, batch_size=loader_batch_size(workload.loader),
+            steps=r.steps, warmup=r.warmup, pool=r.pool, threshold=threshold, strategy=strategy, precision_target=r.target,
+            budget_s=r.budget_s, notes=list(workload.notes),
+        )
+        if pool_reason:
+            self.report.notes.append(pool_reason)
+
+    @property
+    def plan(self) -> Plan:
+        return self.runner.plan
+
+    def attribution(self) -> Attribution:
+        return Attribution(self.plan, self.runner.results, self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
+
+    def measure(self, point: str, **kwargs: Any) -> bool:
+        """Measure a point; a middle point that cannot be built is dropped from the plan with its reason."""
+        try:
+            self.runner.measure(point, **kwargs)
+            return True
+        except PipelineError as exc:
+            if point in ("device", "host", "baseline") or exc.stage == "step":
+                raise
+            cause = exc.__cause__
+            reason = cause.reason if isinstance(cause, UnavailablePoint) and getattr(cause, "reason", None) else str(exc)
+            self.plan.drop(point, f"this point could not be built or failed ({reason}); the stages around it are measured as one span")
+            self.runner.results.pop(point, None)
+            return False
+
+    def probe(self) -> None:
+        """Capture one sample at each middle point in this process: drop the points that cannot be built,
+        and learn how many times the dataset calls its transform per sample (two views: 2)."""
+        drops, calls = ddp.from_rank0(self._probe_points())  # one plan for every rank
+        for point, reason in drops:
+            self.plan.drop(point, f"{reason}; the stages around it are measured as one span")
+        self.calls_per_sample = calls
+
+    def _probe_points(self) -> tuple[list[tuple[str, str]], int | None]:
+        pipeline, dataset = self.runner.pipeline, self.workload.loader.dataset
+        drops: list[tuple[str, str]] = []
+        calls = None
+        if pipeline is None:
+            return drops, calls
+        for point in [p for p in self.plan.points if p == "raw" or p.startswith("after:")]:
+            try:
+                probe = probe_point(dataset, pipeline, point, timeout=self.runner.worker_timeout)
+            except Exception:  # the user's own code failing or hanging: the measurement reports it with its stage
+                break
+            if probe.reason:
+                drops.append((point, probe.reason))
+            elif probe.calls_per_sample and probe.calls_per_sample > 1:
+                calls = probe.calls_per_sample
+        return drops, calls
+
+    def run(self) -> None:
+        self.probe()
+        self.measure("device")
+        self.measure("baseline")
+        points = self.plan.points
+        if not self.attribution().significant("device", "baseline"):
+            skipped = [p for p in points if p not in self.runner.results]
+            if skipped:
+                self.report.notes.append(f"the baseline is within noise and threshold of the device bound, so {', '.join(skipped)} were not measured")
+            return
+        if self.strategy == "linear":
+            for point in list(points[1:-1]):
+                self.measure(point)
+        else:
+            self._bisect("device", "baseline")
+        self._remeasure_suspects()
+
+    def _bisect(self, upper: str, lower: str) -> None:
+        points = self.plan.points
+        a, b = points.index(upper), points.index(lower)
+        if b - a <= 1 or not self.attribution().significant(upper, lower):
+            return
+        mid = points[(a + b) // 2]
+        if not self.measure(mid):
+            return self._bisect(upper, lower)
+        self._bisect(upper, mid)
+        self._bisect(mid, lower)
+
+    def _busy(self, point: str) -> float:
+        result = self.runner.results[point]
+        return max(0.0, result.system_cpu_util - result.cpu_util)
+
+    def _suspects(self) -> list[tuple[str, str]]:
+        attribution = self.attribution()
+        measured = attribution.measured()
+        out = []
+        for pair in zip(measured, measured[1:]):
+            if pair in self.remeasured:
+                continue
+            loaded = max(self._busy(pair[0]), self._busy(pair[1])) > BUSY_MACHINE
+            if attribution.borderline(*pair) or attribution.inverted(*pair) or (loaded and attribution.significant(*pair)):
+                out.append(pair)
+        return out
+
+    def _remeasure_suspects(self) -> None:
+        """Remeasure, interleaved, each pair whose difference is borderline, inverted or taken on a loaded machine.
+
+        The pair's cost must hold in the fresh back-to-back measurement too; otherwise it is unresolved.
+        """
+        for upper, lower in self._suspects():
+            first = self.attribution()
+            was_named, was_inverted = first.significant(upper, lower), first.inverted(upper, lower)
+            self.remeasured.add((upper, lower))
+            budget = max(self.runner.budget_s / 2, 1.0)
+            fresh_upper = self.runner.measure(upper, budget_s=budget)
+            fresh_lower = self.runner.measure(lower, budget_s=budget)
+            fresh = Attribution(self.plan, {"device": self.runner.results["device"], upper: fresh_upper, lower: fresh_lower},
+                                self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
+            loaded = max(fresh_upper.system_cpu_util - fresh_upper.cpu_util, fresh_lower.system_cpu_util - fresh_lower.cpu_util)
+            if was_named and not fresh.significant(upper, lower):
+                self.unresolved[(upper, lower)] = "its cost did not hold when the two points were remeasured back to back"
+            elif was_named and loaded > BUSY_MACHINE and fresh_lower.system_cpu_util >= SATURATED_CPU and self._uses_cpu(fresh_upper, fresh_lower):
+                # the cores were all busy, part of them with other processes, and the stage burns CPU: a
+                # stage that hides under the device step on a quiet machine can show here only for want of CPU
+                self.unresolved[(upper, lower)] = (f"other processes used {loaded:.0%} of the CPU while it was remeasured and the "
+                                                   "cores were saturated: its cost cannot be told from theirs")
+            elif was_inverted and fresh.inverted(upper, lower):
+                self.report.caveats.append(
+                    f"'{point_label(lower)}' ran faster than '{point_label(upper)}', which caches more, twice in a row: "
+                    "that is interference or a cache point that changes the work, not the pipeline")
+
+    def _uses_cpu(self, upper: ExperimentResult, lower: ExperimentResult) -> bool:
+        """Whether the span between two points burns enough CPU that other processes' load could explain its time.
+
+        Contention slows only CPU work: a stage that waits (I/O, sleeps) costs the same on a busy machine.
+        """
+        cores = usable_cores()
+        cpu_per_step = [r.cpu_util * cores * r.ms_per_step for r in (upper, lower)]
+        cpu_time = (cpu_per_step[1] - cpu_per_step[0]) / max(1, min(self.runner.workers, cores))
+        added = lower.ms_per_step - upper.ms_per_step
+        return cpu_time > CPU_BACKED * added
+
+    # ----- the report ------------------------------------------------------------------------
+    def finish(self, elapsed: float) -> Report:
+        report, results = self.report, self.runner.results
+        report.elapsed_s = elapsed
+        report.unavailable = list(self.plan.unavailable)
+        measured = [p for p in self.plan.points if p in results]
+        report.experiments = [results[p] for p in measured]
+        if "device" not in results:
+            return report
+        attribution = self.attribution()
+        bound = results["device"].steps_per_s
+        report.device_bound_steps_per_s = bound
+        report.device_step_ms = 1000 / bound
+        for result in report.experiments:
+            result.fraction_of_bound = result.steps_per_s / bound
+        baseline = results.get("baseline")
+        baseline_s = None
+        if baseline is not None:
+            baseline_s = 1 / baseline.steps_per_s
+            report.baseline_step_ms = baseline_s * 1000
+            report.gap_fraction = max(0.0, 1 - (1 / bound) / baseline_s)
+            report.verdict = verdict_for(report.gap_fraction)
+        report.components = attribution.components(baseline_s)
+        for component in report.components:
+            pair = component.between
+            if self.calls_per_sample and component.kind == "transform":
+                component.calls_per_sample = self.calls_per_sample
+            if pair in self.unresolved:
+                _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
+                report.unresolved.append(component)
+                report.caveats.append(f"{component.stage}: {self.unresolved[pair]}")
+            elif attribution.significant(*pair):
+                _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
+                report.bottlenecks.append(component)
+        report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
+        if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
+            report.verdict = TOO_NOISY
+        copies = {p: results[p].copy_ms_per_sample for p in measured if results[p].copy_ms_per_sample >= 0.05}
+        if copies:
+            listed = ", ".join(f"{point_label(p)} {ms:.2f} ms" for p, ms in copies.items())
+            report.notes.append(f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was "
+                                f"timed inside the workers ({listed} per sample) and taken out of each point's step")
+        report.caveats += self._caveats(report)
+        stats = getattr(self.runner.baseline_loader, "stats", None)
+        if callable(stats):
+            report.notes += _loader_stat_notes(stats())
+        if self.runner.rank_spreads:
+            point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
+            _, size = ddp.world() or (0, 1)
+            report.notes.append(f"DDP with {size} ranks: every point shows its slowest rank, and all ranks followed one plan; "
+                                f"the ranks' step times differed by up to {widest.spread:.0%} (at '{point_label(point)}', "
+                                f"slowest rank {widest.slowest_rank})")
+        return report
+
+    def _caveats(self, report: Report) -> list[str]:
+        caveats = []
+        for b in report.bottlenecks:
+            if b.cpu_saturated:
+                cpu = self.runner.results[b.between[1]].cpu_util
+                caveats.append(
+                    f"{SATURATION_CAVEAT_START} ({cpu:.0%} of the cores) once {b.stage} was added: it may only be tipping "
+                    "an already-saturated CPU over, rather than being slow itself"
+                )
+        pool = self.runner.pool
+        if pool > 1:
+            for r in report.experiments:
+                if r.pool_spread is not None and r.pool_spread > 0.05:
+                    caveats.append(f"across the {pool} cached batches at '{r.name}', mean step time varies by {r.pool_spread:.1%}: "
+                                   "the step time depends on the data")
+        if self.runner.workers == 0:
+            caveats.append("num_workers=0: data loads in the training process, which is not the multi-worker case this method is built for")
+        if self.runner.device.kind == "cpu":
+            caveats.append("on --device cpu the model and the workers share the same cores, so the device bound is low and every "
+                           "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them")
+        busy = [(r.name, r.system_cpu_util - r.cpu_util) for r in report.experiments if r.system_cpu_util - r.cpu_util > BUSY_MACHINE]
+        if busy:
+            name, other = max(busy, key=lambda item: item[1])
+            caveats.append(f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): "
+                           "pairs measured then were remeasured back to back; rerun on a quieter machine to be sure")
+        imprecise = [r for r in report.experiments if r.noise > self.runner.target]
+        if imprecise:
+            listed = ", ".join(f"{r.name} ±{r.noise:.1%}" for r in imprecise)
+            caveats.append(f"{len(imprecise)} point(s) did not reach the {self.runner.target:.0%} precision target within the "
+                           f"{self.runner.budget_s:g} s budget ({listed}); raise --budget for a firmer answer")
+        return caveats
+
+
+def _loader_stat_notes(stats: dict[str, Any]) -> list[str]:
+    """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
+    if "reused" not in stats:
+        return []
+    line = (f"recycled batch memory: {stats['reused']} of {stats['batches']} batches went into reused buffers; "
+            f"{stats['fallbacks']} fresh allocations because every slot was in use (raise slots=), {stats['grown']} larger "
+            f"buffers (batches outgrew their slot), {stats['kept']} batches kept by the loop")
+    return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
+
+
+def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int) -> None:
+    """Fill in the component's recommendation (and snippet) for its own stage.
+
+    A worker-side stage found while the cores had room also gets the tuner's advice: more workers
+    may carry it before any stage is made cheaper.
+    """
+    from fastpipe.diagnosis._advice import recommend
+
+    stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
+    advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
+    component.recommendation = advice.text()
+    component.snippet = advice.snippet
+    if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < usable_cores():
+        component.recommendation += " " + recommend(component.stage, "too few workers").summary
+
+
+def diagnose(
+    loader: "DataLoader | Workload",
+    step: Callable[[Any], Any] | None = None,
+    device: "str | Device | None" = None,
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    pool: int | None = None,
+    threshold: float = 0.05,
+    strategy: str = "linear",
+    budget: float = 20.0,
+    precision: float = 0.03,
+    device_transform: Callable[[Any], Any] | None = None,
+    prefetch_depth: int = 0,
+    model: Any = None,
+    optimizer: Any = None,
+    schedulers: Any = (),
+    scaler: Any = None,
+    progress: bool = True,
+    worker_timeout: float = 300.0,
+    name: str | None = None,
+    stage_costs: bool = True,
+) -> Report:
+    """Find where an input pipeline loses time, by caching data at successive points.
+
+    Args:
+        loader: the user's DataLoader (never modified), or a :class:`~fastpipe.Workload`.
+        step: ``step(batch)``, one training step on a batch already on the device.
+        device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS[,...]`` or a Device (default: cuda if present, else sim:290).
+        steps, warmup: the fewest measured steps and the untimed steps per point; steps round up to whole rounds of workers.
+        pool: samples (or batches) each cache point keeps and cycles through; by default 1, or 8 when
+            the first samples differ in size (the report says so).
+        threshold: the smallest added time that counts, as a fraction of the device step.
+        strategy: ``"linear"`` measures every point; ``"bisect"`` measures the endpoints, then bisects.
+        budget: seconds of measuring per point before it stops short of the precision target.
+        precision: target relative standard error of each point's mean step time.
+        device_transform, prefetch_depth: how the user's loop moves batches to the device.
+        model, optimizer, schedulers, scaler: restored afterwards (the diagnosis really trains): parameters,
+            buffers, gradients and train/eval mode, the optimizer's, each LR scheduler's and the GradScaler's state.
+        progress: show a progress line on the terminal.
+        worker_timeout: seconds a worker may take for a batch before the run stops, used only
+            when the loader sets no timeout of its own.
+        stage_costs: when a stage in the workers is named, time each stage inside the workers in
+            one more short pass, to check the ladder against it and settle saturation caveats.
+
+    Returns:
+        A :class:`~fastpipe.diagnosis._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
+
+    Raises:
+        ConfigError: bad arguments.
+        PipelineError: a worker, transform or the step raised; ``.stage`` says where.
+    """
+    if isinstance(loader, Workload):
+        workload = loader
+        if step is not None:
+            workload = dataclasses.replace(workload, step=step)
+    else:
+        if not isinstance(loader, DataLoader) and not hasattr(loader, "with_dataset"):
+            raise ConfigError(f"diagnose needs a torch.utils.data.DataLoader (or a fastpipe.Workload), not {type(loader).__name__}")
+        if step is None or not callable(step):
+            raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
+        workload = Workload(loader=loader, step=step, device_transform=device_transform, model=model, optimizer=optimizer,
+                            schedulers=list(schedulers) if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers],
+                            scaler=scaler, prefetch_depth=prefetch_depth, name=name or "workload")
+    if steps < 1 or warmup < 0 or (pool is not None and pool < 1):
+        raise ConfigError(f"need steps >= 1, warmup >= 0 and pool >= 1; got steps={steps}, warmup={warmup}, pool={pool}")
+    if not 0 <= threshold < 1:
+        raise ConfigError(f"threshold is a fraction of the device step, e.g. 0.05; got {threshold}")
+    if strategy not in ("linear", "bisect"):
+        raise ConfigError(f"strategy must be 'linear' or 'bisect', got {strategy!r}")
+    if not budget > 0 or not 0 < precision < 1:
+        raise ConfigError(f"need budget > 0 seconds and 0 < precision < 1; got budget={budget}, precision={precision}")
+    device = parse_device(device)
+    started = time.perf_counter()
+    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=pool or 1, budget_s=budget, target=precision,
+                     progress=progress, worker_timeout=worker_timeout)
+    pool_reason = None
+    if pool is None:
+        why = ddp.from_rank0(variable_inputs(runner) if ddp.is_rank0() else None)
+        if why:
+            runner.pool = VARIABLE_POOL
+            pool_reason = (f"{why}, so each cache point keeps {VARIABLE_POOL} samples (or batches) per worker instead of one "
+                           "(set pool= / --pool to choose)")
+    diagnosis = _Diagnosis(runner, workload, threshold, strategy, pool_reason)
+    if not device.runs_model and not any("simulates the step" in note for note in workload.notes):
+        diagnosis.report.notes.append(f"{device.spec} simulates the step: the training step itself is not run "
+                                      "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)")
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        try:
+            diagnosis.run()
+        except KeyboardInterrupt:
+            diagnosis.report.interrupted = True
+        finally:
+            runner.progress.close()
+        report = diagnosis.finish(time.perf_counter() - started)
+        report.notes += _ray_notes(workload.loader)
+        in_workers = not getattr(workload.loader, "unsupported_point_reason", None)  # stage timers need DataLoader workers
+        worker_side = [b for b in report.bottlenecks + report.unresolved if b.kind not in (COPY,)]
+        if stage_costs and in_workers and not report.interrupted and worker_side and runner.workers > 0:
+            _check_against_stage_costs(report, workload, device, steps=steps, warmup=warmup, worker_timeout=worker_timeout)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _ray_notes(loader: Any) -> list[str]:
+    if not getattr(loader, "unsupported_point_reason", None):
+        return []
+    from fastpipe.distributed.stats import ray_stats_notes  # only Ray-backed loaders have these
+
+    return ray_stats_notes(loader)
+
+
+def _check_against_stage_costs(report: Report, workload: Workload, device: Device, **options: Any) -> None:
+    """Time each stage inside the workers; check each named stage's ladder time against it, and settle saturation caveats."""
+    from fastpipe.diagnosis.stagecost import explain_saturation, measure_stage_costs
+
+    try:
+        costs = measure_stage_costs(workload, device, **options)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        return
+    except PipelineError as exc:
+        report.notes.append(f"the in-worker stage timing could not run ({exc}); the ladder stands alone")
+        return
+    report.stage_costs = costs.to_dict()
+    report.stage_cost_lines = costs.table_lines()
+    batch, workers = report.batch_size or costs.batch_size, max(1, costs.parallelism)
+    known = {s.name: s for s in costs.stages}
+    for b in report.bottlenecks + report.unresolved:
+        parts = [known.get("collate" if p.startswith("collate") else p) for p in b.stage.split(" + ")]
+        if batch and parts and all(parts):
+            b.in_worker_ms = sum(p.ms_per_sample for p in parts) * batch / workers
+    report.caveats += _ladder_disagreements(report)
+    # Rank by the larger of the two sizes: the ladder's marginal time misses what a stage hides under the
+    # device step, or loses to the other stages once the CPU is saturated; the in-worker timing misses what
+    # a stage un-hides when it tips the pipeline over the device step.
+    report.bottlenecks.sort(key=lambda b: max(b.added_ms, b.in_worker_ms or 0.0), reverse=True)
+    report.ranked_by = "the larger of the ladder's time and the in-worker timing"
+    if any(b.cpu_saturated for b in report.bottlenecks):
+        explained = explain_saturation(report, costs)
+        if explained:
+            report.caveats = [c for c in report.caveats if not c.startswith(SATURATION_CAVEAT_START)] + explained
+
+
+def _ladder_disagreements(report: Report) -> list[str]:
+    """Where the ladder's time per step and the in-worker timing disagree, say so and why."""
+    lines = []
+    checked = [b for b in report.bottlenecks if b.in_worker_ms]
+    for b in checked:
+        ratio = b.added_ms / b.in_worker_ms
+        if 1 / LADDER_AGREEMENT <= ratio <= LADDER_AGREEMENT:
+            continue
+        why = ("its upper point ran at the device bound, so part of its cost hides under the device step"
+               if b.at_least and ratio < 1 else
+               "the CPU was saturated there, so the workers shared the cores with the training process and each other"
+               if b.cpu_saturated else "the two measurements disagree beyond their noise")
+        lines.append(f"{b.stage}: the ladder puts {b.added_ms:.0f} ms per step on it, the in-worker timing {b.in_worker_ms:.0f} ms "
+                     f"(x{ratio:.2f}): {why}")
+    by_ladder = [b.stage for b in sorted(checked, key=lambda b: b.added_ms, reverse=True)]
+    by_workers = [b.stage for b in sorted(checked, key=lambda b: b.in_worker_ms or 0.0, reverse=True)]
+    if by_ladder[:2] != by_workers[:2] and len(checked) > 1:
+        lines.append(f"the ladder ranks {', '.join(by_ladder[:2])} first, the in-worker timing {', '.join(by_workers[:2])}: a stage "
+                     "that tips the pipeline over the device step is charged for what it un-hides, and once the CPU is saturated "
+                     "stages slow each other; the list above ranks by the larger of the two sizes")
+    return lines
+
+
+def measure_device_bound(
+    workload: Workload, device: "str | Device | None", *, steps: int = 10, warmup: int = 3, worker_timeout: float = 300.0,
+    budget: float = 20.0, precision: float = 0.03,
+) -> tuple[ExperimentResult, int]:
+    """The device point alone, and the bytes of its cached batch (what one batch weighs in shared memory)."""
+    from fastpipe._tree import tree_nbytes
+
+    device = parse_device(device)
+    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
+                     worker_timeout=worker_timeout)
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        runner.measure("device")
+    return runner.results["device"], max(tree_nbytes(batch) for batch in runner.host_batches)
+
+
+def measure_points(
+    workload: Workload,
+    device: "str | Device | None",
+    points: list[str],
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    pool: int = 1,
+    progress: bool = False,
+    worker_timeout: float = 300.0,
+    budget: float = 20.0,
+    precision: float = 0.03,
+) -> dict[str, ExperimentResult]:
+    """Measure only the named cache points of a workload (e.g. ``["device", "baseline"]``), user state preserved.
+
+    ``fraction_of_bound`` is left unset (NaN): the caller decides which bound it is measured against.
+    """
+    device = parse_device(device)
+    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=pool, budget_s=budget, target=precision,
+                     progress=progress, worker_timeout=worker_timeout)
+    unknown = [p for p in points if p not in runner.plan.points]
+    if unknown:
+        raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {runner.plan.points}")
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        try:
+            for point in points:
+                runner.measure(point)
+        finally:
+            runner.progress.close()
+    return dict(runner.results)
+

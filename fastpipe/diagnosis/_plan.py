@@ -1,0 +1,97 @@
+"""The diagnosis plan: which cache points a pipeline allows, in order, and what lies between them.
+
+Points run from the device upwards (most cached first)::
+
+    device  one batch on the device, the step (and any device transform) repeated: the device bound
+    host    one batch on the host, copied every step as the user's loop copies it
+    sample  one finished sample per worker; collate, IPC, pinning and the copy still run
+    after:S the output of transform stage S; later stages rerun (last stage to first)
+    raw     the transform's input; every transform reruns
+    baseline nothing cached
+
+``components[i]`` is what runs between ``points[i]`` and ``points[i + 1]``: the time a step
+gains between those two points is that component's cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastpipe.diagnosis._report import Unavailable
+from fastpipe.stages import RAW_STAGE, TransformPipeline
+
+COPY, COLLATE = "host-to-device copy", "collate/IPC"
+SPAN = "span"
+"""The kind of a span that merges several kinds of component (measured points left out between them)."""
+
+
+def point_label(point: str) -> str:
+    return {"device": "device (bound)", "host": "host", "sample": "sample", "raw": "raw", "baseline": "baseline"}.get(
+        point, point.replace("after:", "after ")
+    )
+
+
+@dataclass
+class Plan:
+    points: list[str]
+    components: list[str]
+    unavailable: list[Unavailable] = field(default_factory=list)
+
+    def between(self, upper: str, lower: str) -> list[str]:
+        """The components between two points (several when points between them were not measured)."""
+        return self.components[self.points.index(upper):self.points.index(lower)]
+
+    def drop(self, point: str, reason: str) -> None:
+        """Take ``point`` out (it cannot be built): its two neighbouring components merge into one span."""
+        if point not in self.points or point in ("device", "baseline"):
+            return
+        i = self.points.index(point)
+        merged = f"{self.components[i]} + {self.components[i - 1]}" if i > 0 else self.components[i]
+        self.components[i - 1:i + 1] = [merged]
+        self.points.remove(point)
+        self.unavailable.append(Unavailable(point, reason))
+
+
+def make_plan(pipeline: TransformPipeline | None, why_not: str | None) -> Plan:
+    """The points and components for a dataset's located pipeline (or the reason there is none)."""
+    points, unavailable = ["device", "host"], []
+    components = [COPY]
+    if pipeline is None:
+        reason = why_not or "no transform"
+        if "IterableDataset" in reason:
+            unavailable.append(Unavailable("sample", reason))
+            components.append(f"{COLLATE} + {RAW_STAGE} + transforms")
+        else:
+            points.append("sample")
+            components += [COLLATE, f"{RAW_STAGE} + transforms"]
+        unavailable += [Unavailable("after:<stage>", reason), Unavailable("raw", reason)]
+    else:
+        names = pipeline.names()
+        points.append("sample")
+        components.append(COLLATE)
+        points += [f"after:{name}" for name in reversed(names[:-1])]
+        components += list(reversed(names))
+        if names:
+            points.append("raw")
+            components.append(RAW_STAGE)
+        else:  # with no stages, the raw sample is the finished sample
+            components.append(RAW_STAGE)
+            unavailable += [Unavailable("after:<stage>", "the transform has no stages"), Unavailable("raw", "the transform has no stages")]
+    points.append("baseline")
+    return Plan(points, components, unavailable)
+
+
+def kind_of(components: list[str]) -> str:
+    """One component's kind, or ``span`` for a merge of several kinds (never "a transform" when raw load is in it)."""
+    parts = [part for c in components for part in c.split(" + ")]
+    kinds = {_part_kind(part) for part in parts}
+    return kinds.pop() if len(kinds) == 1 else SPAN
+
+
+def _part_kind(part: str) -> str:
+    if part == RAW_STAGE:
+        return "raw load"
+    if part == COLLATE:
+        return COLLATE
+    if part == COPY:
+        return COPY
+    return "transform"

@@ -1,0 +1,230 @@
+"""Measuring cache points: the batch source for each point, and one measurement of it.
+
+:class:`PointRunner` builds, for a point, the loader (a wrapped copy of the user's dataset in a
+loader with every setting of theirs) or the cached batches that feed the step; measures it to a
+precision target within a budget (:func:`fastpipe.diagnosis._measure.measure_until`); and keeps every run of
+every point, pooled. Under DDP each run is gathered from all ranks and the slowest kept
+(:mod:`fastpipe.diagnosis._ddp`). The strategy that decides what to measure lives in :mod:`fastpipe.diagnose`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Callable, Iterator
+
+from fastpipe.diagnosis import _ddp as ddp
+from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, rebuild_loader, stage_of_error
+from fastpipe.devices import Device
+from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.errors import PipelineError
+from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
+from fastpipe.diagnosis._plan import Plan, make_plan, point_label
+from fastpipe.diagnosis._report import ExperimentResult
+from fastpipe.stages import StageError
+from fastpipe.workloads._workload import Workload
+
+
+class Repeat:
+    """An endless iterable over a few cached host batches, shaped like a loader for the prefetcher."""
+
+    def __init__(self, batches: list[Any], pin_memory: bool) -> None:
+        self.batches, self.pin_memory = batches, pin_memory
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield from self.batches
+
+    def __len__(self) -> int:
+        return 2**31 - 1
+
+
+class Progress:
+    """A rich progress line: the point being measured, its steps so far and its precision target."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
+            self._task = self._bar.add_task("diagnosing", total=None)
+            self._bar.start()
+        self._label = ""
+
+    def describe(self, text: str) -> None:
+        self._label = text
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+    def step(self, i: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self._label}: step {i + 1}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+class PointRunner:
+    """Measures cache points of one workload on one device; keeps every measurement it made."""
+
+    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, pool: int, budget_s: float, target: float,
+                 progress: bool, worker_timeout: float) -> None:
+        self.workload, self.device = workload, device
+        loader = workload.loader
+        self.workers = loader.num_workers
+        self.round = max(1, self.workers)
+        self.steps = self.round * math.ceil(steps / self.round)  # whole rounds of workers: batches arrive in bursts
+        self.warmup, self.pool, self.budget_s, self.target = warmup, pool, budget_s, target
+        self.worker_timeout = worker_timeout
+        self.pipeline, why_not = find_pipeline(loader.dataset)
+        if getattr(loader, "unsupported_point_reason", None):  # a RayLoader: its stages run inside Ray tasks
+            self.pipeline, why_not = None, loader.unsupported_point_reason
+        self.plan: Plan = make_plan(self.pipeline, why_not)
+        self.results: dict[str, ExperimentResult] = {}
+        self.runs: dict[str, list[ExperimentResult]] = {}
+        self.host_batches: list[Any] = []
+        self.rank_spreads: dict[str, ddp.RankSpread] = {}
+        self.baseline_loader: Any = None
+        self.progress = Progress(progress and ddp.is_rank0())
+
+    # ----- batch sources -----------------------------------------------------------------
+    def _host_batches(self) -> list[Any]:
+        if not self.host_batches:
+            loader = rebuild_loader(self.workload.loader, self._dataset("baseline"), timeout=self.worker_timeout)
+            cycle = LoaderCycle(loader, self.device)
+            try:
+                self.host_batches = [next(cycle) for _ in range(self.pool)]
+            finally:
+                cycle.close()
+        return self.host_batches
+
+    def _dataset(self, point: str) -> Any:
+        dataset = self.workload.loader.dataset
+        if point == "baseline" and self.pipeline is None:
+            return dataset
+        return CachePointDataset(dataset, self.pipeline, point, self.pool)
+
+    def _device_transform(self, batch: Any) -> Any:
+        transform = self.workload.device_transform
+        return batch if transform is None or not self.device.runs_model else transform(batch)
+
+    def _batch_source(self, point: str) -> tuple[Callable[[], Any], Callable[[], None], Any]:
+        """(next_batch, close, cache dataset or None) for one experiment."""
+        non_blocking = bool(self.workload.loader.pin_memory)
+        if point == "device":
+            # the device transform is device work, part of the bound: it runs every step, as in the loop
+            cached = [self.device.to_device(b, non_blocking=False) for b in self._host_batches()]
+            self.device.synchronize()
+            cycle = Repeat(cached, False).__iter__()
+            return (lambda: self._device_transform(next(cycle))), (lambda: None), None
+        if point == "host":
+            repeat = Repeat(self._host_batches(), non_blocking)
+            if self.workload.prefetch_depth > 0:
+                from fastpipe.loading._prefetch import make_prefetcher
+
+                transform = self.workload.device_transform if self.device.runs_model else None
+                prefetched = LoaderCycle(make_prefetcher(repeat, self.device, depth=self.workload.prefetch_depth, transform=transform, kind=self.workload.prefetcher))
+                return (lambda: next(prefetched)), prefetched.close, None
+            cycle = iter(repeat)
+            return (lambda: self._device_transform(self.device.to_device(next(cycle), non_blocking=non_blocking))), (lambda: None), None
+        dataset = self._dataset(point)
+        loader = rebuild_loader(self.workload.loader, dataset, timeout=self.worker_timeout)
+        if point == "baseline":
+            self.baseline_loader = loader  # what the user's own loop runs: its stats (e.g. recycled memory) go in the report
+        batches = device_batches(dataclasses.replace(self.workload, loader=loader), self.device)
+        return (lambda: next(batches)), batches.close, dataset
+
+    def _run_step(self, batch: Any) -> None:
+        try:
+            self.device.run_step(self.workload.step, batch)
+        except Exception as exc:
+            raise PipelineError(f"the training step raised {type(exc).__name__}: {exc}", stage="step") from exc
+
+    # ----- one measurement -------------------------------------------------------------------
+    def measure(self, point: str, *, budget_s: float | None = None) -> ExperimentResult:
+        """Measure ``point`` once more; the result kept for it pools every run of it."""
+        self.progress.describe(point_label(point))
+        close, dataset = None, None
+        try:
+            next_batch, close, dataset = self._batch_source(point)
+            measurement = measure_until(
+                next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
+                budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
+                round_size=self.round, on_step=self.progress.step, agree=ddp.all_stop if ddp.world() else None,
+            )
+        except (PipelineError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise as_pipeline_error(exc, point) from exc
+        finally:
+            if close is not None:
+                close()
+        run, spread = ddp.slowest(self._result(point, measurement, copy_ms(dataset, point)))
+        if spread is not None:
+            previous = self.rank_spreads.get(point)
+            self.rank_spreads[point] = spread if previous is None or spread.spread > previous.spread else previous
+        self.runs.setdefault(point, []).append(run)
+        self.results[point] = pooled(self.runs[point])
+        return run
+
+    def _result(self, point: str, measurement: Measurement, copy_ms: float) -> ExperimentResult:
+        return ExperimentResult(
+            name=point_label(point), cache_point=point, steps_per_s=measurement.steps_per_s, fraction_of_bound=math.nan,
+            spread=measurement.spread, noise=measurement.rel_stderr, cpu_util=measurement.cpu_util,
+            system_cpu_util=measurement.system_cpu_util, pool_spread=self._pool_spread(point, measurement),
+            step_times=measurement.step_times, steps_measured=len(measurement.step_times), copy_ms_per_sample=copy_ms,
+            round_size=self.round,
+        )
+
+    def _pool_spread(self, point: str, measurement: Measurement) -> float | None:
+        """Across the cached batches of the device and host points: how much the step time depends on the data."""
+        if self.pool < 2 or point not in ("device", "host"):
+            return None
+        slots: dict[int, list[float]] = {}
+        for i, seconds in enumerate(measurement.step_times):
+            slots.setdefault((self.warmup + i) % self.pool, []).append(seconds)
+        means = [statistics.fmean(v) for v in slots.values()]
+        return statistics.pstdev(means) / statistics.fmean(means) if len(means) > 1 else None
+
+
+def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
+    """One result from several runs of a point: all step times, CPU weighted by steps, noise from all rounds."""
+    if len(runs) == 1:
+        return runs[0]
+    times = [t for run in runs for t in run.step_times]
+    weights = [len(run.step_times) for run in runs]
+    measurement = Measurement(times, 0.0, 0.0, round_size=runs[0].round_size)
+    # rounds of each run are independent; run-to-run drift shows as spread between their rounds
+    return dataclasses.replace(
+        runs[-1], steps_per_s=measurement.steps_per_s, spread=measurement.spread, noise=measurement.rel_stderr,
+        cpu_util=_weighted([r.cpu_util for r in runs], weights), system_cpu_util=_weighted([r.system_cpu_util for r in runs], weights),
+        step_times=times, steps_measured=len(times), copy_ms_per_sample=_weighted([r.copy_ms_per_sample for r in runs], weights),
+    )
+
+
+def _weighted(values: list[float], weights: list[int]) -> float:
+    pairs = [(v, w) for v, w in zip(values, weights) if not math.isnan(v)]
+    return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
+
+
+def copy_ms(dataset: Any, point: str) -> float:
+    """The cache's own per-sample copy at ``point``, in ms, as the workers timed it (0 where no copy was needed)."""
+    if dataset is None or not (point == "raw" or point.startswith("after:")):
+        return 0.0
+    seconds = dataset.copy_seconds_per_sample()
+    return 0.0 if seconds is None or math.isnan(seconds) else seconds * 1000
+
+
+def as_pipeline_error(exc: BaseException, point: str) -> PipelineError:
+    message = str(exc)
+    stage = stage_of_error(exc)
+    if stage is not None:
+        start = message.find(StageError.PREFIX)
+        detail = message[start:].splitlines()[0].split("] ", 1)[-1]
+        return PipelineError(f"stage '{stage}' raised {detail} (during the '{point_label(point)}' experiment)", stage=stage)
+    if isinstance(exc, UnavailablePoint):
+        return PipelineError(str(exc), stage=point)
+    first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    return PipelineError(f"the data pipeline failed during the '{point_label(point)}' experiment: {type(exc).__name__}: {first_line}", stage=None)

@@ -1,0 +1,292 @@
+"""The diagnosis report: a dataclass with console, JSON, Markdown and PNG renderings.
+
+Costs are **time per step**: each point's step time is ``1 / steps_per_s``, and a stage costs
+the milliseconds it adds to each step between its two neighbouring cache points. Times add up
+(the device step plus every stage's added time is the baseline step); differences of steps/s
+do not, and ranked stages wrongly.
+
+JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
+
+    {
+      "schema": "fastpipe.report/2",
+      "workload": str, "device": str, "num_workers": int, "batch_size": int | null,
+      "steps": int, "warmup": int, "pool": int, "threshold": float, "strategy": "linear" | "bisect",
+      "precision_target": float, "budget_s": float,
+      "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
+      "gap_fraction": float | null,            # 1 - device step / baseline step
+      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "too noisy to decide" | "incomplete",
+      "experiments": [{
+          "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
+          "steps_per_s": float, "fraction_of_bound": float,
+          "ms_per_step": float, "stderr_ms": float,  # mean step time and its standard error
+          "spread": float,                     # relative std of step times
+          "noise": float,                      # relative standard error of the mean step time (the precision achieved)
+          "steps_measured": int,
+          "cpu_util": float,                   # process tree CPU / available cores, 0..1
+          "system_cpu_util": float, "pool_spread": float | null, "step_times": [float],
+          "copy_ms_per_sample": float           # the cache's own copy, timed in the workers (0 when skipped)
+      }],
+      "unavailable": [{"cache_point": str, "reason": str}],
+      "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
+      "components": [StageTime],               # every span between neighbouring points, named or not, in order
+      "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
+      "ranked_by": str,                        # what orders "bottlenecks"
+      "stage_costs": null | {...}              # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
+    }
+
+    StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
+                 "share_of_baseline": float, "at_least": bool,   # part may hide under the device step
+                 "between": [str, str], "cpu_saturated": bool, "recommendation": str,
+                 "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null}
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastpipe._render import COLORS, pyplot, render_table
+
+SCHEMA = "fastpipe.report/2"
+TOO_NOISY = "too noisy to decide"
+
+
+@dataclass
+class ExperimentResult:
+    name: str
+    cache_point: str
+    steps_per_s: float
+    fraction_of_bound: float
+    spread: float
+    noise: float
+    """Relative standard error of the mean step time: the precision this point achieved."""
+    cpu_util: float
+    system_cpu_util: float
+    pool_spread: float | None = None
+    step_times: list[float] = field(default_factory=list)
+    steps_measured: int = 0
+    copy_ms_per_sample: float = 0.0
+    round_size: int = 1
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000.0 / self.steps_per_s
+
+    @property
+    def stderr_ms(self) -> float:
+        return self.ms_per_step * self.noise
+
+
+@dataclass
+class Bottleneck:
+    """The time one stage (or a span of stages between two measured points) adds to each step."""
+
+    stage: str
+    kind: str
+    added_ms: float
+    """Milliseconds added to each step between its two neighbouring points, the cache's own copies discounted."""
+    noise_ms: float
+    """Two standard errors of that difference."""
+    share_of_baseline: float
+    """``added_ms`` as a share of the baseline step."""
+    between: tuple[str, str]
+    cpu_saturated: bool
+    recommendation: str = ""
+    at_least: bool = False
+    """The upper point ran at the device bound, so part of this stage may hide under the device step."""
+    snippet: str | None = None
+    in_worker_ms: float | None = None
+    """The stage's in-worker cost x batch / workers, in ms per step, when stage costs were measured."""
+    calls_per_sample: float | None = None
+
+    @property
+    def added_text(self) -> str:
+        return f"{'at least ' if self.at_least else ''}{self.added_ms:.0f} ms per step"
+
+
+@dataclass
+class Unavailable:
+    cache_point: str
+    reason: str
+
+
+@dataclass
+class Report:
+    workload: str
+    device: str
+    num_workers: int
+    batch_size: int | None
+    steps: int
+    warmup: int
+    pool: int
+    threshold: float
+    strategy: str
+    precision_target: float = 0.03
+    budget_s: float = 0.0
+    device_bound_steps_per_s: float | None = None
+    device_step_ms: float | None = None
+    baseline_step_ms: float | None = None
+    gap_fraction: float | None = None
+    verdict: str = "incomplete"
+    experiments: list[ExperimentResult] = field(default_factory=list)
+    unavailable: list[Unavailable] = field(default_factory=list)
+    bottlenecks: list[Bottleneck] = field(default_factory=list)
+    unresolved: list[Bottleneck] = field(default_factory=list)
+    components: list[Bottleneck] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    elapsed_s: float = 0.0
+    stage_costs: dict[str, Any] | None = None
+    ranked_by: str = "the ladder's time"
+    """How the named stages are ordered (the in-worker timing joins in when it was measured)."""
+    stage_cost_lines: list[str] = field(default_factory=list, repr=False)
+    """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
+
+    def experiment(self, cache_point: str) -> ExperimentResult | None:
+        return next((e for e in self.experiments if e.cache_point == cache_point), None)
+
+    # ----- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("stage_cost_lines")
+        data = {"schema": SCHEMA, **data}
+        for experiment, result in zip(data["experiments"], self.experiments):
+            experiment["ms_per_step"], experiment["stderr_ms"] = result.ms_per_step, result.stderr_ms
+        for key in ("bottlenecks", "unresolved", "components"):
+            for item in data[key]:
+                item["between"] = list(item["between"])
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
+
+    # ----- text -------------------------------------------------------------------------
+    def _added_by_point(self) -> dict[str, str]:
+        """The time each point's lower neighbour adds, shown on the lower point's row."""
+        return {c.between[1]: f"{c.added_ms:+.0f}" for c in self.components}
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        added = self._added_by_point()
+        rows = []
+        for e in self.experiments:
+            rows.append((e.name, f"{e.ms_per_step:.0f}", added.get(e.cache_point, ""), f"{e.steps_per_s:.3f}",
+                         f"{e.fraction_of_bound:.1%}", f"±{e.noise:.1%}", f"{e.cpu_util:.0%}"))
+        return rows
+
+    HEADERS = ("cache point", "ms/step", "added ms", "steps/s", "of device bound", "precision", "CPU")
+
+    def _stage_line(self, b: Bottleneck) -> str:
+        share = f"{b.share_of_baseline:.0%} of the baseline step"
+        calls = f", run {b.calls_per_sample:g}x per sample" if b.calls_per_sample and b.calls_per_sample > 1 else ""
+        worker = f"; in the workers it costs {b.in_worker_ms:.0f} ms per step" if b.in_worker_ms is not None else ""
+        hidden = " (its upper point ran at the device bound, so part of it may hide under the device step)" if b.at_least else ""
+        label = b.stage if b.kind == b.stage else f"{b.stage} [{b.kind}]"
+        return f"  - {label}: adds {b.added_text} (±{b.noise_ms:.0f}), {share}{calls}{worker}{hidden}. {b.recommendation}".rstrip()
+
+    def _summary_lines(self) -> list[str]:
+        gap = f" (the baseline step is {self.baseline_step_ms:.0f} ms against the device's {self.device_step_ms:.0f} ms: " \
+              f"{self.gap_fraction:.0%} of it is input)" if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms else ""
+        lines = [f"Verdict: {self.verdict}{gap}"]
+        if self.interrupted:
+            lines.append("Interrupted: this report is partial.")
+        if self.bottlenecks:
+            lines.append(f"Stages that cost time per step, largest first (by {self.ranked_by}):")
+            lines += [self._stage_line(b) for b in self.bottlenecks]
+        elif self.experiments and not self.unresolved:
+            lines.append("No stage adds more than the threshold and the noise to the step.")
+        if self.unresolved:
+            lines.append("Unresolved (a cost that did not hold when the two points were remeasured, interleaved):")
+            lines += [self._stage_line(b) for b in self.unresolved]
+        for u in self.unavailable:
+            lines.append(f"Unavailable: {u.cache_point}: {u.reason}")
+        for caveat in self.caveats:
+            lines.append(f"Caveat: {caveat}")
+        for note in self.notes:
+            lines.append(f"Note: {note}")
+        return lines
+
+    STAGE_COSTS_TITLE = "Stage costs inside the workers (timed in one more pass, to check the ladder):"
+
+    def title(self) -> str:
+        return (f"fastpipe diagnosis: {self.workload} on {self.device} ({self.num_workers} workers, batch {self.batch_size}, "
+                f"at least {self.steps} steps a point after {self.warmup} warm-up, precision target {self.precision_target:.0%})")
+
+    def to_markdown(self) -> str:
+        out = [f"### {self.title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 1)]
+        out += [f"| {' | '.join(row)} |" for row in self._rows()]
+        out += [""] + [f"{line}  " if not line.startswith("  -") else f"- {line[4:]}" for line in self._summary_lines()]
+        snippets = [b for b in self.bottlenecks if b.snippet]
+        for b in snippets:
+            out += ["", f"Fix for {b.stage}:", "", "```python", b.snippet.rstrip(), "```"]
+        if self.stage_cost_lines:
+            out += ["", self.STAGE_COSTS_TITLE, "", "```", *self.stage_cost_lines, "```"]
+        return "\n".join(out) + "\n"
+
+    def to_table(self) -> str:
+        """The console rendering (rich), as plain text."""
+        columns = [(h, "left" if h == "cache point" else "right") for h in self.HEADERS]
+        lines = self._summary_lines()
+        for b in self.bottlenecks:
+            if b.snippet:
+                lines += ["", f"Fix for {b.stage}:", *("    " + line for line in b.snippet.rstrip().splitlines())]
+        if self.stage_cost_lines:
+            lines += ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]
+        return render_table(self.title(), columns, self._rows(), lines)
+
+    def __str__(self) -> str:
+        return self.to_table()
+
+    # ----- picture ----------------------------------------------------------------------
+    def waterfall(self) -> list[tuple[str, float, float, str]]:
+        """The bars of :meth:`plot`: (stage label, start ms, width ms, colour), the device step first."""
+        named = {b.between for b in self.bottlenecks}
+        unresolved = {b.between for b in self.unresolved}
+        bars: list[tuple[str, float, float, str]] = []
+        if self.device_step_ms:
+            bars.append(("device step (the bound)", 0.0, self.device_step_ms, COLORS["device"]))
+            start = self.device_step_ms
+            for c in self.components:
+                width = c.added_ms  # a negative span (noise) steps back, so the bars still end at the baseline step
+                colour = COLORS["cost"] if c.between in named else COLORS["unresolved"] if c.between in unresolved else COLORS["minor"]
+                bars.append((f"{'≥ ' if c.at_least and c.between in named else ''}{c.stage}", start, width, colour))
+                start += width
+        return bars
+
+    def plot(self, path: str) -> str:
+        """A waterfall of the baseline step: the device step, then each stage's added time; returns ``path``.
+
+        Bars are labelled by the stage, not the cache point. Colours: the device's time, a stage
+        named as a cost, an unresolved one, and spans within noise or the threshold.
+        """
+        plt = pyplot()
+        bars = self.waterfall()
+        fig, ax = plt.subplots(figsize=(9, 0.45 * max(1, len(bars)) + 1.8))
+        labels = [b[0] for b in bars][::-1]
+        ax.barh(labels, [b[2] for b in bars][::-1], left=[b[1] for b in bars][::-1], color=[b[3] for b in bars][::-1])
+        for y, (_, start, width, _) in enumerate(bars[::-1]):
+            ax.text(start + max(width, 0.0), y, f" {width:+.0f} ms" if y < len(bars) - 1 else f" {width:.0f} ms", va="center", fontsize=8)
+        if self.baseline_step_ms:
+            ax.axvline(self.baseline_step_ms, color="black", linestyle="--", linewidth=1, label=f"baseline step ({self.baseline_step_ms:.0f} ms)")
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color=COLORS["device"], label="device step"), Patch(color=COLORS["cost"], label="stage named as a cost"),
+                   Patch(color=COLORS["minor"], label="within noise or threshold")]
+        if self.unresolved:
+            handles.append(Patch(color=COLORS["unresolved"], label="did not hold when remeasured"))
+        line_handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + line_handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False, fontsize=8)
+        ax.set_xlabel("milliseconds per step (each bar starts where the one above ends; together they make the baseline step)")
+        ax.set_xlim(0, max([b[1] + max(b[2], 0.0) for b in bars] + [self.baseline_step_ms or 0]) * 1.15 or 1)
+        ax.set_title(f"{self.workload} on {self.device}: {self.verdict}", fontsize=10, pad=36)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -1,0 +1,135 @@
+"""Leave nothing the user owns changed: a diagnosis really trains, so their state is put back.
+
+What :func:`preserve_user_state` restores when its block exits, however it exits:
+
+* the model: every parameter and buffer (values, through ``load_state_dict``, so the tensors
+  the optimizer holds stay the same objects), every gradient (or its absence), and each
+  submodule's train/eval mode;
+* the optimizer: its whole ``state_dict`` (per-parameter state such as momentum and Adam's
+  moments and step counts, and the param groups with their learning rates);
+* LR schedulers passed in: each one's ``state_dict`` (its epoch count, last LR, and its
+  own settings);
+* a ``torch.amp.GradScaler`` passed in: its ``state_dict`` (scale, growth tracker and factors);
+* random number generators: torch's CPU generator, every CUDA device's, NumPy's global one,
+  Python's ``random``, and the generators of the loader, its sampler and its batch sampler's
+  sampler.
+
+Snapshots live in host memory: tensors are copied to the CPU (not cloned on the GPU, which
+would take as much device memory again as the model and optimizer). Meta tensors hold no data
+and are kept as they are. The dataset is not snapshotted: fastpipe never modifies it (it works
+on shallow copies, see :mod:`fastpipe.stages`), and the loaders it builds get copies of the
+sampler (:func:`fastpipe.diagnosis._cache.rebuild_loader`).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+
+from fastpipe._tree import iter_tensors
+
+
+def _generators_of(loader: Any) -> list[torch.Generator]:
+    found: list[torch.Generator] = []
+    for owner in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+            found.append(generator)
+    return found
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` in host memory (meta tensors, which hold no data, are returned as they are)."""
+    if tensor.is_meta:
+        return tensor
+    return tensor.detach().to("cpu", copy=True)
+
+
+def host_copy(state: Any) -> Any:
+    """A deep copy of ``state`` (a state_dict) whose tensors are copies in host memory."""
+    memo = {id(t): to_host(t) for t in iter_tensors(state)}
+    return copy.deepcopy(state, memo)
+
+
+class _ModelState:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.values = {name: to_host(value) for name, value in model.state_dict(keep_vars=True).items()}
+        self.grads = [None if p.grad is None else to_host(p.grad) for p in model.parameters()]
+        self.modes = [m.training for m in model.modules()]
+
+    def restore(self, model: torch.nn.Module) -> None:
+        model.load_state_dict(self.values)  # copies into the existing tensors, on their own devices
+        for param, grad in zip(model.parameters(), self.grads):
+            param.grad = None if grad is None else grad.to(param.device)
+        for module, mode in zip(model.modules(), self.modes):
+            module.training = mode
+
+
+class UserState:
+    """A snapshot of everything listed in the module docstring, in host memory; :meth:`restore` puts it back."""
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 loader: Any = None, *, schedulers: Iterable[Any] | Any = (), scaler: Any = None) -> None:
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.schedulers = [schedulers] if hasattr(schedulers, "state_dict") else list(schedulers or ())
+        self.model_state = _ModelState(model) if model is not None else None
+        self.optimizer_state = host_copy(optimizer.state_dict()) if optimizer is not None else None
+        self.scheduler_states = [host_copy(s.state_dict()) for s in self.schedulers]
+        self.scaler_state = host_copy(scaler.state_dict()) if scaler is not None else None
+        self.generators = _generators_of(loader)
+        self.generator_states = [g.get_state() for g in self.generators]
+        self.rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the snapshot holds (for checking where its memory lives)."""
+        held: list[torch.Tensor] = []
+        if self.model_state is not None:
+            held += list(self.model_state.values.values()) + [g for g in self.model_state.grads if g is not None]
+        for state in (self.optimizer_state, *self.scheduler_states, self.scaler_state):
+            held += list(iter_tensors(state))
+        return held
+
+    def restore(self) -> None:
+        if self.model is not None and self.model_state is not None:
+            self.model_state.restore(self.model)
+        if self.optimizer is not None and self.optimizer_state is not None:
+            self.optimizer.load_state_dict(self.optimizer_state)  # the whole state, moved back to the params' devices
+        for scheduler, state in zip(self.schedulers, self.scheduler_states):
+            scheduler.load_state_dict(state)
+        if self.scaler is not None and self.scaler_state is not None:
+            self.scaler.load_state_dict(self.scaler_state)
+        for generator, state in zip(self.generators, self.generator_states):
+            generator.set_state(state)
+        torch.set_rng_state(self.rng[0])
+        np.random.set_state(self.rng[1])
+        random.setstate(self.rng[2])
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+@contextlib.contextmanager
+def preserve_user_state(
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    loader: Any = None,
+    *,
+    schedulers: Iterable[Any] | Any = (),
+    scaler: Any = None,
+) -> Iterator[UserState]:
+    """Restore model, optimizer, schedulers, GradScaler, RNGs and the loader's generators when the block exits.
+
+    Args:
+        model, optimizer, loader: the user's; any may be None.
+        schedulers: one LR scheduler or several (anything with ``state_dict`` / ``load_state_dict``).
+        scaler: a ``torch.amp.GradScaler`` (or anything with ``state_dict`` / ``load_state_dict``).
+    """
+    state = UserState(model, optimizer, loader, schedulers=schedulers, scaler=scaler)
+    try:
+        yield state
+    finally:
+        state.restore()

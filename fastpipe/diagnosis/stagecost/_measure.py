@@ -1,0 +1,258 @@
+"""The stage-cost pass: :func:`measure_stage_costs` runs the user's own loop over a timed loader.
+
+Part of :mod:`fastpipe.diagnosis.stagecost`. It drives the worker-side timing of
+:mod:`fastpipe.diagnosis.stagecost._timing` through a short run of the workload (optionally between two
+untimed passes, to check that timing perturbs nothing), and turns the batches' timings into a
+:class:`~fastpipe.diagnosis.stagecost._result.StageCosts`. Two of its helpers, :func:`coerce_workload` and
+:func:`round_noise`, are also used by :mod:`fastpipe.tune`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fastpipe._system import usable_cores
+from fastpipe.diagnosis._cache import CachePointDataset, stage_of_error
+from fastpipe.devices import Device, parse_device
+from fastpipe.errors import ConfigError, FastpipeError, PipelineError
+from fastpipe.diagnosis._measure import Measurement, device_batches, measure_steps
+from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.stagecost._result import StageCost, StageCosts
+from fastpipe.diagnosis.stagecost._timing import (
+    COLLATE_STAGE,
+    BatchTimings,
+    TimedCollate,
+    TimedDataset,
+    _Tap,
+    timed_loader,
+    untimed_loader,
+)
+from fastpipe.diagnosis._cpu import CpuMonitor
+from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.diagnosis._noise import rel_stderr
+from fastpipe.stages import RAW_STAGE, StageError
+from fastpipe.workloads._workload import Workload, loader_batch_size
+
+
+# ----- the pass -----------------------------------------------------------------------------
+def coerce_workload(source: "DataLoader | Workload", step: Callable[[Any], Any] | None = None, name: str | None = None) -> Workload:
+    """A Workload from a Workload or a (DataLoader, step) pair, as :func:`fastpipe.diagnose` accepts them."""
+    if isinstance(source, Workload):
+        return source if step is None else dataclasses.replace(source, step=step)
+    if not isinstance(source, DataLoader):
+        raise ConfigError(f"expected a torch.utils.data.DataLoader or a fastpipe.Workload, not {type(source).__name__}")
+    if step is None or not callable(step):
+        raise ConfigError("pass step, a function step(batch) that runs one training step (or a Workload)")
+    return Workload(loader=source, step=step, name=name or "workload")
+
+
+class _Noop:
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+class _ProbeDataset(Dataset):
+    """Free samples through ``stages`` no-op transforms: whatever reading it costs is fastpipe's own."""
+
+    def __init__(self, stages: int) -> None:
+        from torchvision.transforms import Compose
+
+        self.transform = Compose([_Noop() for _ in range(stages)])
+        self.sample = torch.zeros(4)
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> Any:
+        return self.transform(self.sample)
+
+
+def timing_cost_us(stages: int, *, samples: int = 400, batch: int = 8, repeats: int = 3) -> float:
+    """CPU microseconds per sample that timing adds to a pipeline of ``stages`` transforms.
+
+    Measured in this process on a pipeline that costs nothing, read as a diagnosis reads it
+    (stages labelled, untimed) and as the stage-cost pass reads it (timed, labelled, collate
+    wrapped); the best of ``repeats`` of each. A busy machine cannot inflate this the way it
+    inflates an A/B comparison of throughput, since both sides run back to back on one thread.
+    """
+    from torch.utils.data import default_collate
+
+    probe = _ProbeDataset(stages)
+    pipeline, _ = find_pipeline(probe)
+    untimed, timed, collate = CachePointDataset(probe, pipeline, "baseline"), TimedDataset(probe, pipeline), TimedCollate(default_collate)
+
+    def cost(read: Callable[[int], Any], gather: Callable[[list[Any]], Any]) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            began = time.thread_time()
+            for start in range(0, samples, batch):
+                gather([read(i) for i in range(start, start + batch)])
+            best = min(best, time.thread_time() - began)
+        return best
+
+    extra = cost(timed.__getitem__, collate) - cost(untimed.__getitem__, default_collate)
+    return max(0.0, 1e6 * extra / samples)
+
+
+def _stage_order(pipeline_names: list[str], seen: set[str]) -> list[str]:
+    order = [RAW_STAGE, *pipeline_names, COLLATE_STAGE]
+    return order + sorted(seen - set(order))
+
+
+def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -> tuple[list[StageCost], int]:
+    """Per-sample stage costs from the batches' timings; also the number of samples they cover."""
+    samples = sum(r.samples for r in records)
+    if samples == 0:
+        raise PipelineError("the stage-cost pass timed no samples: the loader delivered no batches", stage=None)
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for record in records:
+        for name, (w, c) in record.stages.items():
+            wall[name] = wall.get(name, 0.0) + w
+            cpu[name] = cpu.get(name, 0.0) + c
+    total_wall, total_cpu = sum(wall.values()), sum(cpu.values())
+    parallelism = max(1, num_workers)
+    stages = []
+    for name in _stage_order(names, set(wall)):
+        w, c = wall.get(name, 0.0) / samples, cpu.get(name, 0.0) / samples
+        kind = RAW_STAGE if name == RAW_STAGE else COLLATE_STAGE if name == COLLATE_STAGE else "transform"
+        stages.append(StageCost(
+            name=name, kind=kind, ms_per_sample=1000 * w, cpu_ms_per_sample=1000 * c,
+            share=w * samples / total_wall if total_wall > 0 else 0.0,
+            cpu_share=c * samples / total_cpu if total_cpu > 0 else math.nan,
+            samples_per_s_alone=parallelism / w if w > 0 else math.inf,
+        ))
+    return stages, samples
+
+
+def _pipeline_error(exc: BaseException, what: str) -> PipelineError:
+    stage = stage_of_error(exc)
+    message = str(exc)
+    if stage is not None:
+        detail = message[message.find(StageError.PREFIX):].splitlines()[0].split("] ", 1)[-1]
+        return PipelineError(f"stage '{stage}' raised {detail} (during the {what})", stage=stage)
+    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    return PipelineError(f"the data pipeline failed during the {what}: {type(exc).__name__}: {first}", stage=None)
+
+
+def round_noise(step_times: list[float], workers: int) -> float:
+    """Relative standard error of the mean step time over whole rounds of ``workers`` steps (:func:`fastpipe.diagnosis._noise.rel_stderr`)."""
+    return rel_stderr(step_times, workers)
+
+
+@dataclass
+class _Pass:
+    measurement: Measurement
+    worker_cpu_s: float
+    samples: int
+    """Samples the loop consumed while ``worker_cpu_s`` was counted."""
+
+
+def _run_pass(workload: Workload, device: Device, loader: Any, steps: int, warmup: int, tap: _Tap | None = None) -> _Pass:
+    """The workload's own loop over ``loader`` (a DataLoader or a timing tap), timed after warm-up."""
+    children = CpuMonitor()
+    batches = device_batches(dataclasses.replace(workload, loader=loader), device)
+
+    def on_step(i: int) -> None:
+        if i == warmup - 1:
+            if tap is not None:
+                tap.mark()
+            children.start()
+
+    def run_step(batch: Any) -> None:
+        try:
+            device.run_step(workload.step, batch)
+        except Exception as exc:
+            raise PipelineError(f"the training step raised {type(exc).__name__}: {exc}", stage="step") from exc
+
+    if warmup == 0:
+        children.start()
+    try:
+        measurement = measure_steps(lambda: next(batches), run_step, warmup=warmup, steps=steps, device=device, on_step=on_step)
+    except (FastpipeError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise _pipeline_error(exc, "stage-cost pass" if tap is not None else "untimed pass") from exc
+    finally:
+        children.stop()
+        batches.close()
+    # in steady state the workers produce what the loop consumes, so the window's samples are the steps' samples
+    # (timings themselves arrive a batch or two ahead of their step, through the pin thread)
+    batch_size = loader_batch_size(workload.loader)
+    samples = steps * batch_size if batch_size else sum(r.samples for r in (tap.measured() if tap is not None else []))
+    return _Pass(measurement, children.children_seconds, samples)
+
+
+def _worker_cpu_ms(passes: list[_Pass], workers: int) -> float | None:
+    seconds, samples = sum(p.worker_cpu_s for p in passes), sum(p.samples for p in passes)
+    return 1000 * seconds / samples if workers > 0 and samples and seconds > 0 else None
+
+
+def measure_stage_costs(
+    source: "DataLoader | Workload",
+    device: "str | Device | None" = None,
+    *,
+    step: Callable[[Any], Any] | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+    check_overhead: bool = False,
+    tolerance: float = 0.05,
+    worker_timeout: float = 300.0,
+    name: str | None = None,
+) -> StageCosts:
+    """Time each stage inside the workers during a short run of the user's own loop.
+
+    Args:
+        source: a :class:`~fastpipe.Workload`, or a DataLoader with ``step``.
+        device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS`` or a Device (default: cuda if present, else sim:290).
+        steps, warmup: measured and untimed steps; steps round up to whole rounds of workers, as a diagnosis does.
+        check_overhead: also run the loop untimed (the diagnosis's baseline) before and after the timed pass, so
+            :attr:`StageCosts.overhead_within_noise` says whether timing perturbed throughput; running it on both
+            sides lets drift of a busy machine show as noise instead of as overhead.
+        tolerance: the smallest relative throughput difference the overhead check counts, besides noise.
+        worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
+
+    Raises:
+        ConfigError: bad arguments.
+        PipelineError: a stage, collate or the step raised; ``.stage`` says which.
+    """
+    workload = coerce_workload(source, step, name)
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if not 0 <= tolerance < 1:
+        raise ConfigError(f"tolerance is a fraction of the throughput, e.g. 0.05; got {tolerance}")
+    device = parse_device(device)
+    loader = workload.loader
+    workers = loader.num_workers
+    steps = max(1, workers) * math.ceil(steps / max(1, workers))
+    pipeline, _ = find_pipeline(loader.dataset)
+    untimed: list[_Pass] = []
+    timed, notes = timed_loader(loader, timeout=worker_timeout)
+    tap = _Tap(timed)
+    with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        if check_overhead:
+            untimed.append(_run_pass(workload, device, untimed_loader(loader, timeout=worker_timeout), steps, warmup))
+        result = _run_pass(workload, device, tap, steps, warmup, tap)
+        if check_overhead:
+            untimed.append(_run_pass(workload, device, untimed_loader(loader, timeout=worker_timeout), steps, warmup))
+    stages, samples = summarize(tap.measured(), pipeline.names() if pipeline is not None else [], workers)
+    if workers == 0:
+        notes.append("num_workers=0: the stages ran in the training process, between steps")
+    untimed_times = [t for p in untimed for t in p.measurement.step_times]
+    return StageCosts(
+        workload=workload.name, device=device.spec, num_workers=workers, batch_size=loader_batch_size(loader), cores=usable_cores(),
+        steps=steps, warmup=warmup, stages=stages, samples=samples, steps_per_s=result.measurement.steps_per_s,
+        noise=round_noise(result.measurement.step_times, workers), cpu_util=result.measurement.cpu_util,
+        system_cpu_util=result.measurement.system_cpu_util, os_worker_cpu_ms_per_sample=_worker_cpu_ms([result], workers),
+        untimed_steps_per_s=len(untimed_times) / sum(untimed_times) if untimed_times else None,
+        untimed_noise=round_noise(untimed_times, workers) if untimed_times else None,
+        untimed_passes=[p.measurement.steps_per_s for p in untimed],
+        untimed_os_worker_cpu_ms_per_sample=_worker_cpu_ms(untimed, workers), tolerance=tolerance, notes=notes,
+        timing_us_per_sample=timing_cost_us(len(pipeline.stages) if pipeline is not None else 0),
+    )

@@ -1,0 +1,228 @@
+"""Before and after: a ladder of pipeline variants, each measured against the device bound in one run.
+
+For every variant the comparison gives its time per step (and steps/s, the fraction of the
+device bound), the milliseconds per step it saved against the rung above, the throughput that
+buys, and how much of the rung above's time over the device step it removed. A rung whose
+saving is within noise is flagged: an "optimization" that buys nothing should say so.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis._diagnose import measure_points
+from fastpipe._render import COLORS, pyplot, render_table
+from fastpipe.errors import ConfigError
+from fastpipe.workloads._workload import family_of, load_workload
+
+SCHEMA = "fastpipe.compare/1"
+
+#: The toy ladder, cumulative: each rung adds one optimization to the one before. The prefetcher
+#: comes last: it hides the host-to-device copy, which only matters once the CPU keeps up; added
+#: while the workers are still the bottleneck, it buys nothing measurable (README, "compare").
+TOY_LADDER: list[tuple[str, str]] = [
+    ("naive", "toy:naive"),
+    ("+ fast transforms", "toy:fast-transforms"),
+    ("+ uint8 on the host, colour on the device", "toy:uint8-host"),
+    ("+ crop-first raw loading", "toy:crop-first"),
+    ("+ prefetcher (= toy:optimized)", "toy:optimized"),
+    ("+ recycled batch memory", "toy:recycled"),
+]
+
+
+@dataclass
+class VariantResult:
+    name: str
+    spec: str
+    steps_per_s: float
+    fraction_of_bound: float
+    ms_per_step: float
+    saved_ms: float | None
+    """Milliseconds per step saved against the rung above (None for the first); negative when slower."""
+    throughput_gain: float | None
+    """Throughput against the rung above, minus one (0.25 = 25% more steps per second)."""
+    gap_closed: float | None
+    """Share of the rung above's time over the device step that this rung removed (None for the first)."""
+    improved: bool | None
+    """Whether the saving exceeds two standard errors (in time, from both rungs) and run-to-run drift."""
+    noise: float
+    """Relative standard error of this rung's mean step time: the precision reached."""
+    spread: float
+    cpu_util: float
+
+
+@dataclass
+class Comparison:
+    device: str
+    device_bound_steps_per_s: float
+    steps: int
+    warmup: int
+    variants: list[VariantResult] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    precision_target: float = 0.03
+
+    @property
+    def device_step_ms(self) -> float:
+        return 1000.0 / self.device_bound_steps_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        rows = [("device bound", f"{self.device_step_ms:.0f}", f"{self.device_bound_steps_per_s:.3f}", "100.0%", "", "", "", "")]
+        for v in self.variants:
+            saved = "" if v.saved_ms is None else f"{v.saved_ms:+.0f}"
+            gain = "" if v.throughput_gain is None else f"{v.throughput_gain:+.0%}"
+            closed = "" if v.gap_closed is None else f"{v.gap_closed:.0%}"
+            verdict = "" if v.improved is None else ("faster beyond noise" if v.improved else "NO GAIN beyond noise or drift")
+            rows.append((v.name, f"{v.ms_per_step:.0f} ±{v.noise:.1%}", f"{v.steps_per_s:.3f}", f"{v.fraction_of_bound:.1%}",
+                         saved, gain, closed, verdict))
+        return rows
+
+    HEADERS = ("variant", "ms/step", "steps/s", "of bound", "saved ms", "throughput", "gap closed", "verdict")
+
+    def _title(self) -> str:
+        return (f"fastpipe compare on {self.device} (at least {self.steps} steps a rung after {self.warmup} warm-up, "
+                f"precision target {self.precision_target:.0%}); each rung is compared with the row above it")
+
+    def to_markdown(self) -> str:
+        out = [f"### {self._title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 2) + "---|"]
+        out += ["| " + " | ".join(row) + " |" for row in self._rows()]
+        out += [""] + [f"Flag: {flag}  " for flag in self.flags]
+        return "\n".join(out) + "\n"
+
+    def to_table(self) -> str:
+        columns = [(header, "left" if header in ("variant", "verdict") else "right") for header in self.HEADERS]
+        lines = [f"Flag: {flag}" for flag in self.flags]
+        if not self.flags and len(self.variants) > 1:
+            lines.append("Every rung made the step shorter beyond noise.")
+        lines.append("Each rung is compared with the row above: 'saved ms' per step, the 'throughput' that buys, and 'gap closed', "
+                     "the share of the row above's time over the device step that the rung removed.")
+        return render_table(self._title(), columns, self._rows(), lines)
+
+    def __str__(self) -> str:
+        return self.to_table()
+
+    def colors(self) -> list[str]:
+        """Each rung's bar colour, in the colour language of every fastpipe picture."""
+        return [COLORS["minor"] if v.improved is False else COLORS["gain"] if v.improved else COLORS["reference"] for v in self.variants]
+
+    def plot(self, path: str) -> str:
+        """Each rung's step time, the device step marked; colours as in every fastpipe picture."""
+        plt = pyplot()
+        names = [v.name for v in self.variants]
+        times = [v.ms_per_step for v in self.variants]
+        colors = self.colors()
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
+        ax.barh(names[::-1], times[::-1], color=colors[::-1])
+        ax.axvline(self.device_step_ms, color=COLORS["device"], linestyle="--", linewidth=1.5,
+                   label=f"device step ({self.device_step_ms:.0f} ms, the bound)")
+        for y, v in enumerate(self.variants[::-1]):
+            ax.text(v.ms_per_step, y, f" {v.ms_per_step:.0f} ms ({v.fraction_of_bound:.0%} of the bound)", va="center", fontsize=8)
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color=COLORS["reference"], label="first rung"), Patch(color=COLORS["gain"], label="faster beyond noise"),
+                   Patch(color=COLORS["minor"], label="no gain beyond noise")]
+        line_handles, _ = ax.get_legend_handles_labels()
+        ax.set_xlabel("milliseconds per step (shorter is better)")
+        ax.set_xlim(0, max(times + [self.device_step_ms]) * 1.45)
+        ax.set_title(f"fastpipe compare on {self.device}", fontsize=10, pad=30)
+        ax.legend(handles=handles + line_handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False, fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def resolve_variants(specs: list[str]) -> list[tuple[str, str]]:
+    """``["toy"]`` means the toy ladder; anything else is a list of SPECs, each its own rung."""
+    if specs == ["toy"]:
+        return list(TOY_LADDER)
+    if specs == ["jpeg"]:
+        from fastpipe.workloads.jpeg import LADDER
+
+        return list(LADDER)
+    if len(specs) < 1:
+        raise ConfigError("compare needs SPECs to compare, e.g. `fastpipe compare toy` or `fastpipe compare mod:before mod:after`")
+    return [(spec, spec) for spec in specs]
+
+
+def compare(
+    specs: list[str],
+    device: "str | Device | None" = None,
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    progress: bool = False,
+    toy_options: dict[str, Any] | None = None,
+    drift: float = 0.05,
+    budget: float = 20.0,
+    precision: float = 0.03,
+) -> Comparison:
+    """Measure each variant's baseline, and the first variant's device bound, in one run.
+
+    Rungs are compared in time per step: a rung is faster when the time it saves per step over the
+    rung above exceeds two standard errors of the difference and also ``drift`` times the rung
+    above's time over the device step (the standard error only sees the noise within a run, not
+    the drift between runs on a shared machine). Each rung is measured until its step time reaches
+    ``precision`` (relative standard error) or ``budget`` seconds are spent.
+    """
+    device = parse_device(device)
+    variants = resolve_variants(specs)
+    results = []
+    bound = math.nan
+    for i, (name, spec) in enumerate(variants):
+        options = dict(toy_options or {}) if family_of(spec) is not None else {}
+        workload = load_workload(spec, device, **options)
+        points = ["device", "baseline"] if i == 0 else ["baseline"]
+        try:
+            measured = measure_points(workload, device, points, steps=steps, warmup=warmup, progress=progress, budget=budget,
+                                      precision=precision)
+        finally:
+            close = getattr(workload.loader, "close", None)  # e.g. a Ray cluster fastpipe started for this variant
+            if close is not None:
+                close()
+        if i == 0:
+            bound = measured["device"].steps_per_s
+        results.append((name, spec, measured["baseline"]))
+        del workload
+    comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
+    device_ms = 1000.0 / bound
+    previous = None
+    for name, spec, result in results:
+        ms = 1000.0 / result.steps_per_s
+        saved = gain = gap_closed = improved = None
+        if previous is not None:
+            previous_ms = 1000.0 / previous.steps_per_s
+            saved = previous_ms - ms
+            gain = previous_ms / ms - 1
+            over_bound = max(0.0, previous_ms - device_ms)
+            # against a rung already within 5% of the device step, a share of what is left means nothing
+            gap_closed = saved / over_bound if over_bound > 0.05 * device_ms else None
+            noise = 2 * math.hypot(ms * result.noise, previous_ms * previous.noise)
+            floor = drift * over_bound
+            improved = saved > max(noise, floor)
+            if saved <= noise:
+                comparison.flags.append(
+                    f"'{name}' did not shorten the step beyond noise: {saved:+.0f} ms per step against noise of ±{noise:.0f} ms"
+                    + (" (the rung above was already at the bound)" if over_bound <= 0.03 * device_ms else "")
+                )
+            elif not improved:
+                comparison.flags.append(f"'{name}' saved {saved:+.0f} ms per step, within run-to-run drift (±{floor:.0f} ms)")
+        comparison.variants.append(VariantResult(
+            name=name, spec=spec, steps_per_s=result.steps_per_s, fraction_of_bound=result.steps_per_s / bound, ms_per_step=ms,
+            saved_ms=saved, throughput_gain=gain, gap_closed=gap_closed, improved=improved, noise=result.noise,
+            spread=result.spread, cpu_util=result.cpu_util,
+        ))
+        previous = result
+    imprecise = [v.name for v in comparison.variants if v.noise > precision]
+    if imprecise:
+        comparison.flags.append(f"{', '.join(imprecise)} did not reach the {precision:.0%} precision target within the {budget:g} s "
+                                "budget: raise --budget for firmer verdicts")
+    return comparison

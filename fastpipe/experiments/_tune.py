@@ -1,0 +1,619 @@
+"""Tune ``num_workers`` and ``prefetch_factor``: the cheapest setting that keeps the device fed.
+
+The sweep measures the user's own loop (the diagnosis's ``baseline``: nothing cached) with the
+loader rebuilt at each setting, against the device bound (one batch cached on the device):
+
+1. ``num_workers`` from 1 up to the usable cores and a little beyond, at the loader's own
+   ``prefetch_factor``. It stops as soon as a count reaches the bound within noise, or fails
+   to improve on the best so far beyond noise: more workers would only cost memory and CPU.
+2. ``prefetch_factor`` at the chosen count, unless the bound is already reached (a deeper
+   queue cannot beat the bound; a shallower one is still tried, since it is cheaper).
+
+Settings are compared in time per step (1 / steps/s), the unit in which costs add up: a
+setting is better when its step is shorter beyond noise (two standard errors of the time per
+step, from both measurements) and beyond ``tolerance`` of the device step. Differences of
+steps/s would hide real gains far from the bound: with a bound of 10 steps/s, going from 0.4
+to 0.8 steps/s is under 5% of the bound in steps/s, yet it halves the step (2.5 s to 1.25 s).
+
+The recommendation is the cheapest setting (fewest workers, then smallest prefetch) that
+reaches the bound within noise or, when none does, the cheapest within noise of the best.
+Interrupted (Ctrl-C), the sweep returns what it measured so far, marked ``interrupted``.
+
+Memory is watched on every setting: the RSS of the process tree and the
+use of ``/dev/shm``, where DataLoader workers put every batch they hand over. A setting whose
+estimated shared memory exceeds what is free is not run; it gets a warning instead of the
+"Bus error" that kills workers when ``/dev/shm`` fills (common in containers with a 64 MB one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import psutil
+from torch.utils.data import DataLoader
+
+from fastpipe._render import render_table
+from fastpipe._system import usable_cores
+from fastpipe.devices import Device, parse_device
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.stagecost import coerce_workload, loader_with, round_noise
+from fastpipe.workloads._workload import Workload
+
+SCHEMA = "fastpipe.tune/1"
+SHM_PATH = "/dev/shm"
+#: Batches in shared memory besides the ``workers x prefetch_factor`` in flight: one being pinned or consumed, one queued.
+SHM_EXTRA_BATCHES = 2
+_SHM_FAILURE_SIGNS = ("bus error", "sigbus", "shared memory", "no space left on device", "/dev/shm")
+
+
+def shm_estimate(batch_bytes: int, num_workers: int, prefetch_factor: int) -> int:
+    """Shared memory a loader setting may hold at once: every batch in flight lives in ``/dev/shm``.
+
+    Each worker keeps up to ``prefetch_factor`` batches outstanding, and the main process holds
+    a couple more while pinning and consuming them. ``num_workers=0`` uses none.
+    """
+    if num_workers == 0:
+        return 0
+    return batch_bytes * (num_workers * prefetch_factor + SHM_EXTRA_BATCHES)
+
+
+def shm_free(path: str = SHM_PATH) -> int | None:
+    """Free bytes in ``/dev/shm``, or None where there is none (macOS, Windows)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _shm_used(path: str = SHM_PATH) -> int | None:
+    try:
+        return shutil.disk_usage(path).used
+    except OSError:
+        return None
+
+
+class _MemoryWatch:
+    """Peak RSS of this process and its children, and peak ``/dev/shm`` use above its level at the start.
+
+    RSS counts shared pages once per process that maps them (torch's libraries, batches in
+    shared memory), so the tree's sum overstates unique memory; it is what ``top`` adds up.
+    """
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self._root = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shm_start: int | None = None
+        self.rss_peak = 0
+        self.shm_peak: int | None = None
+
+    def _sample(self) -> None:
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            processes = [self._root]
+        rss = 0
+        for proc in processes:
+            try:
+                rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        self.rss_peak = max(self.rss_peak, rss)
+        used = _shm_used()
+        if used is not None and self._shm_start is not None:
+            self.shm_peak = max(self.shm_peak or 0, used - self._shm_start)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "_MemoryWatch":
+        self._shm_start = _shm_used()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="fastpipe-memory-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+@dataclass
+class Trial:
+    """One loader setting and what it did."""
+
+    num_workers: int
+    prefetch_factor: int
+    status: str
+    """``"measured"``, ``"skipped"`` (not run, e.g. it would exhaust /dev/shm) or ``"failed"``."""
+    steps_per_s: float | None = None
+    noise: float | None = None
+    """Relative standard error of ``steps_per_s``, over whole rounds of workers."""
+    fraction_of_bound: float | None = None
+    cpu_util: float | None = None
+    system_cpu_util: float | None = None
+    """The whole machine's CPU use meanwhile: other users of a shared machine show here."""
+    runs: int = 0
+    """Measurement runs pooled into this result: a noisy first run is extended (see ``tune(extensions=...)``)."""
+    rss_peak_bytes: int | None = None
+    shm_peak_bytes: int | None = None
+    """Peak rise of ``/dev/shm`` use during the run (other users of the machine show here too)."""
+    shm_estimate_bytes: int = 0
+    phase: str = "workers"
+    """``"workers"`` or ``"prefetch"``: which sweep tried it."""
+    message: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "measured" and self.steps_per_s is not None
+
+    @property
+    def step_ms(self) -> float | None:
+        """Time per step in ms: the unit settings are compared in."""
+        return None if self.steps_per_s is None else 1000.0 / self.steps_per_s
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """What a setting costs: workers first (cores, memory), then queued batches."""
+        return self.num_workers, self.prefetch_factor
+
+
+@dataclass
+class TuneResult:
+    """The sweep, the recommendation and why."""
+
+    workload: str
+    device: str
+    batch_size: int | None
+    cores: int
+    current: tuple[int, int | None]
+    """The loader's own (num_workers, prefetch_factor)."""
+    bound_steps_per_s: float
+    bound_noise: float
+    batch_bytes: int
+    shm_budget_bytes: int | None
+    tolerance: float
+    trials: list[Trial] = field(default_factory=list)
+    recommended: Trial | None = None
+    reaches_bound: bool = False
+    summary: str = ""
+    stops: list[str] = field(default_factory=list)
+    """Why each sweep stopped where it did."""
+    warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    """Ctrl-C stopped the sweep: ``trials`` holds the settings measured before it."""
+
+    @property
+    def bound_step_ms(self) -> float:
+        return 1000.0 / self.bound_steps_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"schema": SCHEMA, **dataclasses.asdict(self)}
+        data["current"] = {"num_workers": self.current[0], "prefetch_factor": self.current[1]}
+        data["recommended"] = None if self.recommended is None else {
+            "num_workers": self.recommended.num_workers, "prefetch_factor": self.recommended.prefetch_factor,
+            "steps_per_s": self.recommended.steps_per_s, "step_ms": self.recommended.step_ms,
+            "fraction_of_bound": self.recommended.fraction_of_bound,
+        }
+        data["bound_step_ms"] = self.bound_step_ms
+        for trial, row in zip(self.trials, data["trials"]):
+            row["step_ms"] = trial.step_ms
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    HEADERS = ("workers", "prefetch", "ms/step", "steps/s", "of bound", "noise", "runs", "CPU", "RSS (tree)", "/dev/shm peak",
+               "shm estimate", "")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        bound_ms = "-" if not self.bound_steps_per_s > 0 else f"{self.bound_step_ms:.1f}"
+        bound_rate = "-" if math.isnan(self.bound_steps_per_s) else f"{self.bound_steps_per_s:.3f}"
+        rows = [("device bound", "", bound_ms, bound_rate, "100.0%", f"±{self.bound_noise:.1%}", "1", "", "", "", "", "")]
+        for t in self.trials:
+            mark = "<- recommended" if t is self.recommended else ("" if t.status == "measured" else t.status.upper())
+            rows.append((
+                str(t.num_workers), str(t.prefetch_factor),
+                "-" if t.step_ms is None else f"{t.step_ms:.1f}",
+                "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
+                "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
+                "-" if t.noise is None else f"±{t.noise:.1%}", str(t.runs),
+                "-" if t.cpu_util is None else f"{t.cpu_util:.0%}",
+                _size(t.rss_peak_bytes), _size(t.shm_peak_bytes), _size(t.shm_estimate_bytes), mark,
+            ))
+        return rows
+
+    def title(self) -> str:
+        workers, prefetch = self.current
+        return (f"fastpipe tune: {self.workload} on {self.device} (batch {self.batch_size}, {_size(self.batch_bytes)} a batch, "
+                f"{self.cores} usable cores; the loader has {_workers(workers)}, prefetch_factor {prefetch})")
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        if self.interrupted:
+            lines.append(f"Interrupted (Ctrl-C) after {len(self.trials)} setting(s): the sweep is incomplete; "
+                         "the table holds what was measured before it.")
+        lines += [self.summary] if self.summary else []
+        lines += [f"Stopped: {stop}" for stop in self.stops]
+        lines += [f"Warning: {warning}" for warning in self.warnings]
+        return lines
+
+    def to_table(self) -> str:
+        columns = [(header, "left" if i in (0, len(self.HEADERS) - 1) else "right") for i, header in enumerate(self.HEADERS)]
+        return render_table(self.title(), columns, self.rows(), self.summary_lines(), width=140)
+
+    def __str__(self) -> str:
+        return self.to_table()
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" + ("" if n == 1 else "s")
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _memory_failure(exc: BaseException, setting: str) -> str | None:
+    """A clear message when a worker died of memory (a full /dev/shm, or the OOM killer); None for other failures."""
+    text = str(exc).lower()
+    if any(sign in text for sign in _SHM_FAILURE_SIGNS):
+        return (f"{setting} crashed ({exc}): {SHM_PATH} filled up. Enlarge it (docker run --shm-size=8g), or lower "
+                "num_workers, prefetch_factor or the batch size")
+    if "killed by signal" in text:
+        return (f"{setting} crashed ({exc}): a worker was killed, most likely for memory (the OOM killer). Lower num_workers, "
+                "prefetch_factor or the batch size")
+    return None
+
+
+def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[Any, int]:
+    """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here).
+
+    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnosis._diagnose.measure_device_bound` takes them.
+    """
+    from fastpipe.diagnosis._diagnose import measure_device_bound
+
+    return measure_device_bound(workload, device, **options)
+
+
+def _measure_setting(workload: Workload, device: Device, **options: Any) -> Any:
+    """One run of the user's loop (nothing cached) with the loader at one setting: an ExperimentResult-like object
+    with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam where each setting's measurement comes in."""
+    from fastpipe.diagnosis._diagnose import measure_points
+
+    return measure_points(workload, device, ["baseline"], **options)["baseline"]
+
+
+def _pool(results: list[Any], workers: int) -> tuple[float, float]:
+    """(steps/s, relative standard error of the mean step time) of several runs of one setting, pooled.
+
+    With every run's step times at hand, the noise is taken over whole rounds of workers (:func:`round_noise`);
+    otherwise the runs' mean step times are averaged, weighted by their steps, and their standard errors combined.
+    """
+    times = [t for r in results for t in (getattr(r, "step_times", None) or [])]
+    if times and all(getattr(r, "step_times", None) for r in results):
+        return len(times) / sum(times), round_noise(times, workers)
+    weights = [max(1, len(getattr(r, "step_times", None) or [])) for r in results]
+    total = sum(weights)
+    step = sum(w / r.steps_per_s for w, r in zip(weights, results)) / total
+    error = math.sqrt(sum((w * r.noise / r.steps_per_s) ** 2 for w, r in zip(weights, results))) / total
+    return 1.0 / step, error / step
+
+
+class _Sweep:
+    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float, extensions: int,
+                 shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None,
+                 budget: float = 20.0, precision: float = 0.03) -> None:
+        self.workload, self.device = workload, device
+        self.budget, self.precision = budget, precision
+        self.steps, self.warmup, self.tolerance, self.extensions = steps, warmup, tolerance, extensions
+        self.shm_budget, self.worker_timeout, self.on_trial = shm_budget, worker_timeout, on_trial
+        self.bound = math.nan
+        self.bound_noise = 0.0
+        self.batch_bytes = 0
+        self.trials: list[Trial] = []
+        self.warnings: list[str] = []
+
+    # ----- measuring --------------------------------------------------------------------
+    def measure_bound(self) -> None:
+        """One batch cached on the device, the step repeated: the diagnosis's device point."""
+        result, self.batch_bytes = _measure_bound(
+            self.workload, self.device, steps=self.steps, warmup=self.warmup, worker_timeout=self.worker_timeout,
+            budget=self.budget, precision=self.precision,
+        )
+        self.bound = result.steps_per_s
+        self.bound_noise = result.noise
+
+    def _free_shm(self) -> int | None:
+        return self.shm_budget if self.shm_budget is not None else shm_free()
+
+    def run_trial(self, workers: int, prefetch: int, phase: str) -> Trial:
+        estimate = shm_estimate(self.batch_bytes, workers, prefetch)
+        trial = Trial(num_workers=workers, prefetch_factor=prefetch, status="measured", shm_estimate_bytes=estimate, phase=phase)
+        free = self._free_shm()
+        if free is not None and estimate > free:
+            trial.status = "skipped"
+            trial.message = (
+                f"{_workers(workers)} with prefetch_factor {prefetch} would hold about {_size(estimate)} of batches in shared memory, "
+                f"but {SHM_PATH} has {_size(free)} free: DataLoader workers would die with 'Bus error'. Not run. Enlarge {SHM_PATH} "
+                "(docker run --shm-size=8g), or lower num_workers, prefetch_factor or the batch size"
+            )
+            self.warnings.append(trial.message)
+            return self._done(trial)
+        loader = loader_with(self.workload.loader, self.workload.loader.dataset, num_workers=workers, prefetch_factor=prefetch)
+        workload = dataclasses.replace(self.workload, loader=loader)
+        results: list[Any] = []
+        try:
+            with _MemoryWatch() as memory:
+                for _ in range(1 + self.extensions):
+                    results.append(_measure_setting(workload, self.device, steps=self.steps, warmup=max(self.warmup, workers),
+                                                    worker_timeout=self.worker_timeout, budget=self.budget, precision=self.precision))
+                    if not self.noisy(*_pool(results, workers)):
+                        break
+        except PipelineError as exc:
+            message = _memory_failure(exc, f"{_workers(workers)} with prefetch_factor {prefetch}")
+            if message is None:
+                raise
+            trial.status, trial.message = "failed", message
+            self.warnings.append(message)
+            return self._done(trial)
+        trial.runs = len(results)
+        trial.steps_per_s, trial.noise = _pool(results, workers)
+        trial.cpu_util = sum(r.cpu_util for r in results) / len(results)
+        trial.system_cpu_util = sum(r.system_cpu_util for r in results) / len(results)
+        trial.fraction_of_bound = trial.steps_per_s / self.bound
+        if self.noisy(trial.steps_per_s, trial.noise):
+            self.warnings.append(
+                f"{_workers(workers)} with prefetch_factor {prefetch}: the time per step stayed noisy (±{trial.noise:.0%}) over "
+                f"{trial.runs} runs, with the machine {trial.system_cpu_util:.0%} busy; decisions near it are uncertain: "
+                "rerun on a quieter machine or with more --steps"
+            )
+        trial.rss_peak_bytes, trial.shm_peak_bytes = memory.rss_peak, memory.shm_peak
+        if free is not None and estimate > 0.5 * free:
+            self.warnings.append(f"{_workers(workers)} with prefetch_factor {prefetch} need about {_size(estimate)} of the "
+                                 f"{_size(free)} free in {SHM_PATH}: close to the limit where workers die with 'Bus error'")
+        return self._done(trial)
+
+    def _done(self, trial: Trial) -> Trial:
+        self.trials.append(trial)
+        if self.on_trial is not None:
+            self.on_trial(trial)
+        return trial
+
+    # ----- deciding, in time per step ----------------------------------------------------
+    @property
+    def bound_ms(self) -> float:
+        return 1000.0 / self.bound
+
+    def floor_ms(self) -> float:
+        """Differences below ``tolerance`` of the device step count as equal, whatever the statistics say."""
+        return self.tolerance * self.bound_ms
+
+    def noisy(self, steps_per_s: float, noise: float) -> bool:
+        """Two standard errors of the time per step wider than the tolerance: too noisy to decide on, so worth measuring longer."""
+        return 2 * noise * 1000.0 / steps_per_s > self.floor_ms()
+
+    def allowance(self, a_ms: float, a_noise: float, b_ms: float, b_noise: float, capped: bool) -> float:
+        """How far apart two times per step may be and still count as equal: two standard errors of their
+        difference (noise in time, from both measurements), at least ``tolerance`` of the device step.
+
+        ``capped``: at most twice the tolerance, so that a noisy run cannot pass a large gap off as
+        "within noise" when claiming a setting is as good (at the bound, or as the best); claims
+        that one setting is *better* stay uncapped, so noise makes them harder, never easier.
+        """
+        floor = self.floor_ms()
+        allowance = max(2 * math.hypot(a_ms * a_noise, b_ms * b_noise), floor)
+        return min(allowance, 2 * floor) if capped else allowance
+
+    def at_bound(self, trial: Trial) -> bool:
+        assert trial.step_ms is not None and trial.noise is not None
+        allowance = self.allowance(self.bound_ms, self.bound_noise, trial.step_ms, trial.noise, capped=True)
+        return trial.step_ms - self.bound_ms <= allowance
+
+    def better(self, trial: Trial, than: Trial) -> bool:
+        """``trial``'s step is shorter than ``than``'s beyond noise and tolerance."""
+        assert trial.step_ms is not None and than.step_ms is not None
+        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, than.step_ms, than.noise or 0.0, capped=False)
+        return than.step_ms - trial.step_ms > allowance
+
+    def equal(self, trial: Trial, best: Trial) -> bool:
+        """``trial``'s step is within noise of ``best``'s."""
+        assert trial.step_ms is not None and best.step_ms is not None
+        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, best.step_ms, best.noise or 0.0, capped=True)
+        return trial.step_ms - best.step_ms <= allowance
+
+    def measured(self) -> list[Trial]:
+        return [t for t in self.trials if t.measured]
+
+    def best(self, trials: Iterable[Trial]) -> Trial | None:
+        return max(trials, key=lambda t: t.steps_per_s or 0.0, default=None)
+
+    def recommend(self, trials: list[Trial]) -> Trial | None:
+        """The cheapest setting that reaches the bound within noise; failing that, the cheapest within noise of the best."""
+        at_bound = [t for t in trials if self.at_bound(t)]
+        if at_bound:
+            return min(at_bound, key=lambda t: t.cost)
+        best = self.best(trials)
+        if best is None:
+            return None
+        return min((t for t in trials if self.equal(t, best)), key=lambda t: t.cost)
+
+
+def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[str]) -> None:
+    best: Trial | None = None
+    for workers in counts:
+        trial = sweep.run_trial(workers, prefetch, "workers")
+        if not trial.measured:
+            stops.append(f"worker sweep at {_workers(workers)}: {trial.status} (see the warning)")
+            return
+        if sweep.at_bound(trial):
+            stops.append(f"worker sweep at {_workers(workers)}: it reached the device bound within noise, so more workers were not tried")
+            return
+        if best is not None and not sweep.better(trial, best):
+            stops.append(f"worker sweep at {_workers(workers)}: no gain beyond noise over {_workers(best.num_workers)} "
+                         f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step), so more workers were not tried")
+            return
+        best = trial  # the first, or better than the best beyond noise
+    stops.append(f"worker sweep: tried every count up to {counts[-1]}")
+
+
+def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list[str]) -> None:
+    at_count = [t for t in sweep.measured() if t.num_workers == workers]
+    tried = {t.prefetch_factor for t in sweep.trials if t.num_workers == workers}
+    reached = any(sweep.at_bound(t) for t in at_count)
+    best = sweep.best(at_count)
+    current = min(tried) if tried else 0
+    for factor in sorted(set(factors) - tried):
+        if reached and factor > current:
+            stops.append(f"prefetch sweep at {_workers(workers)}: the bound is already reached, so prefetch_factor {factor} (more memory) was not tried")
+            return
+        trial = sweep.run_trial(workers, factor, "prefetch")
+        if not trial.measured:
+            stops.append(f"prefetch sweep at prefetch_factor {factor}: {trial.status} (see the warning)")
+            return
+        if factor > current and best is not None and not sweep.better(trial, best):
+            stops.append(f"prefetch sweep at prefetch_factor {factor}: no gain beyond noise over {best.prefetch_factor}, so deeper queues were not tried")
+            return
+        if factor > current and sweep.at_bound(trial):
+            stops.append(f"prefetch sweep at prefetch_factor {factor}: it reached the device bound within noise, so deeper queues were not tried")
+            return
+        best = trial if best is None or trial.steps_per_s > best.steps_per_s else best  # type: ignore[operator]
+
+
+def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
+    reaches = sweep.at_bound(chosen)
+    setting = f"num_workers={chosen.num_workers}, prefetch_factor={chosen.prefetch_factor}"
+    rate = (f"{chosen.step_ms:.1f} ms per step against the device's {sweep.bound_ms:.1f} ms; {chosen.steps_per_s:.3f} of "
+            f"{sweep.bound:.3f} steps/s, {chosen.fraction_of_bound:.0%} of the device bound")
+    fewer = [t for t in sweep.measured() if t.num_workers < chosen.num_workers]
+    if reaches:
+        verb = "reaches" if chosen.num_workers == 1 else "reach"
+        text = f"Recommended: {setting}. {_workers(chosen.num_workers)} {verb} the device bound within noise ({rate})"
+        if fewer:
+            most = max(fewer, key=lambda t: t.num_workers)
+            text += f"; {_workers(most.num_workers)} did not ({most.step_ms:.1f} ms per step), so this is the smallest worker count that does."
+        else:
+            text += ", the fewest possible."
+        return text, True
+    cpu = max((t.cpu_util or 0.0) for t in sweep.measured())
+    machine = max((t.system_cpu_util or 0.0) for t in sweep.measured())
+    if cpu >= 0.9:
+        why = f"the pipeline saturates the CPU ({cpu:.0%} of the cores): cut the per-sample work (fastpipe costs shows where it goes)"
+    elif machine >= 0.9:
+        why = (f"the machine's CPU is saturated ({machine:.0%}), {machine - cpu:.0%} of it by other processes: "
+               "measure on a quieter machine before trusting this")
+    else:
+        why = "the CPU has room, so the limit is not the worker count: run fastpipe diagnose to find it"
+    text = (f"Recommended: {setting}, the cheapest setting within noise of the best ({rate}). No setting tried reaches the "
+            f"device bound: {why}.")
+    return text, False
+
+
+def tune(
+    source: "DataLoader | Workload",
+    device: "str | Device | None" = None,
+    *,
+    step: Callable[[Any], Any] | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+    max_workers: int | None = None,
+    prefetch_factors: Iterable[int] = (2, 4),
+    tolerance: float = 0.05,
+    extensions: int = 2,
+    shm_budget_bytes: int | None = None,
+    worker_timeout: float = 300.0,
+    on_trial: Callable[[Trial], None] | None = None,
+    name: str | None = None,
+    budget: float = 20.0,
+    precision: float = 0.03,
+) -> TuneResult:
+    """Sweep num_workers, then prefetch_factor, and recommend the cheapest setting within noise of the best.
+
+    Args:
+        source: a :class:`~fastpipe.Workload`, or a DataLoader with ``step``. Never modified.
+        device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS`` or a Device (default: cuda if present, else sim:290).
+        steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
+        max_workers: the largest count tried (default: usable cores + 2).
+        prefetch_factors: the values the second sweep may try at the chosen worker count.
+        tolerance: differences in time per step below this fraction of the device step count as noise, whatever
+            the statistics say.
+        extensions: how many more runs a setting gets, pooled with the first, while two standard errors
+            of its throughput exceed ``tolerance`` of the bound (a busy machine).
+        shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
+        worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
+        on_trial: called with each :class:`Trial` as it finishes (for progress output).
+        budget, precision: each measurement runs until its mean step time has ``precision`` relative standard
+            error or ``budget`` seconds have passed, as in :func:`fastpipe.diagnose`.
+
+    Returns:
+        The sweep and the recommendation. Interrupted (Ctrl-C), the settings measured so far, with
+        ``interrupted`` set, rather than a KeyboardInterrupt that would lose them.
+
+    Raises:
+        ConfigError: bad arguments. PipelineError: the pipeline or step failed for a reason other than shared memory.
+    """
+    workload = coerce_workload(source, step, name)
+    factors = sorted({int(f) for f in prefetch_factors})
+    cores = usable_cores()
+    top = cores + 2 if max_workers is None else max_workers
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if top < 1:
+        raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
+    if not factors or factors[0] < 1:
+        raise ConfigError(f"prefetch factors must be whole numbers >= 1, e.g. 2,4; got {list(prefetch_factors)}")
+    if not 0 < tolerance < 1:
+        raise ConfigError(f"tolerance is a fraction of the device step, e.g. 0.05; got {tolerance}")
+    if extensions < 0:
+        raise ConfigError(f"extensions must be 0 or more, got {extensions}")
+    if not budget > 0 or not 0 < precision < 1:
+        raise ConfigError(f"budget must be positive seconds and precision a fraction such as 0.03; got {budget} and {precision}")
+    device = parse_device(device)
+    loader = workload.loader
+    base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
+    sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, extensions=extensions, shm_budget=shm_budget_bytes,
+                   worker_timeout=worker_timeout, on_trial=on_trial, budget=budget, precision=precision)
+    stops: list[str] = []
+    interrupted = False
+    try:
+        with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
+            sweep.measure_bound()
+            _worker_sweep(sweep, list(range(1, top + 1)), base_prefetch, stops)
+            chosen = sweep.recommend(sweep.measured())
+            if chosen is not None:
+                _prefetch_sweep(sweep, chosen.num_workers, factors, stops)
+    except KeyboardInterrupt:
+        interrupted = True  # keep what was measured: the partial table is worth printing
+    result = TuneResult(
+        workload=workload.name, device=device.spec, batch_size=loader.batch_size, cores=cores,
+        current=(loader.num_workers, loader.prefetch_factor if loader.num_workers > 0 else None),
+        bound_steps_per_s=sweep.bound, bound_noise=sweep.bound_noise, batch_bytes=sweep.batch_bytes,
+        shm_budget_bytes=shm_budget_bytes if shm_budget_bytes is not None else shm_free(), tolerance=tolerance,
+        trials=sweep.trials, stops=stops, warnings=sweep.warnings, interrupted=interrupted,
+    )
+    if math.isnan(sweep.bound):
+        result.summary = "Interrupted while measuring the device bound: no setting was measured."
+        return result
+    result.recommended = sweep.recommend(sweep.measured())
+    if result.recommended is None:
+        result.summary = "No setting was measured before the interruption." if interrupted else "No setting could be measured: see the warnings."
+    elif interrupted:
+        text, result.reaches_bound = _summary(sweep, result.recommended)
+        result.summary = "Of the settings measured so far: " + text[0].lower() + text[1:]
+    else:
+        result.summary, result.reaches_bound = _summary(sweep, result.recommended)
+    return result
