@@ -32,7 +32,7 @@ from typing import Any
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._diagnose import measure_points
+from fastpipe.diagnosis._points import measure_points
 from fastpipe.distributed import cluster as ray_cluster
 from fastpipe.distributed import ray_stats_notes
 from fastpipe.workloads.toy.ray import make_ray

@@ -27,7 +27,7 @@ import time
 import torch
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._diagnose import measure_points
+from fastpipe.diagnosis._points import measure_points
 from fastpipe.diagnosis.stagecost import loader_with, measure_stage_costs, round_noise
 from fastpipe.workloads.toy import VARIANTS
 from fastpipe.experiments._tune import tune

@@ -255,7 +255,7 @@ def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
     from tests.diagnose_fixtures import heavy_copy
 
     # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
-    from fastpipe.diagnosis._diagnose import measure_points
+    from fastpipe.diagnosis._points import measure_points
 
     results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], steps=8, warmup=2)
     fraction = results["host"].steps_per_s / results["device"].steps_per_s

@@ -62,11 +62,16 @@ def fastpipe_imports(path: pathlib.Path) -> list[tuple[int, str]]:
             if base.split(".")[0] != "fastpipe":
                 continue
             if base == "fastpipe":  # from fastpipe import x: x is a submodule or a public name of the top package
-                found += [(node.lineno, f"fastpipe.{a.name}" if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
-                           else "fastpipe") for a in node.names]
+                found += [(node.lineno, f"fastpipe.{a.name}" if _is_submodule(a.name) else "fastpipe") for a in node.names]
             else:
                 found.append((node.lineno, base))
     return found
+
+
+def _is_submodule(name: str) -> bool:
+    """True when ``from fastpipe import name`` imports a module (a package, a .py file, a built extension)."""
+    listed = any(f"fastpipe.{name}" == entry for names in LAYERS for entry in names)
+    return listed or (ROOT / name).is_dir() or (ROOT / f"{name}.py").exists()
 
 
 MODULES = sorted(ROOT.rglob("*.py"))

@@ -101,7 +101,7 @@ def test_cli_check_step_passes_then_diagnoses_and_the_report_notes_it(monkeypatc
         report.to_table = lambda: "\n".join(report.notes)
         return report
 
-    monkeypatch.setattr(importlib.import_module("fastpipe.diagnose"), "diagnose", fake_diagnose)
+    monkeypatch.setattr(importlib.import_module("fastpipe.diagnosis._diagnose"), "diagnose", fake_diagnose)
     code = main(["diagnose", f"{__name__}:make_working", "--device", "sim:5", "--check-step", "--budget", "2", "--no-progress"])
     captured = capsys.readouterr()
     assert code == 0 and "step check: your step ran once on a real batch on cpu" in captured.err

@@ -127,7 +127,7 @@ def test_cli_tune(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
 # ----- planted measurements: the seams where the bound and each setting's measurement come in --------------------
 def planted(monkeypatch, rates: dict[int, float], bound: float, noise: float = 0.02, interrupt_at: int | None = None) -> list[int]:
     """Plant the device bound and each worker count's steps/s (no loader runs); returns the worker counts measured."""
-    tune_module = importlib.import_module("fastpipe.tune")  # fastpipe.tune the attribute is the function
+    tune_module = importlib.import_module("fastpipe.experiments._tune")
 
     measured: list[int] = []
 
@@ -185,7 +185,7 @@ def test_interrupted_sweep_keeps_the_settings_it_measured(monkeypatch) -> None:
 
 
 def test_interrupted_before_the_bound_says_so(monkeypatch) -> None:
-    tune_module = importlib.import_module("fastpipe.tune")  # fastpipe.tune the attribute is the function
+    tune_module = importlib.import_module("fastpipe.experiments._tune")
 
     def measure_bound(*_, **__):
         raise KeyboardInterrupt
@@ -211,7 +211,7 @@ def test_cli_tune_interrupted_prints_the_partial_table(monkeypatch, capsys: pyte
 
 
 def test_budget_and_precision_reach_every_measurement(monkeypatch) -> None:
-    tune_module = importlib.import_module("fastpipe.tune")
+    tune_module = importlib.import_module("fastpipe.experiments._tune")
     seen = []
 
     def measure_bound(workload, device, **options):

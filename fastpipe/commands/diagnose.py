@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
-from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,10 +37,10 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis._diagnose import diagnose
 
-    if args.pool is not None and args.pool < 1:
-        raise ConfigError("--pool must be at least 1")
-    if not args.budget > 0 or not 0 < args.precision < 1:
-        raise ConfigError(f"--budget must be positive and --precision a fraction such as 0.03; got {args.budget} and {args.precision}")
+    from fastpipe.diagnosis._options import DiagnoseOptions
+
+    DiagnoseOptions(steps=args.steps, warmup=args.warmup, budget=args.budget, precision=args.precision, pool=args.pool,
+                    threshold=args.threshold, strategy=args.strategy)  # bad flags fail here, before the workload is built
     device, workload = workload_from_args(args)
     checked = None
     if args.check_step:

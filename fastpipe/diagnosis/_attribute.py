@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fastpipe.diagnosis._cachepoint import DEVICE, HOST, CachePoint
+from fastpipe.diagnosis._noise import difference_noise
 from fastpipe.diagnosis._plan import Plan, kind_of
 from fastpipe.diagnosis._report import Bottleneck, ExperimentResult
 
@@ -40,8 +42,8 @@ def stderr_s(result: ExperimentResult) -> float:
 
 
 def difference_noise_s(a: ExperimentResult, b: ExperimentResult) -> float:
-    """Two standard errors of the difference of two mean step times, in seconds."""
-    return 2 * math.hypot(stderr_s(a), stderr_s(b))
+    """Two standard errors of the difference of two mean step times, in seconds (:func:`~fastpipe.diagnosis._noise.difference_noise`)."""
+    return difference_noise(step_s(a), a.noise, step_s(b), b.noise)
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Attribution:
 
     @property
     def device_s(self) -> float:
-        return step_s(self.results["device"])
+        return step_s(self.results[DEVICE])
 
     def measured(self) -> list[str]:
         return [p for p in self.plan.points if p in self.results]
@@ -92,9 +94,9 @@ class Attribution:
     def at_bound(self, point: str) -> bool:
         """The point runs as fast as the loop can without workers (the host point, or the device's when it was
         not measured), within noise and threshold: its own pipeline work hides under the step."""
-        if point in ("device", "host"):
+        if CachePoint(point).outside_workers:
             return True
-        reference = self.results.get("host") or self.results["device"]
+        reference = self.results.get(HOST) or self.results[DEVICE]
         excess = self.corrected_s(point) - step_s(reference)
         return excess <= max(difference_noise_s(self.results[point], reference), self.threshold * self.device_s)
 

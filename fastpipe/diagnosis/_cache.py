@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from fastpipe.diagnosis._cachepoint import BASELINE, RAW, CachePoint
 from fastpipe.stages import StageError, TransformPipeline, current_part, read_sample
 
 _UNNEST = object()
@@ -275,9 +276,9 @@ class CachePointDataset(Dataset):
                  skip_copies: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         if pool < 1:
             raise ValueError(f"pool must be at least 1, got {pool}")
-        self.dataset, self.pipeline, self.point, self.pool = dataset, pipeline, point, pool
+        self.dataset, self.pipeline, self.point, self.pool = dataset, pipeline, CachePoint(point), pool
         self.skip_copies, self.clock = skip_copies, clock
-        self.cut = self._cut_index(point)
+        self.cut = self._cut_index(self.point)
         self.calls_per_sample: int | None = None
         """How many times the dataset called its transform for one sample (set by this process's first capture)."""
         self._entries: dict[int, _Entry] = {}
@@ -291,20 +292,17 @@ class CachePointDataset(Dataset):
             self._copy_ledger.share_memory_()
         self._ledger_rows: np.ndarray | None = None  # a NumPy view of the ledger, made in each process
 
-    def _cut_index(self, point: str) -> int | None:
-        if point in ("sample", "baseline"):
+    def _cut_index(self, point: CachePoint) -> int | None:
+        if point.kind not in ("raw", "after"):
             return None
         if self.pipeline is None:
             raise UnavailablePoint.because(point, "the dataset has no transform to split")
-        if point == "raw":
+        if point == RAW:
             return 0
-        if point.startswith("after:"):
-            names = self.pipeline.names()
-            stage = point[len("after:"):]
-            if stage not in names:
-                raise UnavailablePoint.because(point, f"no stage named {stage!r}; the stages are {names}")
-            return names.index(stage) + 1
-        raise ValueError(f"unknown cache point {point!r}")
+        names = self.pipeline.names()
+        if point.stage not in names:
+            raise UnavailablePoint.because(point, f"no stage named {point.stage!r}; the stages are {names}")
+        return names.index(point.stage) + 1
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -316,7 +314,7 @@ class CachePointDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        if self.point == "baseline":
+        if self.point == BASELINE:
             if self.pipeline is None:
                 return read_sample(self.dataset, index)
             if self._staged is None:  # once, so state the dataset caches on itself (open files) persists

@@ -16,6 +16,9 @@ from typing import Any, Callable
 
 from torch.utils.data import DataLoader
 
+from fastpipe.loading._protocols import LoaderStats, RebuildsAroundDataset, ReportsStats, stages_outside_workers
+from fastpipe.diagnosis._options import DiagnoseOptions
+from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe._system import usable_cores
 from fastpipe.diagnosis._attribute import SATURATED_CPU, Attribution, verdict_for
@@ -39,7 +42,7 @@ VARIABLE_POOL = 8
 LADDER_AGREEMENT = 1.5
 """Ladder time and in-worker time of a stage further apart than this factor are flagged."""
 
-__all__ = ["diagnose", "measure_points", "measure_device_bound", "point_label", "verdict_for", "SATURATED_CPU", "COPY", "COLLATE"]
+__all__ = ["COLLATE", "COPY", "SATURATED_CPU", "diagnose", "point_label", "verdict_for"]
 
 
 # ----- the strategy ------------------------------------------------------------------------
@@ -71,7 +74,7 @@ class _Diagnosis:
             self.runner.measure(point, **kwargs)
             return True
         except PipelineError as exc:
-            if point in ("device", "host", "baseline") or exc.stage == "step":
+            if point in ANCHORS or exc.stage == "step":
                 raise
             cause = exc.__cause__
             reason = cause.reason if isinstance(cause, UnavailablePoint) and getattr(cause, "reason", None) else str(exc)
@@ -93,7 +96,7 @@ class _Diagnosis:
         calls = None
         if pipeline is None:
             return drops, calls
-        for point in [p for p in self.plan.points if p == "raw" or p.startswith("after:")]:
+        for point in [p for p in self.plan.points if p.caches_stage_output]:
             try:
                 probe = probe_point(dataset, pipeline, point, timeout=self.runner.worker_timeout)
             except Exception:  # the user's own code failing or hanging: the measurement reports it with its stage
@@ -106,10 +109,10 @@ class _Diagnosis:
 
     def run(self) -> None:
         self.probe()
-        self.measure("device")
-        self.measure("baseline")
+        self.measure(DEVICE)
+        self.measure(BASELINE)
         points = self.plan.points
-        if not self.attribution().significant("device", "baseline"):
+        if not self.attribution().significant(DEVICE, BASELINE):
             skipped = [p for p in points if p not in self.runner.results]
             if skipped:
                 self.report.notes.append(f"the baseline is within noise and threshold of the device bound, so {', '.join(skipped)} were not measured")
@@ -118,7 +121,7 @@ class _Diagnosis:
             for point in list(points[1:-1]):
                 self.measure(point)
         else:
-            self._bisect("device", "baseline")
+            self._bisect(DEVICE, BASELINE)
         self._remeasure_suspects()
 
     def _bisect(self, upper: str, lower: str) -> None:
@@ -160,7 +163,7 @@ class _Diagnosis:
             budget = max(self.runner.budget_s / 2, 1.0)
             fresh_upper = self.runner.measure(upper, budget_s=budget)
             fresh_lower = self.runner.measure(lower, budget_s=budget)
-            fresh = Attribution(self.plan, {"device": self.runner.results["device"], upper: fresh_upper, lower: fresh_lower},
+            fresh = Attribution(self.plan, {DEVICE: self.runner.results[DEVICE], upper: fresh_upper, lower: fresh_lower},
                                 self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
             loaded = max(fresh_upper.system_cpu_util - fresh_upper.cpu_util, fresh_lower.system_cpu_util - fresh_lower.cpu_util)
             if was_named and not fresh.significant(upper, lower):
@@ -193,15 +196,15 @@ class _Diagnosis:
         report.unavailable = list(self.plan.unavailable)
         measured = [p for p in self.plan.points if p in results]
         report.experiments = [results[p] for p in measured]
-        if "device" not in results:
+        if DEVICE not in results:
             return report
         attribution = self.attribution()
-        bound = results["device"].steps_per_s
+        bound = results[DEVICE].steps_per_s
         report.device_bound_steps_per_s = bound
         report.device_step_ms = 1000 / bound
         for result in report.experiments:
             result.fraction_of_bound = result.steps_per_s / bound
-        baseline = results.get("baseline")
+        baseline = results.get(BASELINE)
         baseline_s = None
         if baseline is not None:
             baseline_s = 1 / baseline.steps_per_s
@@ -229,9 +232,8 @@ class _Diagnosis:
             report.notes.append(f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was "
                                 f"timed inside the workers ({listed} per sample) and taken out of each point's step")
         report.caveats += self._caveats(report)
-        stats = getattr(self.runner.baseline_loader, "stats", None)
-        if callable(stats):
-            report.notes += _loader_stat_notes(stats())
+        if isinstance(self.runner.baseline_loader, ReportsStats):
+            report.notes += _loader_stat_notes(self.runner.baseline_loader.stats())
         if self.runner.rank_spreads:
             point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
             _, size = ddp.world() or (0, 1)
@@ -273,7 +275,7 @@ class _Diagnosis:
         return caveats
 
 
-def _loader_stat_notes(stats: dict[str, Any]) -> list[str]:
+def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
     if "reused" not in stats:
         return []
@@ -356,33 +358,28 @@ def diagnose(
         if step is not None:
             workload = dataclasses.replace(workload, step=step)
     else:
-        if not isinstance(loader, DataLoader) and not hasattr(loader, "with_dataset"):
+        if not isinstance(loader, (DataLoader, RebuildsAroundDataset)):
             raise ConfigError(f"diagnose needs a torch.utils.data.DataLoader (or a fastpipe.Workload), not {type(loader).__name__}")
         if step is None or not callable(step):
             raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
         workload = Workload(loader=loader, step=step, device_transform=device_transform, model=model, optimizer=optimizer,
                             schedulers=list(schedulers) if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers],
                             scaler=scaler, prefetch_depth=prefetch_depth, name=name or "workload")
-    if steps < 1 or warmup < 0 or (pool is not None and pool < 1):
-        raise ConfigError(f"need steps >= 1, warmup >= 0 and pool >= 1; got steps={steps}, warmup={warmup}, pool={pool}")
-    if not 0 <= threshold < 1:
-        raise ConfigError(f"threshold is a fraction of the device step, e.g. 0.05; got {threshold}")
-    if strategy not in ("linear", "bisect"):
-        raise ConfigError(f"strategy must be 'linear' or 'bisect', got {strategy!r}")
-    if not budget > 0 or not 0 < precision < 1:
-        raise ConfigError(f"need budget > 0 seconds and 0 < precision < 1; got budget={budget}, precision={precision}")
+    options = DiagnoseOptions(steps=steps, warmup=warmup, budget=budget, precision=precision, worker_timeout=worker_timeout,
+                              pool=pool, threshold=threshold, strategy=strategy, progress=progress, stage_costs=stage_costs)
     device = parse_device(device)
     started = time.perf_counter()
-    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=pool or 1, budget_s=budget, target=precision,
-                     progress=progress, worker_timeout=worker_timeout)
+    runner = PointRunner(workload, device, steps=options.steps, warmup=options.warmup, pool=options.pool or 1,
+                         budget_s=options.budget, target=options.precision, progress=options.progress,
+                         worker_timeout=options.worker_timeout)
     pool_reason = None
-    if pool is None:
+    if options.pool is None:
         why = ddp.from_rank0(variable_inputs(runner) if ddp.is_rank0() else None)
         if why:
             runner.pool = VARIABLE_POOL
             pool_reason = (f"{why}, so each cache point keeps {VARIABLE_POOL} samples (or batches) per worker instead of one "
                            "(set pool= / --pool to choose)")
-    diagnosis = _Diagnosis(runner, workload, threshold, strategy, pool_reason)
+    diagnosis = _Diagnosis(runner, workload, options.threshold, options.strategy, pool_reason)
     if not device.runs_model and not any("simulates the step" in note for note in workload.notes):
         diagnosis.report.notes.append(f"{device.spec} simulates the step: the training step itself is not run "
                                       "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)")
@@ -395,16 +392,17 @@ def diagnose(
             runner.progress.close()
         report = diagnosis.finish(time.perf_counter() - started)
         report.notes += _ray_notes(workload.loader)
-        in_workers = not getattr(workload.loader, "unsupported_point_reason", None)  # stage timers need DataLoader workers
+        in_workers = not stages_outside_workers(workload.loader)  # stage timers need DataLoader workers
         worker_side = [b for b in report.bottlenecks + report.unresolved if b.kind not in (COPY,)]
-        if stage_costs and in_workers and not report.interrupted and worker_side and runner.workers > 0:
-            _check_against_stage_costs(report, workload, device, steps=steps, warmup=warmup, worker_timeout=worker_timeout)
+        if options.stage_costs and in_workers and not report.interrupted and worker_side and runner.workers > 0:
+            _check_against_stage_costs(report, workload, device, steps=options.steps, warmup=options.warmup,
+                                       worker_timeout=options.worker_timeout)
     report.elapsed_s = time.perf_counter() - started
     return report
 
 
 def _ray_notes(loader: Any) -> list[str]:
-    if not getattr(loader, "unsupported_point_reason", None):
+    if not stages_outside_workers(loader):
         return []
     from fastpipe.distributed.stats import ray_stats_notes  # only Ray-backed loaders have these
 
@@ -464,51 +462,3 @@ def _ladder_disagreements(report: Report) -> list[str]:
                      "that tips the pipeline over the device step is charged for what it un-hides, and once the CPU is saturated "
                      "stages slow each other; the list above ranks by the larger of the two sizes")
     return lines
-
-
-def measure_device_bound(
-    workload: Workload, device: "str | Device | None", *, steps: int = 10, warmup: int = 3, worker_timeout: float = 300.0,
-    budget: float = 20.0, precision: float = 0.03,
-) -> tuple[ExperimentResult, int]:
-    """The device point alone, and the bytes of its cached batch (what one batch weighs in shared memory)."""
-    from fastpipe._tree import tree_nbytes
-
-    device = parse_device(device)
-    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
-                     worker_timeout=worker_timeout)
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
-        runner.measure("device")
-    return runner.results["device"], max(tree_nbytes(batch) for batch in runner.host_batches)
-
-
-def measure_points(
-    workload: Workload,
-    device: "str | Device | None",
-    points: list[str],
-    *,
-    steps: int = 10,
-    warmup: int = 3,
-    pool: int = 1,
-    progress: bool = False,
-    worker_timeout: float = 300.0,
-    budget: float = 20.0,
-    precision: float = 0.03,
-) -> dict[str, ExperimentResult]:
-    """Measure only the named cache points of a workload (e.g. ``["device", "baseline"]``), user state preserved.
-
-    ``fraction_of_bound`` is left unset (NaN): the caller decides which bound it is measured against.
-    """
-    device = parse_device(device)
-    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=pool, budget_s=budget, target=precision,
-                     progress=progress, worker_timeout=worker_timeout)
-    unknown = [p for p in points if p not in runner.plan.points]
-    if unknown:
-        raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {runner.plan.points}")
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
-        try:
-            for point in points:
-                runner.measure(point)
-        finally:
-            runner.progress.close()
-    return dict(runner.results)
-

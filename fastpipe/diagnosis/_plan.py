@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, RAW, SAMPLE, CachePoint
 from fastpipe.diagnosis._report import Unavailable
 from fastpipe.stages import RAW_STAGE, TransformPipeline
 
@@ -25,16 +26,18 @@ SPAN = "span"
 
 
 def point_label(point: str) -> str:
-    return {"device": "device (bound)", "host": "host", "sample": "sample", "raw": "raw", "baseline": "baseline"}.get(
-        point, point.replace("after:", "after ")
-    )
+    """How the report names a cache point (:attr:`CachePoint.label`)."""
+    return CachePoint(point).label
 
 
 @dataclass
 class Plan:
-    points: list[str]
+    points: list[CachePoint]
     components: list[str]
     unavailable: list[Unavailable] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.points = [CachePoint(p) for p in self.points]
 
     def between(self, upper: str, lower: str) -> list[str]:
         """The components between two points (several when points between them were not measured)."""
@@ -42,7 +45,7 @@ class Plan:
 
     def drop(self, point: str, reason: str) -> None:
         """Take ``point`` out (it cannot be built): its two neighbouring components merge into one span."""
-        if point not in self.points or point in ("device", "baseline"):
+        if point not in self.points or point in (DEVICE, BASELINE):
             return
         i = self.points.index(point)
         merged = f"{self.components[i]} + {self.components[i - 1]}" if i > 0 else self.components[i]
@@ -53,30 +56,30 @@ class Plan:
 
 def make_plan(pipeline: TransformPipeline | None, why_not: str | None) -> Plan:
     """The points and components for a dataset's located pipeline (or the reason there is none)."""
-    points, unavailable = ["device", "host"], []
+    points, unavailable = [DEVICE, HOST], []
     components = [COPY]
     if pipeline is None:
         reason = why_not or "no transform"
         if "IterableDataset" in reason:
-            unavailable.append(Unavailable("sample", reason))
+            unavailable.append(Unavailable(SAMPLE, reason))
             components.append(f"{COLLATE} + {RAW_STAGE} + transforms")
         else:
-            points.append("sample")
+            points.append(SAMPLE)
             components += [COLLATE, f"{RAW_STAGE} + transforms"]
-        unavailable += [Unavailable("after:<stage>", reason), Unavailable("raw", reason)]
+        unavailable += [Unavailable("after:<stage>", reason), Unavailable(RAW, reason)]
     else:
         names = pipeline.names()
-        points.append("sample")
+        points.append(SAMPLE)
         components.append(COLLATE)
-        points += [f"after:{name}" for name in reversed(names[:-1])]
+        points += [CachePoint.after(name) for name in reversed(names[:-1])]
         components += list(reversed(names))
         if names:
-            points.append("raw")
+            points.append(RAW)
             components.append(RAW_STAGE)
         else:  # with no stages, the raw sample is the finished sample
             components.append(RAW_STAGE)
-            unavailable += [Unavailable("after:<stage>", "the transform has no stages"), Unavailable("raw", "the transform has no stages")]
-    points.append("baseline")
+            unavailable += [Unavailable("after:<stage>", "the transform has no stages"), Unavailable(RAW, "the transform has no stages")]
+    points.append(BASELINE)
     return Plan(points, components, unavailable)
 
 

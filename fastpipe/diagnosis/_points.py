@@ -4,7 +4,9 @@
 loader with every setting of theirs) or the cached batches that feed the step; measures it to a
 precision target within a budget (:func:`fastpipe.diagnosis._measure.measure_until`); and keeps every run of
 every point, pooled. Under DDP each run is gathered from all ranks and the slowest kept
-(:mod:`fastpipe.diagnosis._ddp`). The strategy that decides what to measure lives in :mod:`fastpipe.diagnose`.
+(:mod:`fastpipe.diagnosis._ddp`). The strategy that decides what to measure lives in :mod:`fastpipe.diagnosis._diagnose`;
+:func:`measure_points` and :func:`measure_device_bound` serve the experiments (``compare``, ``tune``) that
+measure chosen points of several workloads.
 """
 from __future__ import annotations
 
@@ -13,14 +15,18 @@ import math
 import statistics
 from typing import Any, Callable, Iterator
 
+from fastpipe.loading._protocols import stages_outside_workers
+from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, rebuild_loader, stage_of_error
-from fastpipe.devices import Device
+from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.errors import PipelineError
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.diagnosis._noise import pool
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
+from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.stages import StageError
 from fastpipe.workloads._workload import Workload
 
@@ -79,8 +85,8 @@ class PointRunner:
         self.warmup, self.pool, self.budget_s, self.target = warmup, pool, budget_s, target
         self.worker_timeout = worker_timeout
         self.pipeline, why_not = find_pipeline(loader.dataset)
-        if getattr(loader, "unsupported_point_reason", None):  # a RayLoader: its stages run inside Ray tasks
-            self.pipeline, why_not = None, loader.unsupported_point_reason
+        if stages_outside_workers(loader):  # a RayLoader: its stages run inside Ray tasks
+            self.pipeline, why_not = None, stages_outside_workers(loader)
         self.plan: Plan = make_plan(self.pipeline, why_not)
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
@@ -92,7 +98,7 @@ class PointRunner:
     # ----- batch sources -----------------------------------------------------------------
     def _host_batches(self) -> list[Any]:
         if not self.host_batches:
-            loader = rebuild_loader(self.workload.loader, self._dataset("baseline"), timeout=self.worker_timeout)
+            loader = rebuild_loader(self.workload.loader, self._dataset(BASELINE), timeout=self.worker_timeout)
             cycle = LoaderCycle(loader, self.device)
             try:
                 self.host_batches = [next(cycle) for _ in range(self.pool)]
@@ -102,7 +108,7 @@ class PointRunner:
 
     def _dataset(self, point: str) -> Any:
         dataset = self.workload.loader.dataset
-        if point == "baseline" and self.pipeline is None:
+        if point == BASELINE and self.pipeline is None:
             return dataset
         return CachePointDataset(dataset, self.pipeline, point, self.pool)
 
@@ -113,13 +119,13 @@ class PointRunner:
     def _batch_source(self, point: str) -> tuple[Callable[[], Any], Callable[[], None], Any]:
         """(next_batch, close, cache dataset or None) for one experiment."""
         non_blocking = bool(self.workload.loader.pin_memory)
-        if point == "device":
+        if point == DEVICE:
             # the device transform is device work, part of the bound: it runs every step, as in the loop
             cached = [self.device.to_device(b, non_blocking=False) for b in self._host_batches()]
             self.device.synchronize()
             cycle = Repeat(cached, False).__iter__()
             return (lambda: self._device_transform(next(cycle))), (lambda: None), None
-        if point == "host":
+        if point == HOST:
             repeat = Repeat(self._host_batches(), non_blocking)
             if self.workload.prefetch_depth > 0:
                 from fastpipe.loading._prefetch import make_prefetcher
@@ -131,7 +137,7 @@ class PointRunner:
             return (lambda: self._device_transform(self.device.to_device(next(cycle), non_blocking=non_blocking))), (lambda: None), None
         dataset = self._dataset(point)
         loader = rebuild_loader(self.workload.loader, dataset, timeout=self.worker_timeout)
-        if point == "baseline":
+        if point == BASELINE:
             self.baseline_loader = loader  # what the user's own loop runs: its stats (e.g. recycled memory) go in the report
         batches = device_batches(dataclasses.replace(self.workload, loader=loader), self.device)
         return (lambda: next(batches)), batches.close, dataset
@@ -180,7 +186,7 @@ class PointRunner:
 
     def _pool_spread(self, point: str, measurement: Measurement) -> float | None:
         """Across the cached batches of the device and host points: how much the step time depends on the data."""
-        if self.pool < 2 or point not in ("device", "host"):
+        if self.pool < 2 or not CachePoint(point).outside_workers:
             return None
         slots: dict[int, list[float]] = {}
         for i, seconds in enumerate(measurement.step_times):
@@ -190,15 +196,15 @@ class PointRunner:
 
 
 def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
-    """One result from several runs of a point: all step times, CPU weighted by steps, noise from all rounds."""
+    """One result from several runs of a point: all step times, CPU weighted by steps, noise from all rounds
+    (:func:`fastpipe.diagnosis._noise.pool`: run-to-run drift shows as spread between their rounds)."""
     if len(runs) == 1:
         return runs[0]
     times = [t for run in runs for t in run.step_times]
     weights = [len(run.step_times) for run in runs]
-    measurement = Measurement(times, 0.0, 0.0, round_size=runs[0].round_size)
-    # rounds of each run are independent; run-to-run drift shows as spread between their rounds
+    steps_per_s, noise = pool(runs, runs[0].round_size)
     return dataclasses.replace(
-        runs[-1], steps_per_s=measurement.steps_per_s, spread=measurement.spread, noise=measurement.rel_stderr,
+        runs[-1], steps_per_s=steps_per_s, spread=Measurement(times, 0.0, 0.0).spread, noise=noise,
         cpu_util=_weighted([r.cpu_util for r in runs], weights), system_cpu_util=_weighted([r.system_cpu_util for r in runs], weights),
         step_times=times, steps_measured=len(times), copy_ms_per_sample=_weighted([r.copy_ms_per_sample for r in runs], weights),
     )
@@ -211,20 +217,74 @@ def _weighted(values: list[float], weights: list[int]) -> float:
 
 def copy_ms(dataset: Any, point: str) -> float:
     """The cache's own per-sample copy at ``point``, in ms, as the workers timed it (0 where no copy was needed)."""
-    if dataset is None or not (point == "raw" or point.startswith("after:")):
+    if dataset is None or not CachePoint(point).caches_stage_output:
         return 0.0
     seconds = dataset.copy_seconds_per_sample()
     return 0.0 if seconds is None or math.isnan(seconds) else seconds * 1000
 
 
-def as_pipeline_error(exc: BaseException, point: str) -> PipelineError:
+def pipeline_error(exc: BaseException, during: str) -> PipelineError:
+    """A clear error from whatever a worker, transform or collate raised ``during`` a run: the stage when fastpipe
+    labelled it, else the exception's first line."""
     message = str(exc)
     stage = stage_of_error(exc)
     if stage is not None:
-        start = message.find(StageError.PREFIX)
-        detail = message[start:].splitlines()[0].split("] ", 1)[-1]
-        return PipelineError(f"stage '{stage}' raised {detail} (during the '{point_label(point)}' experiment)", stage=stage)
-    if isinstance(exc, UnavailablePoint):
-        return PipelineError(str(exc), stage=point)
+        detail = message[message.find(StageError.PREFIX):].splitlines()[0].split("] ", 1)[-1]
+        return PipelineError(f"stage '{stage}' raised {detail} (during {during})", stage=stage)
     first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-    return PipelineError(f"the data pipeline failed during the '{point_label(point)}' experiment: {type(exc).__name__}: {first_line}", stage=None)
+    return PipelineError(f"the data pipeline failed during {during}: {type(exc).__name__}: {first_line}", stage=None)
+
+
+def as_pipeline_error(exc: BaseException, point: str) -> PipelineError:
+    """:func:`pipeline_error` for one cache point's run; a point that cannot be built names itself."""
+    if isinstance(exc, UnavailablePoint) and stage_of_error(exc) is None:
+        return PipelineError(str(exc), stage=point)
+    return pipeline_error(exc, f"the '{point_label(point)}' experiment")
+
+
+def measure_device_bound(
+    workload: Workload, device: "str | Device | None", *, steps: int = 10, warmup: int = 3, worker_timeout: float = 300.0,
+    budget: float = 20.0, precision: float = 0.03,
+) -> tuple[ExperimentResult, int]:
+    """The device point alone, and the bytes of its cached batch (what one batch weighs in shared memory)."""
+    from fastpipe._tree import tree_nbytes
+
+    device = parse_device(device)
+    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
+                     worker_timeout=worker_timeout)
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        runner.measure(DEVICE)
+    return runner.results[DEVICE], max(tree_nbytes(batch) for batch in runner.host_batches)
+
+
+def measure_points(
+    workload: Workload,
+    device: "str | Device | None",
+    points: list[str],
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    pool: int = 1,
+    progress: bool = False,
+    worker_timeout: float = 300.0,
+    budget: float = 20.0,
+    precision: float = 0.03,
+) -> dict[str, ExperimentResult]:
+    """Measure only the named cache points of a workload (e.g. ``["device", "baseline"]``), user state preserved.
+
+    ``fraction_of_bound`` is left unset (NaN): the caller decides which bound it is measured against.
+    """
+    device = parse_device(device)
+    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=pool, budget_s=budget, target=precision,
+                     progress=progress, worker_timeout=worker_timeout)
+    unknown = [p for p in points if p not in runner.plan.points]
+    if unknown:
+        raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {runner.plan.points}")
+    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        try:
+            for point in points:
+                runner.measure(point)
+        finally:
+            runner.progress.close()
+    return dict(runner.results)
+

@@ -12,8 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fastpipe.diagnosis._noise import difference_noise
+from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._diagnose import measure_points
+from fastpipe.diagnosis._points import measure_points
 from fastpipe._render import COLORS, pyplot, render_table
 from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import family_of, load_workload
@@ -173,6 +176,7 @@ def compare(
     the drift between runs on a shared machine). Each rung is measured until its step time reaches
     ``precision`` (relative standard error) or ``budget`` seconds are spent.
     """
+    MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
     device = parse_device(device)
     variants = resolve_variants(specs)
     results = []
@@ -180,7 +184,7 @@ def compare(
     for i, (name, spec) in enumerate(variants):
         options = dict(toy_options or {}) if family_of(spec) is not None else {}
         workload = load_workload(spec, device, **options)
-        points = ["device", "baseline"] if i == 0 else ["baseline"]
+        points = [DEVICE, BASELINE] if i == 0 else [BASELINE]
         try:
             measured = measure_points(workload, device, points, steps=steps, warmup=warmup, progress=progress, budget=budget,
                                       precision=precision)
@@ -189,8 +193,8 @@ def compare(
             if close is not None:
                 close()
         if i == 0:
-            bound = measured["device"].steps_per_s
-        results.append((name, spec, measured["baseline"]))
+            bound = measured[DEVICE].steps_per_s
+        results.append((name, spec, measured[BASELINE]))
         del workload
     comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
     device_ms = 1000.0 / bound
@@ -205,7 +209,7 @@ def compare(
             over_bound = max(0.0, previous_ms - device_ms)
             # against a rung already within 5% of the device step, a share of what is left means nothing
             gap_closed = saved / over_bound if over_bound > 0.05 * device_ms else None
-            noise = 2 * math.hypot(ms * result.noise, previous_ms * previous.noise)
+            noise = difference_noise(ms, result.noise, previous_ms, previous.noise)
             floor = drift * over_bound
             improved = saved > max(noise, floor)
             if saved <= noise:

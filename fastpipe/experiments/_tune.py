@@ -27,245 +27,25 @@ estimated shared memory exceeds what is free is not run; it gets a warning inste
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import shutil
-import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import psutil
 from torch.utils.data import DataLoader
 
-from fastpipe._render import render_table
+from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.diagnosis._snapshot import preserve_user_state
-from fastpipe.diagnosis.stagecost import coerce_workload, loader_with, round_noise
+from fastpipe.diagnosis._attribute import SATURATED_CPU
+from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._noise import SIGNIFICANCE, difference_noise, pool
+from fastpipe.diagnosis.stagecost import coerce_workload, loader_with
+from fastpipe.diagnosis._memory import SHM_PATH, MemoryWatch, shm_estimate, shm_free
+from fastpipe.experiments._tune_result import Trial, TuneResult, size_text, workers_text
 from fastpipe.workloads._workload import Workload
 
-SCHEMA = "fastpipe.tune/1"
-SHM_PATH = "/dev/shm"
-#: Batches in shared memory besides the ``workers x prefetch_factor`` in flight: one being pinned or consumed, one queued.
-SHM_EXTRA_BATCHES = 2
 _SHM_FAILURE_SIGNS = ("bus error", "sigbus", "shared memory", "no space left on device", "/dev/shm")
-
-
-def shm_estimate(batch_bytes: int, num_workers: int, prefetch_factor: int) -> int:
-    """Shared memory a loader setting may hold at once: every batch in flight lives in ``/dev/shm``.
-
-    Each worker keeps up to ``prefetch_factor`` batches outstanding, and the main process holds
-    a couple more while pinning and consuming them. ``num_workers=0`` uses none.
-    """
-    if num_workers == 0:
-        return 0
-    return batch_bytes * (num_workers * prefetch_factor + SHM_EXTRA_BATCHES)
-
-
-def shm_free(path: str = SHM_PATH) -> int | None:
-    """Free bytes in ``/dev/shm``, or None where there is none (macOS, Windows)."""
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-def _shm_used(path: str = SHM_PATH) -> int | None:
-    try:
-        return shutil.disk_usage(path).used
-    except OSError:
-        return None
-
-
-class _MemoryWatch:
-    """Peak RSS of this process and its children, and peak ``/dev/shm`` use above its level at the start.
-
-    RSS counts shared pages once per process that maps them (torch's libraries, batches in
-    shared memory), so the tree's sum overstates unique memory; it is what ``top`` adds up.
-    """
-
-    def __init__(self, interval_s: float = 0.25) -> None:
-        self.interval_s = interval_s
-        self._root = psutil.Process()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._shm_start: int | None = None
-        self.rss_peak = 0
-        self.shm_peak: int | None = None
-
-    def _sample(self) -> None:
-        try:
-            processes = [self._root, *self._root.children(recursive=True)]
-        except psutil.Error:
-            processes = [self._root]
-        rss = 0
-        for proc in processes:
-            try:
-                rss += proc.memory_info().rss
-            except psutil.Error:
-                continue
-        self.rss_peak = max(self.rss_peak, rss)
-        used = _shm_used()
-        if used is not None and self._shm_start is not None:
-            self.shm_peak = max(self.shm_peak or 0, used - self._shm_start)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def __enter__(self) -> "_MemoryWatch":
-        self._shm_start = _shm_used()
-        self._sample()
-        self._thread = threading.Thread(target=self._run, name="fastpipe-memory-watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
-@dataclass
-class Trial:
-    """One loader setting and what it did."""
-
-    num_workers: int
-    prefetch_factor: int
-    status: str
-    """``"measured"``, ``"skipped"`` (not run, e.g. it would exhaust /dev/shm) or ``"failed"``."""
-    steps_per_s: float | None = None
-    noise: float | None = None
-    """Relative standard error of ``steps_per_s``, over whole rounds of workers."""
-    fraction_of_bound: float | None = None
-    cpu_util: float | None = None
-    system_cpu_util: float | None = None
-    """The whole machine's CPU use meanwhile: other users of a shared machine show here."""
-    runs: int = 0
-    """Measurement runs pooled into this result: a noisy first run is extended (see ``tune(extensions=...)``)."""
-    rss_peak_bytes: int | None = None
-    shm_peak_bytes: int | None = None
-    """Peak rise of ``/dev/shm`` use during the run (other users of the machine show here too)."""
-    shm_estimate_bytes: int = 0
-    phase: str = "workers"
-    """``"workers"`` or ``"prefetch"``: which sweep tried it."""
-    message: str = ""
-
-    @property
-    def measured(self) -> bool:
-        return self.status == "measured" and self.steps_per_s is not None
-
-    @property
-    def step_ms(self) -> float | None:
-        """Time per step in ms: the unit settings are compared in."""
-        return None if self.steps_per_s is None else 1000.0 / self.steps_per_s
-
-    @property
-    def cost(self) -> tuple[int, int]:
-        """What a setting costs: workers first (cores, memory), then queued batches."""
-        return self.num_workers, self.prefetch_factor
-
-
-@dataclass
-class TuneResult:
-    """The sweep, the recommendation and why."""
-
-    workload: str
-    device: str
-    batch_size: int | None
-    cores: int
-    current: tuple[int, int | None]
-    """The loader's own (num_workers, prefetch_factor)."""
-    bound_steps_per_s: float
-    bound_noise: float
-    batch_bytes: int
-    shm_budget_bytes: int | None
-    tolerance: float
-    trials: list[Trial] = field(default_factory=list)
-    recommended: Trial | None = None
-    reaches_bound: bool = False
-    summary: str = ""
-    stops: list[str] = field(default_factory=list)
-    """Why each sweep stopped where it did."""
-    warnings: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    """Ctrl-C stopped the sweep: ``trials`` holds the settings measured before it."""
-
-    @property
-    def bound_step_ms(self) -> float:
-        return 1000.0 / self.bound_steps_per_s
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"schema": SCHEMA, **dataclasses.asdict(self)}
-        data["current"] = {"num_workers": self.current[0], "prefetch_factor": self.current[1]}
-        data["recommended"] = None if self.recommended is None else {
-            "num_workers": self.recommended.num_workers, "prefetch_factor": self.recommended.prefetch_factor,
-            "steps_per_s": self.recommended.steps_per_s, "step_ms": self.recommended.step_ms,
-            "fraction_of_bound": self.recommended.fraction_of_bound,
-        }
-        data["bound_step_ms"] = self.bound_step_ms
-        for trial, row in zip(self.trials, data["trials"]):
-            row["step_ms"] = trial.step_ms
-        return data
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    HEADERS = ("workers", "prefetch", "ms/step", "steps/s", "of bound", "noise", "runs", "CPU", "RSS (tree)", "/dev/shm peak",
-               "shm estimate", "")
-
-    def rows(self) -> list[tuple[str, ...]]:
-        bound_ms = "-" if not self.bound_steps_per_s > 0 else f"{self.bound_step_ms:.1f}"
-        bound_rate = "-" if math.isnan(self.bound_steps_per_s) else f"{self.bound_steps_per_s:.3f}"
-        rows = [("device bound", "", bound_ms, bound_rate, "100.0%", f"±{self.bound_noise:.1%}", "1", "", "", "", "", "")]
-        for t in self.trials:
-            mark = "<- recommended" if t is self.recommended else ("" if t.status == "measured" else t.status.upper())
-            rows.append((
-                str(t.num_workers), str(t.prefetch_factor),
-                "-" if t.step_ms is None else f"{t.step_ms:.1f}",
-                "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
-                "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
-                "-" if t.noise is None else f"±{t.noise:.1%}", str(t.runs),
-                "-" if t.cpu_util is None else f"{t.cpu_util:.0%}",
-                _size(t.rss_peak_bytes), _size(t.shm_peak_bytes), _size(t.shm_estimate_bytes), mark,
-            ))
-        return rows
-
-    def title(self) -> str:
-        workers, prefetch = self.current
-        return (f"fastpipe tune: {self.workload} on {self.device} (batch {self.batch_size}, {_size(self.batch_bytes)} a batch, "
-                f"{self.cores} usable cores; the loader has {_workers(workers)}, prefetch_factor {prefetch})")
-
-    def summary_lines(self) -> list[str]:
-        lines = []
-        if self.interrupted:
-            lines.append(f"Interrupted (Ctrl-C) after {len(self.trials)} setting(s): the sweep is incomplete; "
-                         "the table holds what was measured before it.")
-        lines += [self.summary] if self.summary else []
-        lines += [f"Stopped: {stop}" for stop in self.stops]
-        lines += [f"Warning: {warning}" for warning in self.warnings]
-        return lines
-
-    def to_table(self) -> str:
-        columns = [(header, "left" if i in (0, len(self.HEADERS) - 1) else "right") for i, header in enumerate(self.HEADERS)]
-        return render_table(self.title(), columns, self.rows(), self.summary_lines(), width=140)
-
-    def __str__(self) -> str:
-        return self.to_table()
-
-
-def _workers(n: int) -> str:
-    return f"{n} worker" + ("" if n == 1 else "s")
-
-
-def _size(nbytes: int | None) -> str:
-    if nbytes is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def _memory_failure(exc: BaseException, setting: str) -> str | None:
@@ -283,9 +63,9 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
 def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[Any, int]:
     """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here).
 
-    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnosis._diagnose.measure_device_bound` takes them.
+    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnosis._points.measure_device_bound` takes them.
     """
-    from fastpipe.diagnosis._diagnose import measure_device_bound
+    from fastpipe.diagnosis._points import measure_device_bound
 
     return measure_device_bound(workload, device, **options)
 
@@ -293,25 +73,9 @@ def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[
 def _measure_setting(workload: Workload, device: Device, **options: Any) -> Any:
     """One run of the user's loop (nothing cached) with the loader at one setting: an ExperimentResult-like object
     with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam where each setting's measurement comes in."""
-    from fastpipe.diagnosis._diagnose import measure_points
+    from fastpipe.diagnosis._points import measure_points
 
-    return measure_points(workload, device, ["baseline"], **options)["baseline"]
-
-
-def _pool(results: list[Any], workers: int) -> tuple[float, float]:
-    """(steps/s, relative standard error of the mean step time) of several runs of one setting, pooled.
-
-    With every run's step times at hand, the noise is taken over whole rounds of workers (:func:`round_noise`);
-    otherwise the runs' mean step times are averaged, weighted by their steps, and their standard errors combined.
-    """
-    times = [t for r in results for t in (getattr(r, "step_times", None) or [])]
-    if times and all(getattr(r, "step_times", None) for r in results):
-        return len(times) / sum(times), round_noise(times, workers)
-    weights = [max(1, len(getattr(r, "step_times", None) or [])) for r in results]
-    total = sum(weights)
-    step = sum(w / r.steps_per_s for w, r in zip(weights, results)) / total
-    error = math.sqrt(sum((w * r.noise / r.steps_per_s) ** 2 for w, r in zip(weights, results))) / total
-    return 1.0 / step, error / step
+    return measure_points(workload, device, [BASELINE], **options)[BASELINE]
 
 
 class _Sweep:
@@ -348,8 +112,8 @@ class _Sweep:
         if free is not None and estimate > free:
             trial.status = "skipped"
             trial.message = (
-                f"{_workers(workers)} with prefetch_factor {prefetch} would hold about {_size(estimate)} of batches in shared memory, "
-                f"but {SHM_PATH} has {_size(free)} free: DataLoader workers would die with 'Bus error'. Not run. Enlarge {SHM_PATH} "
+                f"{workers_text(workers)} with prefetch_factor {prefetch} would hold about {size_text(estimate)} of batches in shared memory, "
+                f"but {SHM_PATH} has {size_text(free)} free: DataLoader workers would die with 'Bus error'. Not run. Enlarge {SHM_PATH} "
                 "(docker run --shm-size=8g), or lower num_workers, prefetch_factor or the batch size"
             )
             self.warnings.append(trial.message)
@@ -358,34 +122,34 @@ class _Sweep:
         workload = dataclasses.replace(self.workload, loader=loader)
         results: list[Any] = []
         try:
-            with _MemoryWatch() as memory:
+            with MemoryWatch() as memory:
                 for _ in range(1 + self.extensions):
                     results.append(_measure_setting(workload, self.device, steps=self.steps, warmup=max(self.warmup, workers),
                                                     worker_timeout=self.worker_timeout, budget=self.budget, precision=self.precision))
-                    if not self.noisy(*_pool(results, workers)):
+                    if not self.noisy(*pool(results, workers)):
                         break
         except PipelineError as exc:
-            message = _memory_failure(exc, f"{_workers(workers)} with prefetch_factor {prefetch}")
+            message = _memory_failure(exc, f"{workers_text(workers)} with prefetch_factor {prefetch}")
             if message is None:
                 raise
             trial.status, trial.message = "failed", message
             self.warnings.append(message)
             return self._done(trial)
         trial.runs = len(results)
-        trial.steps_per_s, trial.noise = _pool(results, workers)
+        trial.steps_per_s, trial.noise = pool(results, workers)
         trial.cpu_util = sum(r.cpu_util for r in results) / len(results)
         trial.system_cpu_util = sum(r.system_cpu_util for r in results) / len(results)
         trial.fraction_of_bound = trial.steps_per_s / self.bound
         if self.noisy(trial.steps_per_s, trial.noise):
             self.warnings.append(
-                f"{_workers(workers)} with prefetch_factor {prefetch}: the time per step stayed noisy (±{trial.noise:.0%}) over "
+                f"{workers_text(workers)} with prefetch_factor {prefetch}: the time per step stayed noisy (±{trial.noise:.0%}) over "
                 f"{trial.runs} runs, with the machine {trial.system_cpu_util:.0%} busy; decisions near it are uncertain: "
                 "rerun on a quieter machine or with more --steps"
             )
         trial.rss_peak_bytes, trial.shm_peak_bytes = memory.rss_peak, memory.shm_peak
         if free is not None and estimate > 0.5 * free:
-            self.warnings.append(f"{_workers(workers)} with prefetch_factor {prefetch} need about {_size(estimate)} of the "
-                                 f"{_size(free)} free in {SHM_PATH}: close to the limit where workers die with 'Bus error'")
+            self.warnings.append(f"{workers_text(workers)} with prefetch_factor {prefetch} need about {size_text(estimate)} of the "
+                                 f"{size_text(free)} free in {SHM_PATH}: close to the limit where workers die with 'Bus error'")
         return self._done(trial)
 
     def _done(self, trial: Trial) -> Trial:
@@ -405,7 +169,7 @@ class _Sweep:
 
     def noisy(self, steps_per_s: float, noise: float) -> bool:
         """Two standard errors of the time per step wider than the tolerance: too noisy to decide on, so worth measuring longer."""
-        return 2 * noise * 1000.0 / steps_per_s > self.floor_ms()
+        return SIGNIFICANCE * noise * 1000.0 / steps_per_s > self.floor_ms()
 
     def allowance(self, a_ms: float, a_noise: float, b_ms: float, b_noise: float, capped: bool) -> float:
         """How far apart two times per step may be and still count as equal: two standard errors of their
@@ -416,7 +180,7 @@ class _Sweep:
         that one setting is *better* stay uncapped, so noise makes them harder, never easier.
         """
         floor = self.floor_ms()
-        allowance = max(2 * math.hypot(a_ms * a_noise, b_ms * b_noise), floor)
+        allowance = max(difference_noise(a_ms, a_noise, b_ms, b_noise), floor)
         return min(allowance, 2 * floor) if capped else allowance
 
     def at_bound(self, trial: Trial) -> bool:
@@ -458,13 +222,13 @@ def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[s
     for workers in counts:
         trial = sweep.run_trial(workers, prefetch, "workers")
         if not trial.measured:
-            stops.append(f"worker sweep at {_workers(workers)}: {trial.status} (see the warning)")
+            stops.append(f"worker sweep at {workers_text(workers)}: {trial.status} (see the warning)")
             return
         if sweep.at_bound(trial):
-            stops.append(f"worker sweep at {_workers(workers)}: it reached the device bound within noise, so more workers were not tried")
+            stops.append(f"worker sweep at {workers_text(workers)}: it reached the device bound within noise, so more workers were not tried")
             return
         if best is not None and not sweep.better(trial, best):
-            stops.append(f"worker sweep at {_workers(workers)}: no gain beyond noise over {_workers(best.num_workers)} "
+            stops.append(f"worker sweep at {workers_text(workers)}: no gain beyond noise over {workers_text(best.num_workers)} "
                          f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step), so more workers were not tried")
             return
         best = trial  # the first, or better than the best beyond noise
@@ -479,7 +243,7 @@ def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list
     current = min(tried) if tried else 0
     for factor in sorted(set(factors) - tried):
         if reached and factor > current:
-            stops.append(f"prefetch sweep at {_workers(workers)}: the bound is already reached, so prefetch_factor {factor} (more memory) was not tried")
+            stops.append(f"prefetch sweep at {workers_text(workers)}: the bound is already reached, so prefetch_factor {factor} (more memory) was not tried")
             return
         trial = sweep.run_trial(workers, factor, "prefetch")
         if not trial.measured:
@@ -502,18 +266,18 @@ def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
     fewer = [t for t in sweep.measured() if t.num_workers < chosen.num_workers]
     if reaches:
         verb = "reaches" if chosen.num_workers == 1 else "reach"
-        text = f"Recommended: {setting}. {_workers(chosen.num_workers)} {verb} the device bound within noise ({rate})"
+        text = f"Recommended: {setting}. {workers_text(chosen.num_workers)} {verb} the device bound within noise ({rate})"
         if fewer:
             most = max(fewer, key=lambda t: t.num_workers)
-            text += f"; {_workers(most.num_workers)} did not ({most.step_ms:.1f} ms per step), so this is the smallest worker count that does."
+            text += f"; {workers_text(most.num_workers)} did not ({most.step_ms:.1f} ms per step), so this is the smallest worker count that does."
         else:
             text += ", the fewest possible."
         return text, True
     cpu = max((t.cpu_util or 0.0) for t in sweep.measured())
     machine = max((t.system_cpu_util or 0.0) for t in sweep.measured())
-    if cpu >= 0.9:
+    if cpu >= SATURATED_CPU:
         why = f"the pipeline saturates the CPU ({cpu:.0%} of the cores): cut the per-sample work (fastpipe costs shows where it goes)"
-    elif machine >= 0.9:
+    elif machine >= SATURATED_CPU:
         why = (f"the machine's CPU is saturated ({machine:.0%}), {machine - cpu:.0%} of it by other processes: "
                "measure on a quieter machine before trusting this")
     else:
@@ -570,8 +334,7 @@ def tune(
     factors = sorted({int(f) for f in prefetch_factors})
     cores = usable_cores()
     top = cores + 2 if max_workers is None else max_workers
-    if steps < 1 or warmup < 0:
-        raise ConfigError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision, worker_timeout=worker_timeout)  # validates
     if top < 1:
         raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
     if not factors or factors[0] < 1:
@@ -580,8 +343,6 @@ def tune(
         raise ConfigError(f"tolerance is a fraction of the device step, e.g. 0.05; got {tolerance}")
     if extensions < 0:
         raise ConfigError(f"extensions must be 0 or more, got {extensions}")
-    if not budget > 0 or not 0 < precision < 1:
-        raise ConfigError(f"budget must be positive seconds and precision a fraction such as 0.03; got {budget} and {precision}")
     device = parse_device(device)
     loader = workload.loader
     base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2

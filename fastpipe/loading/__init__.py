@@ -1,10 +1,23 @@
 """Parts that move batches from the DataLoader to the device: the prefetcher, pinning, recycled batch memory.
 
-Lives here: ``DevicePrefetcher`` and its arguments, the torchtnt adapter, the pinning helpers that shut
+Lives here: the hooks a loader may declare (``_protocols``), ``DevicePrefetcher`` and its arguments, the torchtnt adapter, the pinning helpers that shut
 workers down cleanly, and ``recycle`` (shared-memory rings). It may import only the base modules
 (``errors``, ``devices``, ``_tree``, ``_system``); the diagnosis and the workloads import it, never the reverse.
 """
 from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
+from fastpipe.loading._protocols import LoaderStats, PinsForDevice, RebuildsAroundDataset, ReportsStats, StagesOutsideWorkers
 from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing
 
-__all__ = ["DevicePrefetcher", "RecycledLoader", "make_prefetcher", "recycled", "release", "releasing"]
+__all__ = [
+    "DevicePrefetcher",
+    "LoaderStats",
+    "PinsForDevice",
+    "RebuildsAroundDataset",
+    "RecycledLoader",
+    "ReportsStats",
+    "StagesOutsideWorkers",
+    "make_prefetcher",
+    "recycled",
+    "release",
+    "releasing",
+]

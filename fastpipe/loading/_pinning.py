@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from fastpipe.loading._protocols import PinsForDevice
 from fastpipe.devices import Device
 
 _DONE = object()
@@ -108,9 +109,8 @@ def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
     A loader that pins its own memory for a device (``fastpipe.recycled``: ring buffers
     registered on CUDA, marked pinned on sim) is asked for its batches through ``iter_for_device``.
     """
-    for_device = getattr(loader, "iter_for_device", None)
-    if for_device is not None:
-        return for_device(device)
+    if isinstance(loader, PinsForDevice):
+        return loader.iter_for_device(device)
     forget_dead_iterator(loader)
     if not pinning_is_emulated(bool(getattr(loader, "pin_memory", False)), device):
         return iter(loader)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils.data import DataLoader
 
+from fastpipe.loading._protocols import RebuildsAroundDataset
 from fastpipe.devices import Device, default_device_spec, parse_device
 from fastpipe.errors import ConfigError, FastpipeError
 
@@ -127,7 +128,7 @@ def as_workload(obj: Any, name: str) -> Workload:
         workload = Workload(loader=obj[0], step=obj[1], name=name)
     else:
         raise ConfigError(f"'{name}' must return (loader, step) or a fastpipe.Workload, not {type(obj).__name__}")
-    if not isinstance(workload.loader, DataLoader) and not hasattr(workload.loader, "with_dataset"):
+    if not isinstance(workload.loader, (DataLoader, RebuildsAroundDataset)):
         raise ConfigError(f"'{name}' returned a {type(workload.loader).__name__} where a torch.utils.data.DataLoader was expected")
     if not callable(workload.step):
         raise ConfigError(f"'{name}' returned a step that is not callable; pass a function step(batch)")

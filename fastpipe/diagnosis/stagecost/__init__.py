@@ -1,6 +1,6 @@
 """Stage costs measured inside the DataLoader workers: the raw load, each transform, and collate.
 
-Caching (:mod:`fastpipe.diagnose`) says how much *throughput* a stage costs the whole pipeline;
+Caching (:mod:`fastpipe.diagnosis`) says how much *throughput* a stage costs the whole pipeline;
 it cannot say where the workers' CPU time goes, and so cannot settle whether a stage is slow
 or merely tipped a saturated CPU over. This module answers the second question in its own
 short pass over the user's pipeline:

@@ -4,7 +4,7 @@ Part of :mod:`fastpipe.diagnosis.stagecost`. It drives the worker-side timing of
 :mod:`fastpipe.diagnosis.stagecost._timing` through a short run of the workload (optionally between two
 untimed passes, to check that timing perturbs nothing), and turns the batches' timings into a
 :class:`~fastpipe.diagnosis.stagecost._result.StageCosts`. Two of its helpers, :func:`coerce_workload` and
-:func:`round_noise`, are also used by :mod:`fastpipe.tune`.
+:func:`round_noise`, are also used by :mod:`fastpipe.experiments._tune`.
 """
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fastpipe.diagnosis._points import pipeline_error
+from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._cache import CachePointDataset, stage_of_error
+from fastpipe.diagnosis._cache import CachePointDataset
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, FastpipeError, PipelineError
 from fastpipe.diagnosis._measure import Measurement, device_batches, measure_steps
@@ -36,7 +38,7 @@ from fastpipe.diagnosis.stagecost._timing import (
 from fastpipe.diagnosis._cpu import CpuMonitor
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._noise import rel_stderr
-from fastpipe.stages import RAW_STAGE, StageError
+from fastpipe.stages import RAW_STAGE
 from fastpipe.workloads._workload import Workload, loader_batch_size
 
 
@@ -85,7 +87,7 @@ def timing_cost_us(stages: int, *, samples: int = 400, batch: int = 8, repeats: 
 
     probe = _ProbeDataset(stages)
     pipeline, _ = find_pipeline(probe)
-    untimed, timed, collate = CachePointDataset(probe, pipeline, "baseline"), TimedDataset(probe, pipeline), TimedCollate(default_collate)
+    untimed, timed, collate = CachePointDataset(probe, pipeline, BASELINE), TimedDataset(probe, pipeline), TimedCollate(default_collate)
 
     def cost(read: Callable[[int], Any], gather: Callable[[list[Any]], Any]) -> float:
         best = math.inf
@@ -131,16 +133,6 @@ def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -
     return stages, samples
 
 
-def _pipeline_error(exc: BaseException, what: str) -> PipelineError:
-    stage = stage_of_error(exc)
-    message = str(exc)
-    if stage is not None:
-        detail = message[message.find(StageError.PREFIX):].splitlines()[0].split("] ", 1)[-1]
-        return PipelineError(f"stage '{stage}' raised {detail} (during the {what})", stage=stage)
-    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-    return PipelineError(f"the data pipeline failed during the {what}: {type(exc).__name__}: {first}", stage=None)
-
-
 def round_noise(step_times: list[float], workers: int) -> float:
     """Relative standard error of the mean step time over whole rounds of ``workers`` steps (:func:`fastpipe.diagnosis._noise.rel_stderr`)."""
     return rel_stderr(step_times, workers)
@@ -178,7 +170,7 @@ def _run_pass(workload: Workload, device: Device, loader: Any, steps: int, warmu
     except (FastpipeError, KeyboardInterrupt):
         raise
     except Exception as exc:
-        raise _pipeline_error(exc, "stage-cost pass" if tap is not None else "untimed pass") from exc
+        raise pipeline_error(exc, "the stage-cost pass" if tap is not None else "the untimed pass") from exc
     finally:
         children.stop()
         batches.close()

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastpipe.diagnosis._noise import difference_noise
 from fastpipe._render import render_table
 
 SCHEMA = "fastpipe.stagecost/1"
@@ -136,7 +137,7 @@ class StageCosts:
         """The allowance for the overhead check, in steps/s: two standard errors of the difference, or ``tolerance``."""
         if self.untimed_steps_per_s is None:
             return None
-        two_se = 2 * math.hypot(self.steps_per_s * self.noise, self.untimed_steps_per_s * (self.untimed_noise or 0.0))
+        two_se = difference_noise(self.steps_per_s, self.noise, self.untimed_steps_per_s, self.untimed_noise or 0.0)
         return max(two_se, self.tolerance * self.untimed_steps_per_s)
 
     @property

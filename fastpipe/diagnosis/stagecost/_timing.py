@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe.diagnosis._cache import CachePointDataset, rebuild_loader
 from fastpipe.loading._pinning import shutdown_iterator
 from fastpipe.diagnosis._discovery import find_pipeline
@@ -253,5 +254,5 @@ def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[D
 def untimed_loader(loader: DataLoader, *, timeout: float | None = None) -> DataLoader:
     """The diagnosis's baseline: ``loader``'s pipeline run as is, its stages labelled but not timed."""
     pipeline, _ = find_pipeline(loader.dataset)
-    dataset = loader.dataset if pipeline is None else CachePointDataset(loader.dataset, pipeline, "baseline")
+    dataset = loader.dataset if pipeline is None else CachePointDataset(loader.dataset, pipeline, BASELINE)
     return loader_with(loader, dataset, timeout=timeout)

@@ -1,0 +1,92 @@
+"""Memory a loader setting holds: the shared-memory estimate, free ``/dev/shm``, and a watch of the process tree.
+
+DataLoader workers hand every batch over through ``/dev/shm``; when it fills (64 MB by default in a container),
+workers die with "Bus error". The estimate lets a sweep skip a setting that would not fit, and the watch
+records what each run really took.
+"""
+from __future__ import annotations
+
+import shutil
+import threading
+from typing import Any
+
+import psutil
+
+SHM_PATH = "/dev/shm"
+#: Batches in shared memory besides the ``workers x prefetch_factor`` in flight: one being pinned or consumed, one queued.
+SHM_EXTRA_BATCHES = 2
+
+
+def shm_estimate(batch_bytes: int, num_workers: int, prefetch_factor: int) -> int:
+    """Shared memory a loader setting may hold at once: every batch in flight lives in ``/dev/shm``.
+
+    Each worker keeps up to ``prefetch_factor`` batches outstanding, and the main process holds
+    a couple more while pinning and consuming them. ``num_workers=0`` uses none.
+    """
+    if num_workers == 0:
+        return 0
+    return batch_bytes * (num_workers * prefetch_factor + SHM_EXTRA_BATCHES)
+
+
+def shm_free(path: str = SHM_PATH) -> int | None:
+    """Free bytes in ``/dev/shm``, or None where there is none (macOS, Windows)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _shm_used(path: str = SHM_PATH) -> int | None:
+    try:
+        return shutil.disk_usage(path).used
+    except OSError:
+        return None
+
+
+class MemoryWatch:
+    """Peak RSS of this process and its children, and peak ``/dev/shm`` use above its level at the start.
+
+    RSS counts shared pages once per process that maps them (torch's libraries, batches in
+    shared memory), so the tree's sum overstates unique memory; it is what ``top`` adds up.
+    """
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self._root = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shm_start: int | None = None
+        self.rss_peak = 0
+        self.shm_peak: int | None = None
+
+    def _sample(self) -> None:
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            processes = [self._root]
+        rss = 0
+        for proc in processes:
+            try:
+                rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        self.rss_peak = max(self.rss_peak, rss)
+        used = _shm_used()
+        if used is not None and self._shm_start is not None:
+            self.shm_peak = max(self.shm_peak or 0, used - self._shm_start)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> "MemoryWatch":
+        self._shm_start = _shm_used()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="fastpipe-memory-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

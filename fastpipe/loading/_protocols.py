@@ -1,0 +1,65 @@
+"""The hooks a loader may declare so that fastpipe's loops and the diagnosis can use it: declared, never probed.
+
+A plain ``torch.utils.data.DataLoader`` needs none of these. A loader of another class (``fastpipe.recycled``'s
+:class:`RecycledLoader`, the Ray :class:`RayLoader`, a user's own) implements the ones that apply, and the
+diagnosis checks them with ``isinstance`` against these runtime-checkable protocols (as torchtnt declares its
+``Callback`` hooks and SPDL its ``TaskHook``).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol, TypedDict, runtime_checkable
+
+
+@runtime_checkable
+class RebuildsAroundDataset(Protocol):
+    """A loader that can rebuild itself, every setting kept, around another dataset: how cache points reach it."""
+
+    dataset: Any
+
+    def with_dataset(self, dataset: Any, **overrides: Any) -> Any:
+        """A new loader like this one, over ``dataset``; ``overrides`` replace settings (e.g. ``num_workers``)."""
+
+
+@runtime_checkable
+class StagesOutsideWorkers(Protocol):
+    """A loader whose stages run outside DataLoader workers (e.g. in Ray tasks): only some cache points apply."""
+
+    @property
+    def unsupported_point_reason(self) -> str:
+        """Why the per-stage points cannot be served; the report gives it for each point left out."""
+
+
+@runtime_checkable
+class PinsForDevice(Protocol):
+    """A loader that pins (or registers) its own batch memory for a device, so fastpipe must not pin again."""
+
+    def iter_for_device(self, device: Any) -> Iterator[Any]:
+        """Batches ready for a non-blocking copy to ``device``."""
+
+
+class LoaderStats(TypedDict, total=False):
+    """What a loader that counts its own work reports (``RecycledLoader.stats()``)."""
+
+    batches: int
+    reused: int
+    fallbacks: int
+    grown: int
+    kept: int
+    released: int
+    slots: int
+    workers: int
+    ring_bytes: int
+    pinning: str
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """A loader with counters of its own, put into the diagnosis report after the baseline point."""
+
+    def stats(self) -> LoaderStats:
+        """Counts since the loader was made."""
+
+
+def stages_outside_workers(loader: Any) -> str | None:
+    """The reason a loader's stages cannot be cached per stage, or None for a loader whose stages run in workers."""
+    return loader.unsupported_point_reason if isinstance(loader, StagesOutsideWorkers) else None
