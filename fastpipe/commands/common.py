@@ -19,9 +19,12 @@ def add_toy_options(parser: argparse.ArgumentParser) -> None:
     toy.add_argument("--model", default=None, help="torchvision model name for cpu/cuda (default resnet50)")
 
 
-DEVICE_HELP = ("cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else the SPEC's own simulated step: "
-               "sim:290 for toy and your own SPECs). Your factory's `device` argument is the matching torch.device "
-               "(cpu on sim); ask for `fastpipe_device` to get fastpipe's Device")
+DEVICE_HELP = ("cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else the SPEC's own simulated step). "
+               "sim:290 is the article's step (resnet50, batch 256, an A10G) and the default for toy and your own SPECs: "
+               "for your own model, size STEP_MS from your GPU, the time of one training step with data already on "
+               "it (the device bound that `fastpipe diagnose SPEC --device cuda` reports first), or sim:100 to ask whether the pipeline "
+               "would keep up with a GPU that does a step in 100 ms). Your factory's `device` argument is the matching "
+               "torch.device (cpu on sim); ask for `fastpipe_device` to get fastpipe's Device")
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
