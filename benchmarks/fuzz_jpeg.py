@@ -7,7 +7,7 @@ outputs) go through ``jpeg_size``, ``decode_jpeg_crop``, the entropy floor op
 (``jpeg_entropy_floor``) and ``fastpipe.datasets.ImageFolder`` (``on_error="raise"`` and
 ``"pil"``), and the raw op ``torch.ops.fastpipe.decode_jpeg_crop`` on the bytes (whose own
 checks must hold without the Python ones). A case is one call. Each must return a
-correct-shaped result or raise ``CorruptImageError`` / ``ConfigError`` whose message names
+correct-shaped result (and no image for a box outside the size the JPEG header states) or raise ``CorruptImageError`` / ``ConfigError`` whose message names
 the file (the raw op: a ``RuntimeError`` from its checks or from libjpeg).
 
 The calls run in a child process that reports each case as it starts and ends, so a crash
@@ -192,6 +192,19 @@ def make_cases(corpus: Path, workdir: Path, count: int, seed: int) -> list[Case]
 # --------------------------------------------------------------------------------------------
 # The child: runs cases, one line per case on stdout.
 
+def outside_header(case: Case) -> str | None:
+    """Why the case's box lies outside the size its JPEG header states, or None (inside, or no size to read)."""
+    from fastpipe.ops import jpeg
+
+    data = Path(case.file).read_bytes()
+    size = jpeg._jpeg_header_size(data) if data[:3] == b"\xff\xd8\xff" else None
+    if not size or 0 in size:
+        return None
+    top, left, height, width = case.box
+    if min(top, left) >= 0 and min(height, width) > 0 and top + height <= size[0] and left + width <= size[1]:
+        return None
+    return f"box {case.box} is outside the {size[0]}x{size[1]} image its header states"
+
 def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
     """('image' | 'clear' | 'other', detail) for one case, in this process."""
     import torch
@@ -211,6 +224,8 @@ def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
         if case.target == "decode_jpeg_crop":
             out = jpeg.decode_jpeg_crop(case.file, tuple(case.box), tuple(case.size), hflip=case.index % 2 == 0)
             good = out.dtype == torch.uint8 and tuple(out.shape) == (3, *case.size)
+            if good and outside_header(case):
+                return "other", f"decode_jpeg_crop returned an image, but the {outside_header(case)}"
             return ("image", "") if good else ("other", f"decode_jpeg_crop returned {out.dtype} {tuple(out.shape)}")
         if case.target == "decode_jpeg_crop_op":
             data = jpeg.read_bytes(case.file)
@@ -222,6 +237,8 @@ def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
                 known = message.startswith(("decode_jpeg_crop:", "cannot decode the JPEG"))
                 return ("clear", "") if known else ("other", f"RuntimeError without the op's prefix: {message[:300]}")
             good = out.dtype == torch.uint8 and tuple(out.shape) == (3, *case.size)
+            if good and outside_header(case):
+                return "other", f"the op returned an image, but the {outside_header(case)}"
             return ("image", "") if good else ("other", f"the op returned {out.dtype} {tuple(out.shape)}")
         if case.target == "entropy_floor":
             rows = jpeg.jpeg_entropy_floor(case.file, case.bottom)
