@@ -168,3 +168,13 @@ def test_bombs_cost_under_20_mb_of_resident_memory(tmp_path: Path) -> None:
         assert row["growth_mb"] + row["blind_mb"] < bombs.GUARDED_LIMIT_MB, row
     # Without the limit the 630-byte file makes the op allocate its 1/8-scale rows: 7500 x 7500 x 4 bytes.
     assert control[0]["growth_mb"] > 100, control
+
+
+@requires_op
+def test_opcheck_with_the_limit_argument() -> None:
+    """Schema, fake kernel and dispatch with max_pixels passed, as torch.library.opcheck sees them."""
+    from torch.library import opcheck
+
+    data = jpeg.read_bytes(_jpeg((120, 90)))
+    opcheck(torch.ops.fastpipe.decode_jpeg_crop.default, (data, 3, 5, 80, 100, 32, 24, True, 120 * 90))
+    opcheck(torch.ops.fastpipe.decode_jpeg_crop.default, (data, 0, 0, 90, 120, 16, 16, False, None))
