@@ -245,6 +245,7 @@ def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
             good = isinstance(rows, int) and 0 <= rows
             return ("image", "") if good else ("other", f"jpeg_entropy_floor returned {rows!r}")
         dataset = folders[case.target]
+        torch.manual_seed(case.index)  # ImageFolder draws its box and flip from torch's RNG: the same case, the same draw
         image, label = dataset[case.index]
         good = image.dtype == torch.uint8 and tuple(image.shape) == (3, *dataset.decode.size) and label == 0
         return ("image", "") if good else ("other", f"{case.target} returned {image.dtype} {tuple(image.shape)}, label {label}")
