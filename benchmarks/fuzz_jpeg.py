@@ -5,8 +5,10 @@ sizes set to 0 or 65500 in the SOF marker, garbage after the SOI marker, empty i
 non-JPEG bytes) and of crop requests (random, whole-image, out-of-range and huge boxes, huge
 outputs) go through ``jpeg_size``, ``decode_jpeg_crop``, the entropy floor op
 (``jpeg_entropy_floor``) and ``fastpipe.datasets.ImageFolder`` (``on_error="raise"`` and
-``"pil"``). A case is one call. Each must return a correct-shaped result or raise
-``CorruptImageError`` / ``ConfigError`` whose message names the file.
+``"pil"``), and the raw op ``torch.ops.fastpipe.decode_jpeg_crop`` on the bytes (whose own
+checks must hold without the Python ones). A case is one call. Each must return a
+correct-shaped result (and no image for a box outside the size the JPEG header states) or raise ``CorruptImageError`` / ``ConfigError`` whose message names
+the file (the raw op: a ``RuntimeError`` from its checks or from libjpeg).
 
 The calls run in a child process that reports each case as it starts and ends, so a crash
 (a signal, e.g. SIGSEGV) or a hang is seen and counted against the case that caused it; the
@@ -27,36 +29,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("jpeg_size", "decode_jpeg_crop", "entropy_floor", "ImageFolder", "ImageFolder:pil")
+TARGETS = ("jpeg_size", "decode_jpeg_crop", "decode_jpeg_crop_op", "entropy_floor", "ImageFolder", "ImageFolder:pil")
 #: Seconds a single case may take before the child is killed and the case counted as a hang.
 CASE_TIMEOUT_S = 30.0
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-@dataclass
 class Case:
-    index: int
-    mutation: str
-    target: str
-    file: str  # path of the mutated file
-    box: list[int]  # (top, left, height, width)
-    size: list[int]  # (h, w)
-    bottom: int  # for the entropy floor
+    """One call: ``target`` on the mutated ``file`` with the crop ``box`` (top, left, height, width) and output ``size``."""
+
+    FIELDS = ("index", "mutation", "target", "file", "box", "size", "bottom")
+
+    def __init__(self, index: int, mutation: str, target: str, file: str, box: list[int], size: list[int], bottom: int) -> None:
+        self.index, self.mutation, self.target, self.file = index, mutation, target, file
+        self.box, self.size, self.bottom = box, size, bottom  # bottom: the entropy floor's row
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
 
 
-@dataclass
 class Tally:
-    cases: int = 0
-    images: int = 0
-    clear_errors: int = 0
-    crashes: int = 0
-    hangs: int = 0
-    other: int = 0  # other exceptions, errors not naming the file, wrong shapes
-    failures: list[str] = field(default_factory=list)
+    """What the cases did; ``other`` counts other exceptions, errors not naming the file and wrong shapes."""
+
+    def __init__(self) -> None:
+        self.cases = self.images = self.clear_errors = self.crashes = self.hangs = self.other = 0
+        self.failures: list[str] = []
 
     @property
     def ok(self) -> bool:
@@ -192,6 +192,19 @@ def make_cases(corpus: Path, workdir: Path, count: int, seed: int) -> list[Case]
 # --------------------------------------------------------------------------------------------
 # The child: runs cases, one line per case on stdout.
 
+def outside_header(case: Case) -> str | None:
+    """Why the case's box lies outside the size its JPEG header states, or None (inside, or no size to read)."""
+    from fastpipe.ops import jpeg
+
+    data = Path(case.file).read_bytes()
+    size = jpeg._jpeg_header_size(data) if data[:3] == b"\xff\xd8\xff" else None
+    if not size or 0 in size:
+        return None
+    top, left, height, width = case.box
+    if min(top, left) >= 0 and min(height, width) > 0 and top + height <= size[0] and left + width <= size[1]:
+        return None
+    return f"box {case.box} is outside the {size[0]}x{size[1]} image its header states"
+
 def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
     """('image' | 'clear' | 'other', detail) for one case, in this process."""
     import torch
@@ -199,6 +212,10 @@ def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
     from fastpipe.errors import ConfigError, CorruptImageError
     from fastpipe.ops import jpeg
 
+    if case.target == "crash" and os.environ.get("FASTPIPE_FUZZ_SELFTEST") == "1":  # the test that the parent sees crashes
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
     try:
         if case.target == "jpeg_size":
             h, w = jpeg.jpeg_size(case.file)
@@ -207,12 +224,28 @@ def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
         if case.target == "decode_jpeg_crop":
             out = jpeg.decode_jpeg_crop(case.file, tuple(case.box), tuple(case.size), hflip=case.index % 2 == 0)
             good = out.dtype == torch.uint8 and tuple(out.shape) == (3, *case.size)
+            if good and outside_header(case):
+                return "other", f"decode_jpeg_crop returned an image, but the {outside_header(case)}"
             return ("image", "") if good else ("other", f"decode_jpeg_crop returned {out.dtype} {tuple(out.shape)}")
+        if case.target == "decode_jpeg_crop_op":
+            data = jpeg.read_bytes(case.file)
+            box = [min(v, 2**63 - 1) for v in case.box]  # what an int64 argument can hold
+            try:
+                out = torch.ops.fastpipe.decode_jpeg_crop(data, *box, *case.size, False, jpeg.max_image_pixels())
+            except RuntimeError as exc:
+                message = str(exc)
+                known = message.startswith(("decode_jpeg_crop:", "cannot decode the JPEG"))
+                return ("clear", "") if known else ("other", f"RuntimeError without the op's prefix: {message[:300]}")
+            good = out.dtype == torch.uint8 and tuple(out.shape) == (3, *case.size)
+            if good and outside_header(case):
+                return "other", f"the op returned an image, but the {outside_header(case)}"
+            return ("image", "") if good else ("other", f"the op returned {out.dtype} {tuple(out.shape)}")
         if case.target == "entropy_floor":
             rows = jpeg.jpeg_entropy_floor(case.file, case.bottom)
             good = isinstance(rows, int) and 0 <= rows
             return ("image", "") if good else ("other", f"jpeg_entropy_floor returned {rows!r}")
         dataset = folders[case.target]
+        torch.manual_seed(case.index)  # ImageFolder draws its box and flip from torch's RNG: the same case, the same draw
         image, label = dataset[case.index]
         good = image.dtype == torch.uint8 and tuple(image.shape) == (3, *dataset.decode.size) and label == 0
         return ("image", "") if good else ("other", f"{case.target} returned {image.dtype} {tuple(image.shape)}, label {label}")
@@ -255,7 +288,7 @@ def run(corpus: "str | os.PathLike[str]", cases: int = 500, seed: int = 0, workd
         work = Path(workdir) if workdir is not None else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         all_cases = make_cases(Path(corpus), work, cases, seed)
-        (work / "cases.json").write_text(json.dumps([asdict(c) for c in all_cases]))
+        (work / "cases.json").write_text(json.dumps([c.as_dict() for c in all_cases]))
         tally = Tally()
         start = 0
         while start < len(all_cases):

@@ -41,3 +41,11 @@ class PipelineError(FastpipeError, RuntimeError):
 
 class CorruptImageError(FastpipeError, OSError):
     """An image file that cannot be decoded: truncated, corrupt, or not an image. The message names the file."""
+
+
+class DecompressionBombError(CorruptImageError):
+    """An image whose header claims more pixels than the limit (:func:`fastpipe.ops.jpeg.set_max_image_pixels`).
+
+    Refused before its pixels are allocated, as PIL refuses one with its own ``DecompressionBombError``.
+    The message names the file, its size and the limit.
+    """

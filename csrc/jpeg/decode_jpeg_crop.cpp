@@ -88,20 +88,24 @@ Coefficients precompute(int in_size, double in0, double in1, int out_size, int b
       w[x] = t < 1.0 ? 1.0 - t : 0.0;
       total += w[x];
     }
-    for (int x = 0; x < xmax; ++x) {
-      const double v = total != 0.0 ? w[x] / total : 0.0;
-      c.weights[static_cast<size_t>(xx) * c.ksize + x] = static_cast<int32_t>(v < 0 ? -0.5 + v * one : 0.5 + v * one);
+    int32_t* weights = &c.weights[static_cast<size_t>(xx) * c.ksize];
+    if (xmax <= 0 || total == 0.0) {
+      // No input pixel under the filter (cannot happen for a box inside the image): every output
+      // pixel still reads one tap, the nearest pixel, so no pass ever reads an empty tap list.
+      xmin = std::min(std::max(static_cast<int>(center), 0), in_size - 1);
+      xmax = 1;
+      std::fill(weights, weights + c.ksize, 0);
+      weights[0] = static_cast<int32_t>(one);
+    } else {
+      for (int x = 0; x < xmax; ++x) {
+        const double v = w[x] / total;
+        weights[x] = static_cast<int32_t>(v < 0 ? -0.5 + v * one : 0.5 + v * one);
+      }
     }
     c.first[xx] = xmin;
-    c.count[xx] = std::max(xmax, 0);
-    if (xmax > 0) {
-      c.lo = std::min(c.lo, xmin);
-      c.hi = std::max(c.hi, xmin + xmax);
-    }
-  }
-  if (c.hi <= c.lo) {  // degenerate (cannot happen for a box inside the image), keep ranges valid
-    c.lo = 0;
-    c.hi = std::min(1, in_size);
+    c.count[xx] = xmax;
+    c.lo = std::min(c.lo, xmin);
+    c.hi = std::max(c.hi, xmin + xmax);
   }
   return c;
 }
@@ -309,17 +313,20 @@ struct Scratch {
 // ---------------------------------------------------------------------------------------------
 
 at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height, int64_t width,
-                                int64_t out_h, int64_t out_w, bool hflip) {
+                                int64_t out_h, int64_t out_w, bool hflip, std::optional<int64_t> max_pixels) {
   TORCH_CHECK(data.device().is_cpu(), "decode_jpeg_crop: data must be on the CPU, got ", data.device());
   TORCH_CHECK(data.dtype() == at::kByte && data.dim() == 1, "decode_jpeg_crop: data must be the file's bytes as a 1-D uint8 tensor, got ",
               data.dtype(), " with ", data.dim(), " dimensions");
-  TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= 65535 && out_w <= 65535, "decode_jpeg_crop: output size must be positive, got ", out_h, "x", out_w);
+  TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= 65535 && out_w <= 65535, "decode_jpeg_crop: output size must be positive and at most 65535, got ", out_h, "x", out_w);
   TORCH_CHECK(height > 0 && width > 0 && top >= 0 && left >= 0, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
               ", width=", width, ") must have top, left >= 0 and a positive size");
+  jpeg_detail::check_limit_argument(max_pixels, "decode_jpeg_crop");
+  TORCH_CHECK(!max_pixels.has_value() || out_h * out_w <= *max_pixels, "decode_jpeg_crop: the output size ", out_h, "x", out_w,
+              " is over the pixel limit of ", max_pixels.value_or(0));
   TORCH_CHECK(data.numel() > 2, "cannot decode the JPEG (corrupt, truncated or unsupported): only ", data.numel(), " bytes");
   const at::Tensor bytes = data.contiguous();
 
-  Decompressor d("decode_jpeg_crop", /*warnings_are_errors=*/true);
+  Decompressor d("decode_jpeg_crop", /*warnings_are_errors=*/true, max_pixels);
   jpeg_decompress_struct* cinfo = &d.cinfo;
   const unsigned char* buffer = bytes.data_ptr<uint8_t>();
   const unsigned long size = static_cast<unsigned long>(bytes.numel());
@@ -329,8 +336,10 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
       })) {
     fail(d.err);
   }
+  jpeg_detail::check_pixels(*cinfo, max_pixels, "decode_jpeg_crop");
   const int64_t image_h = cinfo->image_height, image_w = cinfo->image_width;
-  TORCH_CHECK(top + height <= image_h && left + width <= image_w, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
+  // Compared without adding, so no box can overflow: top, left >= 0 and height, width > 0 here.
+  TORCH_CHECK(top <= image_h - height && left <= image_w - width, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
               ", width=", width, ") is not inside the ", image_h, "x", image_w, " image");
 
   // The DCT scale is num / 8: the coarsest of 1/8, 1/4, 1/2 at which the box still covers the output.
@@ -381,8 +390,16 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   const int components = cinfo->output_components;
   TORCH_CHECK(components == channels, "decode_jpeg_crop: unexpected ", components, " output components");
 
-  // Decode the box's rows; CMYK rows go through a scratch row and PIL's conversion.
+  // The op's own scratch memory (the decoded rows, then the int16 intermediate of the vertical
+  // pass), checked against the budget the limit allows before any of it is allocated.
   const size_t stride = static_cast<size_t>(decoded_w) * channels;
+  const int64_t padded_row = static_cast<int64_t>(horiz.hi - horiz.lo + horiz.ksize) * channels;
+  const int64_t scratch_bytes = static_cast<int64_t>(stride) * rows + out_h * padded_row * static_cast<int64_t>(sizeof(int16_t));
+  TORCH_CHECK(!max_pixels.has_value() || scratch_bytes <= jpeg_detail::memory_budget(*max_pixels), "decode_jpeg_crop: resizing the ",
+              height, "x", width, " box to ", out_h, "x", out_w, " needs ", scratch_bytes >> 20, " MiB of scratch memory, over the ",
+              jpeg_detail::memory_budget(*max_pixels) >> 20, " MiB that the pixel limit of ", max_pixels.value_or(0), " allows");
+
+  // Decode the box's rows; CMYK rows go through a scratch row and PIL's conversion.
   thread_local Scratch buffers;
   uint8_t* pixels_ptr = Scratch::at_least(buffers.pixels, stride * rows);
   uint8_t* scratch_ptr = cmyk ? Scratch::at_least(buffers.cmyk_row, static_cast<size_t>(decoded_w) * 4) : nullptr;

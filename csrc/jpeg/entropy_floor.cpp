@@ -23,10 +23,12 @@ using jpeg_detail::Decompressor;
 // Entropy-decodes the iMCU rows that lie wholly above full-size row `bottom` (all scans for a
 // progressive file) and returns how many full-size rows libjpeg reports it has decoded. Rounding
 // down to whole iMCU rows keeps the floor a lower bound.
-int64_t jpeg_entropy_floor_cpu(const at::Tensor& data, int64_t bottom) {
+int64_t jpeg_entropy_floor_cpu(const at::Tensor& data, int64_t bottom, std::optional<int64_t> max_pixels) {
   TORCH_CHECK(data.device().is_cpu() && data.dtype() == at::kByte && data.dim() == 1, "_jpeg_entropy_floor: data must be 1-D uint8 bytes on the CPU");
+  jpeg_detail::check_limit_argument(max_pixels, "_jpeg_entropy_floor");
+  TORCH_CHECK(data.numel() > 2, "_jpeg_entropy_floor: cannot decode the JPEG: only ", data.numel(), " bytes");
   const at::Tensor bytes = data.contiguous();
-  Decompressor d("_jpeg_entropy_floor", /*warnings_are_errors=*/false);  // a floor, not a validator
+  Decompressor d("_jpeg_entropy_floor", /*warnings_are_errors=*/false, max_pixels);  // a floor, not a validator
   jpeg_decompress_struct* cinfo = &d.cinfo;
   unsigned char last_row[4 * 8192];  // one row at 1/8 scale: up to 65535 / 8 pixels of 4 components
   if (setjmp(d.err.jump)) {
@@ -34,6 +36,8 @@ int64_t jpeg_entropy_floor_cpu(const at::Tensor& data, int64_t bottom) {
   }
   jpeg_mem_src(cinfo, bytes.data_ptr<uint8_t>(), static_cast<unsigned long>(bytes.numel()));
   jpeg_read_header(cinfo, TRUE);
+  // From the header, before jpeg_start_decompress allocates anything sized by the image.
+  jpeg_detail::check_pixels(*cinfo, max_pixels, "_jpeg_entropy_floor");
   // 1/8 scale: an iMCU row's blocks become single pixels, so the one row read at the end costs
   // next to nothing; whole rows skipped are Huffman-decoded and discarded.
   cinfo->scale_num = 1;
@@ -69,7 +73,8 @@ int64_t jpeg_entropy_floor_cpu(const at::Tensor& data, int64_t bottom) {
 TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   // Measurement aid for benchmarks/bench_jpeg.py: entropy-decodes what a crop reaching full-size
   // row `bottom` cannot avoid, and returns the full-size rows that covered.
-  m.def("_jpeg_entropy_floor(Tensor data, int bottom) -> int");
+  // max_pixels (None: no limit): as decode_jpeg_crop's.
+  m.def("_jpeg_entropy_floor(Tensor data, int bottom, int? max_pixels=None) -> int");
 }
 
 TORCH_LIBRARY_IMPL(fastpipe, CPU, m) { m.impl("_jpeg_entropy_floor", &jpeg_entropy_floor_cpu); }

@@ -18,5 +18,10 @@ TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   // data: the file's bytes, 1-D uint8. The box (top, left, height, width) is in pixels of the
   // full-size image and must lie inside it. Returns the box resized to (3, out_h, out_w) uint8,
   // RGB, CHW, with PIL's BILINEAR filter (antialiased when shrinking), flipped left-right if hflip.
-  m.def("decode_jpeg_crop(Tensor data, int top, int left, int height, int width, int out_h, int out_w, bool hflip) -> Tensor");
+  // max_pixels (None: no limit) refuses, from the header, an image of more pixels, an output of
+  // more pixels, and caps libjpeg's memory and the op's scratch memory (see decompressor.h);
+  // fastpipe.ops.jpeg passes its setting (set_max_image_pixels).
+  m.def(
+      "decode_jpeg_crop(Tensor data, int top, int left, int height, int width, int out_h, int out_w, bool hflip, int? max_pixels=None) "
+      "-> Tensor");
 }

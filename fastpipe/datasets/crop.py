@@ -17,15 +17,18 @@ from typing import Iterator, Sequence, Union
 import torch
 import torchvision.transforms as T
 
-from fastpipe.errors import ConfigError, FastpipeError
+from fastpipe.errors import ConfigError, CorruptImageError, DecompressionBombError, FastpipeError
 from fastpipe.ops import jpeg as jpeg_ops
 
 Size = Union[int, Sequence[int]]
 #: torchvision's RandomResizedCrop defaults.
 DEFAULT_SCALE = (0.08, 1.0)
 DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
-#: How fastpipe.ops.jpeg names a source given as a tensor of bytes in its error messages.
-BYTES_PLACEHOLDER = "<Tensor of image bytes>"
+#: How fastpipe.ops.jpeg names a source given as bytes in its error messages; replaced by the path.
+BYTES_PLACEHOLDER = jpeg_ops.UNNAMED_SOURCE
+#: What a damaged file does to DecodeCrop: "raise" (CorruptImageError naming the file) or "pil"
+#: (decode it through PIL, as torchvision's recipe would).
+ON_ERROR_DECODE = ("raise", "pil")
 
 
 def as_size(size: Size) -> tuple[int, int]:
@@ -86,6 +89,13 @@ def naming_errors(source: object) -> Iterator[None]:
         raise type(exc)(message) from exc
 
 
+def check_on_error(on_error: str, allowed: Sequence[str]) -> str:
+    """``on_error`` if it is one of ``allowed``, else a ConfigError that lists them."""
+    if on_error not in allowed:
+        raise ConfigError(f"on_error must be one of {', '.join(map(repr, allowed))}, got {on_error!r}")
+    return on_error
+
+
 class DecodeCrop:
     """The decode-and-crop stage: a file's bytes in, its random crop out as uint8 (3, h, w) RGB.
 
@@ -93,17 +103,33 @@ class DecodeCrop:
     coin with torchvision's code, then decodes only that box (the flip fused) with
     :func:`fastpipe.ops.jpeg.decode_jpeg_crop`. One stage, so ``fastpipe diagnose`` times it
     apart from reading the file.
+
+    ``on_error="pil"``: a file the op refuses (it treats libjpeg's warnings about damaged data
+    as errors) is decoded again through PIL on the same box and flip
+    (:func:`fastpipe.ops.jpeg.decode_pil`), as torchvision's recipe would decode it; what PIL
+    cannot decode either, and a file over the pixel limit, still raise.
     """
 
-    def __init__(self, size: Size = 224, scale: Sequence[float] = DEFAULT_SCALE, ratio: Sequence[float] = DEFAULT_RATIO, hflip: float = 0.5) -> None:
+    def __init__(
+        self, size: Size = 224, scale: Sequence[float] = DEFAULT_SCALE, ratio: Sequence[float] = DEFAULT_RATIO, hflip: float = 0.5, on_error: str = "raise"
+    ) -> None:
         self.size, self.scale, self.ratio, self.hflip = crop_settings(size, scale, ratio, hflip)
+        self.on_error = check_on_error(on_error, ON_ERROR_DECODE)
 
     def __call__(self, data: torch.Tensor) -> torch.Tensor:
         box = crop_params(*jpeg_ops.jpeg_size(data), self.scale, self.ratio)
-        return jpeg_ops.decode_jpeg_crop(data, box, self.size, hflip=draw_flip(self.hflip))
+        flip = draw_flip(self.hflip)
+        try:
+            return jpeg_ops.decode_jpeg_crop(data, box, self.size, hflip=flip)
+        except DecompressionBombError:
+            raise
+        except CorruptImageError:
+            if self.on_error != "pil":
+                raise
+            return jpeg_ops.decode_pil(data, box, self.size, hflip=flip)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip})"
+        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip}, on_error={self.on_error!r})"
 
 
 class DecodeCropLoader(DecodeCrop):
@@ -123,7 +149,8 @@ class DecodeCropLoader(DecodeCrop):
     Keep in the transform only what comes after the crop and flip (e.g. nothing, or colour
     jitter on the uint8 tensor); drop ``RandomResizedCrop``, ``RandomHorizontalFlip``,
     ``ToTensor`` and ``Normalize``. A picklable object, so it works with any worker start method.
-    Errors name the file.
+    Errors name the file; ``on_error="pil"`` decodes through PIL what the op refuses (see
+    :class:`DecodeCrop`).
     """
 
     def __call__(self, source: "str | os.PathLike[str] | bytes | torch.Tensor") -> torch.Tensor:  # type: ignore[override]

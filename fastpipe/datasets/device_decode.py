@@ -23,6 +23,7 @@ from torchvision.transforms.v2 import functional as F
 
 from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, Size, crop_params, crop_settings, draw_flip
 from fastpipe.errors import ConfigError
+from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.ops.jpeg import CorruptImageError
 
 _JPEG_MAGIC = (0xFF, 0xD8, 0xFF)
@@ -82,8 +83,26 @@ def _decode_one(data: torch.Tensor, device: torch.device, index: int) -> torch.T
         raise CorruptImageError(f"file #{index} of the batch ({data.numel()} bytes) cannot be decoded: {exc}") from exc
 
 
+def check_sizes(files: Sequence[torch.Tensor]) -> None:
+    """Read each file's size from its header and refuse one over the pixel limit, before any decoder allocates it.
+
+    Raises:
+        DecompressionBombError: a file's header claims more than
+            :func:`fastpipe.ops.jpeg.max_image_pixels` pixels; the message says which file of the batch.
+        CorruptImageError: a file's size cannot be read at all.
+    """
+    for i, data in enumerate(files):
+        try:
+            jpeg_ops.jpeg_size(data)
+        except CorruptImageError as exc:
+            name = f"file #{i} of the batch ({data.numel()} bytes)"
+            raise type(exc)(str(exc).replace(jpeg_ops.UNNAMED_SOURCE, name, 1)) from exc
+
+
 def decode_rgb(files: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Decode every file to uint8 (3, H, W) RGB on ``device``.
+
+    Every file's header is checked against the pixel limit first (:func:`check_sizes`).
 
     JPEGs go in one batched ``decode_jpeg`` call (nvjpeg on CUDA); if that call fails (a file
     the GPU decoder does not support, or a corrupt one), each file is retried alone, falling
@@ -93,6 +112,7 @@ def decode_rgb(files: Sequence[torch.Tensor], device: torch.device) -> list[torc
     from torchvision.io import ImageReadMode, decode_jpeg
 
     files = [data.cpu() for data in files]
+    check_sizes(files)
     images: list[torch.Tensor | None] = [None] * len(files)
     jpegs = [i for i, data in enumerate(files) if _is_jpeg(data)]
     with warnings.catch_warnings():  # torchvision 0.29 deprecates its image codecs in favour of TorchCodec
@@ -128,7 +148,9 @@ class DecodeCropOnDevice:
         normalize: e.g. :class:`fastpipe.transforms.Normalize`, applied to the uint8 batch.
 
     Boxes and flips are drawn from the global torch RNG of the process that runs it, in the
-    usual recipe's order (box, then flip, image by image).
+    usual recipe's order (box, then flip, image by image). A file whose header claims more
+    pixels than :func:`fastpipe.ops.jpeg.max_image_pixels` raises
+    :class:`~fastpipe.errors.DecompressionBombError` before any file of the batch is decoded.
     """
 
     def __init__(

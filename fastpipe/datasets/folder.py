@@ -10,22 +10,86 @@ Class discovery, file order and labels come from torchvision's own ``find_classe
   (:class:`fastpipe.transforms.Normalize`). Its stages are declared (``self.stages``, a
   :class:`fastpipe.stages.Stages`): reading the file is the raw load, then ``DecodeCrop``,
   then the optional transform, so ``fastpipe diagnose`` times each.
+  A damaged file raises :class:`~fastpipe.errors.CorruptImageError` naming it
+  (``on_error="raise"``), is decoded through PIL as torchvision would (``"pil"``), or is
+  replaced by the next file that decodes (``"skip"``), counted in :attr:`ImageFolder.skipped`.
 * :class:`EncodedImageFolder` returns ``(file bytes as a 1-D uint8 tensor, label)`` for
   machines whose CPU cannot keep up: decode, crop and flip run on the GPU
   (:class:`~fastpipe.datasets.device_decode.DecodeCropOnDevice`).
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
+import warnings
+from multiprocessing.context import get_spawning_popen
 from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, DecodeCrop, Size, naming_errors
+from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, DecodeCrop, Size, check_on_error, naming_errors
+from fastpipe.errors import CorruptImageError
 from fastpipe.ops.jpeg import read_bytes
 from fastpipe.stages import Stages
+
+ON_ERROR = ("raise", "pil", "skip")
+
+
+class SkippedImageWarning(UserWarning):
+    """An :class:`ImageFolder` with ``on_error="skip"`` replaced a file it could not decode; the message names it."""
+
+
+class SkipCount:
+    """How many samples an :class:`ImageFolder` with ``on_error="skip"`` replaced, summed over all its DataLoader workers.
+
+    The count lives in shared memory, one slot per process (the main one, and each DataLoader
+    worker by its id), so no lock is needed: workers started with ``fork`` inherit it, and
+    workers started with ``spawn`` or ``forkserver`` receive it with the dataset, so the main
+    process reads every worker's skips in :attr:`count`. For a figure per epoch, take
+    :meth:`reset` between epochs (while no worker is decoding). Any other copy of the dataset
+    (``copy.deepcopy``, ``pickle.dumps``) gets a counter of its own, starting from this one's count.
+    Two loaders iterating the same dataset at once share worker slots and may lose a count.
+    """
+
+    SLOTS = 1024  # the main process, then workers by id (modulo)
+
+    def __init__(self, start: int = 0) -> None:
+        self._slots = multiprocessing.RawArray("q", self.SLOTS)
+        self._slots[0] = start
+
+    def add(self) -> None:
+        """Count one skip, in this process's slot."""
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        self._slots[0 if info is None else 1 + info.id % (self.SLOTS - 1)] += 1
+
+    @property
+    def count(self) -> int:
+        """Skips since construction or the last :meth:`reset`, in every process."""
+        return int(sum(self._slots))
+
+    def reset(self) -> int:
+        """Set the count to 0; returns the count it had (e.g. the epoch's skips)."""
+        count = self.count
+        memoryview(self._slots).cast("B")[:] = bytes(8 * self.SLOTS)
+        return count
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_spawning_popen() is not None:  # a worker process being started: share the same memory
+            return {"slots": self._slots}
+        return {"start": self.count}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "slots" in state:
+            self._slots = state["slots"]
+        else:
+            self.__init__(state["start"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"SkipCount({self.count})"
 
 
 class _Folder(Dataset):
@@ -72,6 +136,18 @@ class ImageFolder(_Folder):
         hflip: ``RandomHorizontalFlip``'s probability (0 for none).
         transform: optional, applied to the uint8 (3, h, w) tensor after crop and flip.
         target_transform, extensions, is_valid_file, allow_empty: as torchvision's.
+        on_error: what a file that cannot be decoded does (a
+            :class:`~fastpipe.errors.CorruptImageError`, including a file over the pixel limit):
+            ``"raise"`` (the default) raises it, naming the file; ``"pil"`` decodes through PIL
+            what the op refused, as torchvision's ``ImageFolder`` would (the op treats libjpeg's
+            warnings about damaged data as errors; PIL decodes through them), and raises what
+            PIL cannot decode; ``"skip"`` returns the next sample that decodes instead (index + 1,
+            wrapping around, so the same files give the same replacements), counts it in
+            :attr:`skipped` and warns with :class:`SkippedImageWarning` naming the file.
+
+    Attributes:
+        skipped: a :class:`SkipCount`: samples replaced under ``on_error="skip"``, summed over
+            the DataLoader's workers; ``skipped.reset()`` at each epoch's end gives the epoch's.
     """
 
     def __init__(
@@ -86,9 +162,12 @@ class ImageFolder(_Folder):
         extensions: tuple[str, ...] | None = IMG_EXTENSIONS,
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
+        on_error: str = "raise",
     ) -> None:
+        self.on_error = check_on_error(on_error, ON_ERROR)
         super().__init__(root, extensions, is_valid_file, allow_empty)
-        self.decode = DecodeCrop(size, scale, ratio, hflip)
+        self.decode = DecodeCrop(size, scale, ratio, hflip, on_error="pil" if on_error == "pil" else "raise")
+        self.skipped = SkipCount()
         self.target_transform = target_transform
         self.transform = transform  # builds self.stages
 
@@ -108,11 +187,33 @@ class ImageFolder(_Folder):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         path, target = self.samples[index]
-        with naming_errors(path):
-            image = self.stages(index)  # looked up on self each time: fastpipe swaps it on a copy to time each stage
+        try:
+            with naming_errors(path):
+                image = self.stages(index)  # looked up on self each time: fastpipe swaps it on a copy to time each stage
+        except CorruptImageError as exc:
+            if self.on_error != "skip":
+                raise
+            image, target = self._replacement(index, exc)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
+
+
+    def _replacement(self, index: int, exc: CorruptImageError) -> tuple[Any, int]:
+        """``on_error="skip"``: the image and label of the first file after ``index`` that decodes."""
+        n = len(self.samples)
+        for step in range(1, n + 1):
+            self.skipped.add()
+            warnings.warn(f"{exc}; skipped, replaced by the next file that decodes", SkippedImageWarning, stacklevel=3)
+            if step == n:
+                break
+            path, target = self.samples[(index + step) % n]
+            try:
+                with naming_errors(path):
+                    return self.stages((index + step) % n), target
+            except CorruptImageError as next_exc:
+                exc = next_exc
+        raise CorruptImageError(f"{self.root}: none of the {n} files could be decoded (on_error='skip'); the last: {exc}")
 
 
 class EncodedImageFolder(_Folder):

@@ -42,9 +42,12 @@ from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_, random_mask_
 from fastpipe.ops.jpeg import (  # noqa: E402  (its own library and load flag, fastpipe._jpeg)
     JPEG_OP_AVAILABLE,
     CorruptImageError,
+    DecompressionBombError,
     decode_jpeg_crop,
     jpeg_op_status,
     jpeg_size,
+    max_image_pixels,
+    set_max_image_pixels,
     which_decoder,
 )
 
@@ -59,8 +62,11 @@ __all__ = [
     "random_mask_out",
     "JPEG_OP_AVAILABLE",
     "CorruptImageError",
+    "DecompressionBombError",
     "decode_jpeg_crop",
     "jpeg_op_status",
     "jpeg_size",
+    "max_image_pixels",
+    "set_max_image_pixels",
     "which_decoder",
 ]
