@@ -12,7 +12,7 @@ EXTRAS ?= dev,plot,tnt,ray,photos,hf,data
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/jpeg/*.cpp csrc/jpeg/*.h)
+$(STAMP): $(PY) pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/jpeg/*.cpp csrc/jpeg/*.h)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=64,<81" wheel
 	$(PY) -m pip install -q $(TORCH_PINS)
 	$(PY) -m pip install -q --no-build-isolation -e ".[$(EXTRAS)]"

@@ -13,6 +13,8 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include "clones.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -131,12 +133,7 @@ struct View {
 
 // The uint8 HWC -> CHW copy-and-mask, the toy pipeline's hot loop. De-interleaving bytes needs
 // byte shuffles (SSSE3 and up), which the x86-64 baseline the extension is built for lacks; on
-// Linux with GCC or Clang an AVX2 clone is compiled next to the baseline one and picked at load time (ifunc).
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__INTEL_COMPILER)
-#define FASTPIPE_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FASTPIPE_CLONES
-#endif
+// Linux with GCC or Clang an AVX2 clone is compiled next to the baseline one and picked at load time (clones.h).
 
 FASTPIPE_CLONES void rgb_u8_to_planar(const uint8_t* __restrict__ src, uint8_t* __restrict__ r, uint8_t* __restrict__ g,
                                       uint8_t* __restrict__ b, const uint8_t* __restrict__ hit, int64_t width) {

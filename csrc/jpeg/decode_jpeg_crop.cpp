@@ -35,6 +35,7 @@
 #endif
 
 #include "decompressor.h"
+#include "../clones.h"  // FASTPIPE_CLONES: AVX2 and baseline, picked at load time
 
 namespace fastpipe {
 namespace {
@@ -115,12 +116,6 @@ constexpr int kFractionBits = 6;     // the intermediate keeps 6 fractional bits
 constexpr int kHorizontalBits = 14;  // int16 weights times the int16 intermediate, summed in int32
 constexpr int kFinalShift = kFractionBits + kHorizontalBits;
 
-#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
-// Compiled for AVX2 and for the baseline, picked at load time, so one wheel is fast everywhere.
-#define FASTPIPE_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FASTPIPE_CLONES
-#endif
 #define FASTPIPE_INLINE inline __attribute__((always_inline))
 
 // One output row of the vertical pass: rows[k] weighted by w[k], over n contiguous bytes.

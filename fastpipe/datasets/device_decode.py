@@ -26,8 +26,6 @@ from fastpipe.errors import ConfigError
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.ops.jpeg import CorruptImageError
 
-_JPEG_MAGIC = (0xFF, 0xD8, 0xFF)
-
 
 class EncodedBatch:
     """Encoded image files, one 1-D uint8 tensor each, kept on the host whatever copies the batch.
@@ -64,15 +62,11 @@ def collate_encoded(samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[Encode
     return EncodedBatch(data), default_collate(list(targets))
 
 
-def _is_jpeg(data: torch.Tensor) -> bool:
-    return data.numel() >= 3 and tuple(data[:3].tolist()) == _JPEG_MAGIC
-
-
 def _decode_one(data: torch.Tensor, device: torch.device, index: int) -> torch.Tensor:
     """One file on ``device``, else on the CPU then copied (nvjpeg lacks CMYK/YCCK, for instance)."""
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-    if device.type != "cpu" and _is_jpeg(data):
+    if device.type != "cpu" and jpeg_ops.is_jpeg(data):
         try:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
         except RuntimeError:
@@ -114,7 +108,7 @@ def decode_rgb(files: Sequence[torch.Tensor], device: torch.device) -> list[torc
     files = [data.cpu() for data in files]
     check_sizes(files)
     images: list[torch.Tensor | None] = [None] * len(files)
-    jpegs = [i for i, data in enumerate(files) if _is_jpeg(data)]
+    jpegs = [i for i, data in enumerate(files) if jpeg_ops.is_jpeg(data)]
     with warnings.catch_warnings():  # torchvision 0.29 deprecates its image codecs in favour of TorchCodec
         warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
         if jpegs:
