@@ -133,8 +133,8 @@ def _fix(owner: str, attribute: str, kind: str, element: str, keys: list[str], t
     else:
         lines += [_column_code(attribute, element, src), f"# in __getitem__: self.{attribute}[i]"
                   + ("  (strings: unpack_string(...))" if element == "str" else "")]
-    if any("pack_strings" in line for line in lines):
-        lines += ["", PACK_HELPERS]
+    if any("pack_strings" in line for line in lines[2:]):
+        lines[2:2] = [PACK_HELPERS, ""]
     return "\n".join(lines)
 
 

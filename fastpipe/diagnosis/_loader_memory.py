@@ -363,3 +363,9 @@ def _stall(sampler: _Sampler, stall_max_s: float) -> None:
             last, quiet_since = now, time.perf_counter()
         elif time.perf_counter() - quiet_since >= SETTLE_S:
             return
+
+
+def loader_budget_warning(loader: Any, *, limits: Any = None) -> str | None:
+    """:func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` on one batch read in this process: call it before any worker starts."""
+    batch_bytes, float32_bytes = batch_nbytes(first_batch(loader))
+    return check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits)

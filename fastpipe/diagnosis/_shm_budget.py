@@ -181,8 +181,9 @@ def _fixes(prediction: ShmPrediction, room: int, float32_bytes: int | None) -> l
     if prediction.ring_slots is None and w:
         slots = max(1, p)
         fixes.append(f"recycled memory: fastpipe.recycled(loader, slots={slots}) writes into a fixed ring of {w} x {slots} buffers "
-                     f"({size_text(w * slots * b)}), sized once, and with pin_memory pins it in place instead of copying each batch "
-                     f"into pinned memory ({size_text(prediction.pinned_bytes)} of host memory saved)")
+                     f"({size_text(w * slots * b)}), sized once"
+                     + (f", and pins it in place instead of copying each batch into pinned memory ({size_text(prediction.pinned_bytes)} "
+                        "of host memory saved)" if prediction.pinned_bytes else ""))
     need = math.ceil(prediction.shm_bytes * SHM_SIZE_MARGIN / 2**30 * 4) / 4
     fixes.append(f"in a container, a larger shared-memory filesystem: docker run --shm-size={need:g}g (or Kubernetes: an emptyDir "
                  f"with medium: Memory mounted at {SHM_PATH})")
