@@ -52,6 +52,7 @@ def _measure(dataset: Dataset):
     return measure_loader_memory(loader, samples=5000, stall_max_s=2, limits=ROOMY)
 
 
+@pytest.mark.slow  # 25-45 s on the loaded 2-core machine: two loaders of 2 workers reading 5,000 samples each
 def test_python_index_grows_and_is_named_numpy_index_does_not() -> None:
     records, packed = Records(), Packed()
     grown, flat = _measure(records), _measure(packed)

@@ -5,7 +5,8 @@ dataset wrapped so each worker counts the samples it reads into a small shared l
 samples, every ``interval_s``:
 
 * each worker's USS (pages no other process maps) and PSS (its share of the shared ones), by the pids of this
-  process's new children (psutil ``memory_full_info``), with the samples that worker had read by then;
+  process's new children (read from ``/proc/PID/smaps`` as psutil's ``memory_full_info`` does, less the worker's
+  batches in shared memory, counted apart), with the samples that worker had read by then;
 * this process's RSS;
 * the shared memory the loader's processes hold (their own segments, read from ``/proc``, so another job's use
   of ``/dev/shm`` does not count), and the filesystem's use;
@@ -13,7 +14,8 @@ samples, every ``interval_s``:
 
 After the first batch the loop stalls, as a training loop does on a slow step, until the workers stop reading
 and the held segments stop growing: every batch in flight is then collated and waiting, which is the peak that
-:mod:`~fastpipe.diagnosis._shm_budget` predicts. Then the rest of the samples are read as fast as the loader goes.
+:mod:`~fastpipe.diagnosis._shm_budget` predicts. Then the rest of the samples are read as fast as the loader goes,
+the loop also taking :data:`CHECKPOINTS` samples of its own spread over them.
 
 Growth per 1,000 samples is the least-squares slope of a worker's USS over the samples it read (past its first
 quarter of samples and two batches: the first ones pay for imports and allocator arenas). Forked workers share the parent's pages until
@@ -45,6 +47,8 @@ GROWTH_SIGNIFICANCE = 4.0
 #: ...and at least this many bytes per 1,000 samples (allocator noise stays well under it).
 GROWTH_FLOOR = 1024 * 1024
 DEFAULT_SAMPLES = 2000
+#: The loop also samples itself this many times over the run, so a fast loader still gives points to fit.
+CHECKPOINTS = 40
 #: The stall after the first batch ends when nothing moved for this long, or after ``stall_max_s``.
 SETTLE_S = 0.6
 
@@ -173,6 +177,32 @@ class LoaderMemory:
         return render_table(f"Loader memory ({self.samples} samples, {self.seconds:.1f} s)", columns, rows, self.lines())
 
 
+def private_memory(pid: int, shm_path: str = SHM_PATH) -> tuple[int, int] | None:
+    """(USS, PSS) of a process from ``/proc/PID/smaps``, leaving out its shared-memory segments.
+
+    A worker's batch in ``/dev/shm`` counts as its private memory until the training process maps it; left in, a
+    200 MB batch would swamp the growth of the worker's own heap. The batches are counted apart (:func:`shm_segments`).
+    """
+    uss = pss = 0
+    skip = False
+    try:
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                head = line[:line.find(" ")]
+                if "-" in head and not head.endswith(":"):
+                    parts = line.split(None, 5)
+                    skip = len(parts) == 6 and parts[5].startswith(shm_path)
+                elif skip:
+                    continue
+                elif head in ("Private_Clean:", "Private_Dirty:"):
+                    uss += int(line.split()[1]) * 1024
+                elif head == "Pss:":
+                    pss += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return uss, pss
+
+
 def _slope(points: list[tuple[int, int]]) -> tuple[float | None, float | None]:
     """Least-squares slope of USS over samples read, per 1,000 samples, and its standard error."""
     n = len(points)
@@ -204,6 +234,7 @@ class _Sampler:
         self.rss_peak = self.rss_start
         self.pinned_peak = pinned_host_bytes()
         self.lock = threading.Lock()
+        self._sampling = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fastpipe-loader-memory", daemon=True)
 
@@ -213,6 +244,10 @@ class _Sampler:
         return {int(pid): int(n) for n, pid in rows if pid}
 
     def sample(self) -> None:
+        with self._sampling:  # the thread and the loop's checkpoints take turns
+            self._sample()
+
+    def _sample(self) -> None:
         try:
             for child in self.me.children():
                 if child.pid not in self.known and child.pid not in self.procs:
@@ -220,12 +255,10 @@ class _Sampler:
         except psutil.Error:
             pass
         counts = self.counts()
-        for pid, proc in list(self.procs.items()):
-            try:
-                info = proc.memory_full_info()
-            except psutil.Error:
-                continue
-            self.series.setdefault(pid, []).append((counts.get(pid, 0), info.uss, getattr(info, "pss", info.uss)))
+        for pid in list(self.procs):
+            sizes = private_memory(pid)
+            if sizes is not None:
+                self.series.setdefault(pid, []).append((counts.get(pid, 0), *sizes))
         self.rss_peak = max(self.rss_peak, self.me.memory_info().rss)
         held = sum(shm_segments([self.me.pid, *self.procs]).values())
         fs = shm_filesystem()
@@ -279,7 +312,7 @@ def first_batch(loader: Any) -> Any:
 
 
 def measure_loader_memory(loader: Any, *, samples: int | None = None, device: Any = None, interval_s: float = 0.1,
-                          stall_max_s: float = 20.0, check: bool = True, limits: Any = None,
+                          stall_max_s: float = 300.0, check: bool = True, limits: Any = None,
                           on_warning: Callable[[str], None] | None = None) -> LoaderMemory:
     """Measure the memory a rebuilt copy of ``loader`` takes as it reads ``samples`` samples (see the module docstring).
 
@@ -288,7 +321,7 @@ def measure_loader_memory(loader: Any, *, samples: int | None = None, device: An
         samples: samples to read (default :data:`DEFAULT_SAMPLES`, at least the batches in flight plus two).
         device: a fastpipe Device, for a ``fastpipe.recycled`` loader's ring to be pinned for it.
         interval_s: the sampling period.
-        stall_max_s: the longest stall after the first batch.
+        stall_max_s: the longest stall after the first batch (it ends sooner, once the workers stop reading).
         check: run :func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` first (on one batch read here, before any
             worker starts) and measure nothing when the loader would not fit.
         limits: the machine's limits for the check (tests pass their own); read when None.
@@ -332,6 +365,7 @@ def measure_loader_memory(loader: Any, *, samples: int | None = None, device: An
         read += batch_size
         _stall(sampler, stall_max_s)
         del held
+        every = max(batch_size, samples // CHECKPOINTS)
         while read < samples:
             try:
                 next(iterator)
@@ -339,6 +373,8 @@ def measure_loader_memory(loader: Any, *, samples: int | None = None, device: An
                 iterator = iter(copy)
                 continue
             read += batch_size
+            if read % every < batch_size:  # points spread over the samples however fast the loader goes
+                sampler.sample()
     finally:
         sampler.stop()
         close = getattr(iterator, "close", None) or getattr(iterator, "_shutdown_workers", None)
