@@ -80,7 +80,7 @@ def test_cgroup_limit_read_from_v2_and_v1(tmp_path) -> None:
 
 
 def _assert_peak_near_prediction(loader: DataLoader) -> None:
-    memory = measure_loader_memory(loader, samples=200, limits=ROOMY)
+    memory = measure_loader_memory(loader, samples=64, limits=ROOMY)
     predicted, measured = memory.prediction.shm_bytes, memory.shm_peak
     assert predicted > 0 and measured is not None
     assert abs(measured - predicted) <= TOLERANCE * predicted, memory.to_table()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import psutil
 
