@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fastpipe.diagnosis._loader_memory import loader_budget_warning
     from fastpipe.diagnosis.stagecost import measure_stage_costs
 
     device, workload = workload_from_args(args)
+    warning = loader_budget_warning(workload.loader)  # before any worker starts: a loader that would die says why first
+    if warning:
+        print(f"fastpipe: warning: {warning}", file=sys.stderr)
     costs = measure_stage_costs(workload, device, steps=args.steps, warmup=args.warmup, check_overhead=args.check_overhead)
     write_outputs(costs, args)
     return 0

@@ -6,8 +6,10 @@ records what each run really took.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import psutil
@@ -90,3 +92,83 @@ class MemoryWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def shm_filesystem(path: str = SHM_PATH) -> tuple[int, int] | None:
+    """(size, free bytes) of the shared-memory filesystem, or None where there is none."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None
+    return usage.total, usage.free
+
+
+def shm_segments(pids: Iterable[int], path: str = SHM_PATH) -> dict[int, int]:
+    """The shared-memory segments ``pids`` hold, mapped or open (batches in flight): inode -> bytes.
+
+    Read from ``/proc/PID/maps`` and ``/proc/PID/fd``, so only these processes' segments count, not another
+    job's on the same machine. PyTorch's segments are already unlinked (``... (deleted)``) and still count here.
+    multiprocessing's semaphores (``sem.*``) are left out.
+    """
+    prefix = path.rstrip("/") + "/"
+    seen: dict[int, int] = {}
+
+    def keep(name: str) -> bool:
+        return name.startswith(prefix) and not name[len(prefix):].startswith("sem.")
+
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                if keep(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                    stat = os.stat(f"/proc/{pid}/fd/{fd}")
+                    seen[stat.st_ino] = max(seen.get(stat.st_ino, 0), stat.st_size)
+            except OSError:
+                continue
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and keep(parts[5]):
+                        start, end = (int(x, 16) for x in parts[0].split("-"))
+                        inode = int(parts[4])
+                        seen[inode] = max(seen.get(inode, 0), end - start)
+        except OSError:
+            continue
+    return seen
+
+
+def batch_nbytes(batch: Any) -> tuple[int, int]:
+    """(bytes of every tensor and array in ``batch``, of those the float32 ones)."""
+    import numpy as np
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        n = batch.numel() * batch.element_size()
+        return n, n if batch.dtype == torch.float32 else 0
+    if isinstance(batch, np.ndarray):
+        return batch.nbytes, batch.nbytes if batch.dtype == np.float32 else 0
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        parts = [batch_nbytes(item) for item in batch]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return 0, 0
+
+
+def pinned_host_bytes() -> int | None:
+    """Pinned host memory PyTorch's caching host allocator holds now; None without CUDA (or where the stats are missing)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is None:
+        return None
+    try:
+        return int(stats().get("reserved_bytes.all.current", stats().get("allocated_bytes.all.current", 0)))
+    except (RuntimeError, AttributeError):
+        return None

@@ -1,0 +1,409 @@
+"""The loader's memory, measured: each worker's unique memory as it reads samples, and the shared memory its batches hold.
+
+:func:`measure_loader_memory` iterates a rebuilt copy of the user's loader (never the user's own), with the
+dataset wrapped so each worker counts the samples it reads into a small shared ledger. A background thread
+samples, every ``interval_s``:
+
+* each worker's USS (pages no other process maps) and PSS (its share of the shared ones), by the pids of this
+  process's new children (read from ``/proc/PID/smaps`` as psutil's ``memory_full_info`` does, less the worker's
+  batches in shared memory, counted apart), with the samples that worker had read by then;
+* this process's RSS;
+* the shared memory the loader's processes hold (their own segments, read from ``/proc``, so another job's use
+  of ``/dev/shm`` does not count), and the filesystem's use;
+* pinned host memory, where CUDA reports it.
+
+After the first batch the loop stalls, as a training loop does on a slow step, until the workers stop reading
+and the held segments stop growing: every batch in flight is then collated and waiting, which is the peak that
+:mod:`~fastpipe.diagnosis._shm_budget` predicts. Then the rest of the samples are read as fast as the loader goes,
+the loop also taking :data:`CHECKPOINTS` samples of its own spread over them.
+
+Growth per 1,000 samples is the least-squares slope of a worker's USS over the samples it read (past its first
+quarter of samples and two batches: the first ones pay for imports and allocator arenas). Forked workers share the parent's pages until
+they write to them, and reading a Python object writes its reference count: a worker reading a dataset index
+held in lists and dicts slowly copies all of it (:mod:`~fastpipe.diagnosis._copy_on_read` names the container).
+A growth counts when the slope is beyond :data:`GROWTH_SIGNIFICANCE` standard errors and above :data:`GROWTH_FLOOR`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from fastpipe._render import render_table
+from fastpipe.diagnosis._cache import rebuild_loader
+from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, pinned_host_bytes, shm_filesystem, shm_segments
+from fastpipe.diagnosis._shm_budget import ShmPrediction, check_shm_budget, predict_shm, size_text
+
+MAX_WORKERS = 256
+#: A worker's growth counts when its slope is this many standard errors above zero...
+GROWTH_SIGNIFICANCE = 4.0
+#: ...and at least this many bytes per 1,000 samples: the resolution of a few thousand samples (decoders' and
+#: allocators' warm-up reached 1.2 MB on jpeg:optimized; a list of 200k dicts read at random grows ~9 MB).
+GROWTH_FLOOR = 2 * 1024 * 1024
+DEFAULT_SAMPLES = 2000
+#: The loop also samples itself this many times over the run, so a fast loader still gives points to fit.
+CHECKPOINTS = 40
+#: The stall after the first batch ends when nothing moved for this long, or after ``stall_max_s``.
+SETTLE_S = 2.0
+
+
+class _Counted(Dataset):
+    """The user's dataset, each worker counting the samples it reads into a shared ledger (row: worker id + 1; col 0 samples, col 1 pid)."""
+
+    def __init__(self, dataset: Any, ledger: torch.Tensor) -> None:
+        self.dataset, self.ledger = dataset, ledger
+
+    def _count(self, n: int) -> None:
+        info = get_worker_info()
+        row = 0 if info is None else info.id + 1
+        self.ledger[row, 0] += n
+        self.ledger[row, 1] = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        self._count(1)
+        return self.dataset[index]
+
+
+class _CountedBatches(_Counted):
+    """For a dataset that reads a batch at once (``__getitems__``): the fetcher keeps calling it."""
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        self._count(len(indices))
+        return self.dataset.__getitems__(indices)
+
+
+@dataclass
+class WorkerMemory:
+    """One worker's memory over the run: at the start, at the peak, and its growth with the samples it read."""
+
+    worker: int
+    pid: int
+    uss_start: int
+    pss_start: int
+    uss_peak: int
+    pss_peak: int
+    samples: int
+    growth_per_1000: float | None
+    """Bytes of USS per 1,000 samples read (least squares); None with too few points."""
+    growth_stderr: float | None
+    points: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    """(samples read, USS) as sampled."""
+
+    @property
+    def grows(self) -> bool:
+        g, se = self.growth_per_1000, self.growth_stderr
+        return g is not None and se is not None and g >= GROWTH_FLOOR and g > GROWTH_SIGNIFICANCE * se
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"worker": self.worker, "pid": self.pid, "uss_start": self.uss_start, "pss_start": self.pss_start,
+                "uss_peak": self.uss_peak, "pss_peak": self.pss_peak, "samples": self.samples,
+                "growth_per_1000_samples": self.growth_per_1000, "growth_stderr": self.growth_stderr, "grows": self.grows}
+
+
+@dataclass
+class LoaderMemory:
+    """What :func:`measure_loader_memory` found; sizes in bytes."""
+
+    prediction: ShmPrediction
+    workers: list[WorkerMemory]
+    samples: int
+    shm_peak: int | None
+    """The loader's own shared-memory segments at their largest (None: not measured)."""
+    shm_fs_used_peak: int | None
+    """The filesystem's use above its level at the start (every process on the machine counts)."""
+    shm_size: int | None
+    shm_free: int | None
+    main_rss_start: int
+    main_rss_peak: int
+    pinned_peak: int | None
+    seconds: float
+    budget_warning: str | None = None
+    skipped: str | None = None
+    """Why nothing was run (the budget check failed), else None."""
+
+    @property
+    def grows(self) -> bool:
+        return any(w.grows for w in self.workers)
+
+    @property
+    def growth_per_1000(self) -> float | None:
+        """The mean growth per 1,000 samples over the workers that read enough to tell."""
+        known = [w.growth_per_1000 for w in self.workers if w.growth_per_1000 is not None]
+        return sum(known) / len(known) if known else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prediction": self.prediction.to_dict(), "workers": [w.to_dict() for w in self.workers], "samples": self.samples,
+                "shm_peak": self.shm_peak, "shm_fs_used_peak": self.shm_fs_used_peak, "shm_size": self.shm_size,
+                "shm_free": self.shm_free, "main_rss_start": self.main_rss_start, "main_rss_peak": self.main_rss_peak,
+                "pinned_peak": self.pinned_peak, "seconds": self.seconds, "grows": self.grows,
+                "growth_per_1000_samples": self.growth_per_1000, "budget_warning": self.budget_warning, "skipped": self.skipped}
+
+    def lines(self) -> list[str]:
+        p = self.prediction
+        out = []
+        if self.skipped:
+            out.append(f"not run: {self.skipped}")
+        measured = "not measured" if self.shm_peak is None else size_text(self.shm_peak)
+        ratio = f" ({self.shm_peak / p.shm_bytes:.0%} of the prediction)" if self.shm_peak is not None and p.shm_bytes else ""
+        out.append(f"shared memory: predicted peak {size_text(p.shm_bytes)} ({p.formula()}); measured {measured}{ratio}")
+        out.append(f"{SHM_PATH}: {size_text(self.shm_free)} free of {size_text(self.shm_size)}; its use rose by at most "
+                   f"{size_text(self.shm_fs_used_peak)} (all processes on the machine)")
+        pinned = f"{size_text(self.pinned_peak)} measured" if self.pinned_peak is not None else "not measured (no CUDA)"
+        out.append(f"pinned host memory: predicted {size_text(p.pinned_bytes)}{'' if p.pin else ' (pin thread off)'}, {pinned}")
+        out.append(f"training process RSS: {size_text(self.main_rss_start)} at the start, {size_text(self.main_rss_peak)} at the peak")
+        growth = self.growth_per_1000
+        if self.workers:
+            verdict = "grows with the samples read" if self.grows else "does not grow beyond noise"
+            out.append(f"worker unique memory {verdict}: mean {size_text(growth)} per 1,000 samples")
+        if self.budget_warning:
+            out.append(self.budget_warning)
+        return out
+
+    def to_table(self) -> str:
+        rows = [(str(w.worker), str(w.pid), str(w.samples), size_text(w.uss_start), size_text(w.uss_peak),
+                 "n/a" if w.growth_per_1000 is None else f"{size_text(w.growth_per_1000)} ± {size_text(w.growth_stderr)}",
+                 size_text(w.pss_start), size_text(w.pss_peak)) for w in self.workers]
+        columns = [("worker", "right"), ("pid", "right"), ("samples read", "right"), ("USS start", "right"), ("USS peak", "right"),
+                   ("USS growth / 1k samples", "right"), ("PSS start", "right"), ("PSS peak", "right")]
+        return render_table(f"Loader memory ({self.samples} samples, {self.seconds:.1f} s)", columns, rows, self.lines())
+
+
+def private_memory(pid: int, shm_path: str = SHM_PATH) -> tuple[int, int] | None:
+    """(USS, PSS) of a process from ``/proc/PID/smaps``, leaving out its shared-memory segments.
+
+    A worker's batch in ``/dev/shm`` counts as its private memory until the training process maps it; left in, a
+    200 MB batch would swamp the growth of the worker's own heap. The batches are counted apart (:func:`shm_segments`).
+    """
+    uss = pss = 0
+    skip = False
+    try:
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                head = line[:line.find(" ")]
+                if "-" in head and not head.endswith(":"):
+                    parts = line.split(None, 5)
+                    skip = len(parts) == 6 and parts[5].startswith(shm_path)
+                elif skip:
+                    continue
+                elif head in ("Private_Clean:", "Private_Dirty:"):
+                    uss += int(line.split()[1]) * 1024
+                elif head == "Pss:":
+                    pss += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return uss, pss
+
+
+def _slope(points: list[tuple[int, int]]) -> tuple[float | None, float | None]:
+    """Least-squares slope of USS over samples read, per 1,000 samples, and its standard error."""
+    n = len(points)
+    if n < 3 or len({x for x, _ in points}) < 3:
+        return None, None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
+    stderr = math.sqrt(residual / (n - 2) / sxx)
+    return slope * 1000, stderr * 1000
+
+
+class _Sampler:
+    """The background thread: samples the workers, this process and the shared memory every ``interval_s``."""
+
+    def __init__(self, ledger: torch.Tensor, known: set[int], interval_s: float) -> None:
+        self.ledger, self.known, self.interval_s = ledger, known, interval_s
+        self.me = psutil.Process()
+        self.procs: dict[int, psutil.Process] = {}
+        self.series: dict[int, list[tuple[int, int, int]]] = {}  # pid -> (samples read, uss, pss)
+        self.shm_now = 0
+        self.shm_peak = 0
+        fs = shm_filesystem()
+        self.fs_start = None if fs is None else fs[0] - fs[1]
+        self.fs_peak: int | None = None
+        self.rss_start = self.me.memory_info().rss
+        self.rss_peak = self.rss_start
+        self.pinned_peak = pinned_host_bytes()
+        self.lock = threading.Lock()
+        self._sampling = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fastpipe-loader-memory", daemon=True)
+
+    def counts(self) -> dict[int, int]:
+        """pid -> samples read, from the ledger."""
+        rows = self.ledger[1:].tolist()
+        return {int(pid): int(n) for n, pid in rows if pid}
+
+    def sample(self) -> None:
+        with self._sampling:  # the thread and the loop's checkpoints take turns
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            for child in self.me.children():
+                if child.pid not in self.known and child.pid not in self.procs:
+                    self.procs[child.pid] = child
+        except psutil.Error:
+            pass
+        counts = self.counts()
+        for pid in list(self.procs):
+            sizes = private_memory(pid)
+            if sizes is not None:
+                self.series.setdefault(pid, []).append((counts.get(pid, 0), *sizes))
+        self.rss_peak = max(self.rss_peak, self.me.memory_info().rss)
+        held = sum(shm_segments([self.me.pid, *self.procs]).values())
+        fs = shm_filesystem()
+        pinned = pinned_host_bytes()
+        with self.lock:
+            self.shm_now = held
+            self.shm_peak = max(self.shm_peak, held)
+            if fs is not None and self.fs_start is not None:
+                self.fs_peak = max(self.fs_peak or 0, fs[0] - fs[1] - self.fs_start)
+            if pinned is not None:
+                self.pinned_peak = max(self.pinned_peak or 0, pinned)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def _workers(sampler: _Sampler, batch_size: int) -> list[WorkerMemory]:
+    counts = sampler.counts()
+    rows = {int(pid): i for i, (_, pid) in enumerate(sampler.ledger[1:].tolist()) if pid}
+    result = []
+    for pid, series in sampler.series.items():
+        if pid not in rows or not series:
+            continue  # a child that never read a sample (not one of the loader's workers)
+        start = max(2 * batch_size, counts.get(pid, 0) // 4)  # past the first batches' one-off allocations
+        warm = [(n, uss) for n, uss, _ in series if n >= start]
+        growth, stderr = _slope(warm)
+        result.append(WorkerMemory(worker=rows[pid], pid=pid, uss_start=series[0][1], pss_start=series[0][2],
+                                   uss_peak=max(s[1] for s in series), pss_peak=max(s[2] for s in series),
+                                   samples=counts.get(pid, 0), growth_per_1000=growth, growth_stderr=stderr,
+                                   points=[(n, uss) for n, uss, _ in series]))
+    return sorted(result, key=lambda w: w.worker)
+
+
+def first_batch(loader: Any) -> Any:
+    """One batch of ``loader`` read in this process (no workers start), to size its batches."""
+    inline = rebuild_loader(loader, loader.dataset, num_workers=0, persistent_workers=False)
+    iterator = iter(inline)
+    try:
+        return next(iterator)
+    finally:
+        del iterator
+
+
+def measure_loader_memory(loader: Any, *, samples: int | None = None, device: Any = None, interval_s: float = 0.1,
+                          stall_max_s: float = 300.0, check: bool = True, limits: Any = None,
+                          on_warning: Callable[[str], None] | None = None) -> LoaderMemory:
+    """Measure the memory a rebuilt copy of ``loader`` takes as it reads ``samples`` samples (see the module docstring).
+
+    Args:
+        loader: the user's DataLoader (or a ``fastpipe.recycled`` one); never iterated itself.
+        samples: samples to read (default :data:`DEFAULT_SAMPLES`, at least the batches in flight plus two).
+        device: a fastpipe Device, for a ``fastpipe.recycled`` loader's ring to be pinned for it.
+        interval_s: the sampling period.
+        stall_max_s: the longest stall after the first batch (it ends sooner, once the workers stop reading).
+        check: run :func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` first (on one batch read here, before any
+            worker starts) and measure nothing when the loader would not fit.
+        limits: the machine's limits for the check (tests pass their own); read when None.
+        on_warning: called with the budget warning as soon as it is known.
+    """
+    if samples is not None and samples < 1:
+        raise ValueError(f"samples must be >= 1. Got {samples}")
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be > 0. Got {interval_s}")
+    batch = first_batch(loader)
+    batch_bytes, float32_bytes = batch_nbytes(batch)
+    del batch
+    prediction = predict_shm(loader, batch_bytes)
+    warning = check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits) if check else None
+    if warning and on_warning is not None:
+        on_warning(warning)
+    fs = shm_filesystem() if limits is None else (limits.shm_size, limits.shm_free)
+    shm_size, shm_free = (fs if fs else (None, None))
+    rss = psutil.Process().memory_info().rss
+    if warning:
+        return LoaderMemory(prediction, [], 0, None, None, shm_size, shm_free, rss, rss, None, 0.0, warning,
+                            skipped="the loader would not fit its shared memory; fix it first (see the warning)")
+
+    batch_size = getattr(getattr(loader, "source", loader), "batch_size", None) or 1
+    in_flight = max(prediction.batches, 1) + 2
+    samples = max(samples or DEFAULT_SAMPLES, in_flight * batch_size)
+    ledger = torch.zeros((MAX_WORKERS + 1, 2), dtype=torch.int64).share_memory_()
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        raise ValueError("measure_loader_memory reads map-style datasets (samples by index); an IterableDataset is not counted")
+    wrapped = (_CountedBatches if hasattr(dataset, "__getitems__") else _Counted)(dataset, ledger)
+    copy = rebuild_loader(loader, wrapped, timeout=120.0)
+    known = {c.pid for c in psutil.Process().children()}
+    sampler = _Sampler(ledger, known, interval_s)
+    start = time.perf_counter()
+    sampler.start()
+    read = 0
+    iterator = copy.iter_for_device(device) if device is not None and hasattr(copy, "iter_for_device") else iter(copy)
+    try:
+        held = next(iterator)  # the loop's batch, held through the stall
+        read += batch_size
+        _stall(sampler, stall_max_s)
+        del held
+        every = max(batch_size, samples // CHECKPOINTS)
+        while read < samples:
+            try:
+                next(iterator)
+            except StopIteration:
+                iterator = iter(copy)
+                continue
+            read += batch_size
+            if read % every < batch_size:  # points spread over the samples however fast the loader goes
+                sampler.sample()
+    finally:
+        sampler.stop()
+        close = getattr(iterator, "close", None) or getattr(iterator, "_shutdown_workers", None)
+        if close is not None:
+            close()
+        del iterator
+    return LoaderMemory(prediction, _workers(sampler, batch_size), int(sum(sampler.counts().values())), sampler.shm_peak,
+                        sampler.fs_peak, shm_size, shm_free, sampler.rss_start, sampler.rss_peak, sampler.pinned_peak,
+                        time.perf_counter() - start, None)
+
+
+def _stall(sampler: _Sampler, stall_max_s: float) -> None:
+    """Hold still until the workers stop reading and the shared memory stops growing (or ``stall_max_s``)."""
+    deadline = time.perf_counter() + stall_max_s
+    last = (-1, -1)
+    quiet_since = time.perf_counter()
+    while time.perf_counter() < deadline:
+        time.sleep(sampler.interval_s)
+        with sampler.lock:
+            now = (sum(sampler.counts().values()), sampler.shm_now)
+        if now != last:
+            last, quiet_since = now, time.perf_counter()
+        elif time.perf_counter() - quiet_since >= SETTLE_S:
+            return
+
+
+def loader_budget_warning(loader: Any, *, limits: Any = None) -> str | None:
+    """:func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` on one batch read in this process: call it before any worker starts."""
+    batch_bytes, float32_bytes = batch_nbytes(first_batch(loader))
+    return check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits)
