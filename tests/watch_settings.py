@@ -1,0 +1,26 @@
+"""The three planted monitor settings shared by the watch, Lightning and Hugging Face tests.
+
+A loader with ``num_workers=0`` that takes ``loader_ms`` per batch against a step of ``step_ms``: nothing
+overlaps, so the loop waits ``loader_ms / (loader_ms + step_ms)`` of its time, by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOLERANCE = 0.05
+"""Reported share within 5 points of the planted one (issue 22)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    loader_ms: float
+    step_ms: float
+
+    @property
+    def truth(self) -> float:
+        return self.loader_ms / (self.loader_ms + self.step_ms)
+
+
+SETTINGS = [Setting("input-bound", 30, 10), Setting("balanced", 10, 10), Setting("not input-bound", 0.5, 40)]
+IDS = [s.name for s in SETTINGS]
