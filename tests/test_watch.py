@@ -84,6 +84,13 @@ def test_ledger_arithmetic_with_a_fake_clock() -> None:
     ledger.end_epoch(12.0)
     assert ledger.total.steps == 3
     assert ledger.total.share == pytest.approx(0.6 / 3.6)
+    ledger.start_epoch(20.0)        # an iterator made and dropped before any batch leaves no epoch
+    ledger.start_epoch(21.0)
+    ledger.batch(1.0, 22.0)
+    ledger.pause(23.0)              # validation mid-epoch: 10 s that count nowhere
+    ledger.resume(33.0)
+    ledger.end_epoch(34.0)
+    assert len(ledger.epochs) == 3 and ledger.epochs[-1].elapsed_s == pytest.approx(3.0)
 
 
 def test_every_n_steps_lines_and_epochs() -> None:

@@ -73,15 +73,21 @@ class WaitLedger:
         self._since = Window()
         self._since_start = 0.0
         self._recent = array("d")
+        self._paused_at: float | None = None
 
     @property
     def in_epoch(self) -> bool:
         return self._open is not None
 
     def start_epoch(self, now: float) -> None:
-        """A new iterator: an epoch left open (a loop that broke out early) is closed at its last batch."""
-        if self._open is not None:
-            self.end_epoch(self._last_batch if self._open.steps else now)
+        """A new iterator: an epoch left open (a loop that broke out early) is closed at its last batch.
+
+        An open epoch without a batch is dropped: a framework that makes an iterator and then a fresh one
+        (Lightning does, to restore state) starts the epoch at the second.
+        """
+        if self._open is not None and self._open.steps:
+            self.end_epoch(self._last_batch)
+        self._paused_at = None
         self._open, self._epoch_start, self._last_batch = Window(), now, now
         if not self._since.steps and not self._since.elapsed_s:
             self._since_start = now
@@ -103,11 +109,27 @@ class WaitLedger:
         self._recent.append(wait_s)
         self._last_batch = now
 
+    def pause(self, now: float) -> None:
+        """Stop the epoch's clock (a validation run inside the epoch is not the training loop's time)."""
+        if self._open is not None and self._paused_at is None:
+            self._paused_at = now
+
+    def resume(self, now: float) -> None:
+        """Restart the clock stopped by :meth:`pause`; the paused span counts nowhere."""
+        if self._paused_at is None:
+            return
+        span, self._paused_at = now - self._paused_at, None
+        self._epoch_start += span
+        self._since_start += span
+        self._last_batch += span
+
     def end_epoch(self, now: float) -> Window | None:
         """Close the open epoch at ``now``; returns it (None when no epoch was open)."""
         epoch, self._open = self._open, None
         if epoch is None:
             return None
+        if self._paused_at is not None:
+            now, self._paused_at = self._paused_at, None
         epoch.elapsed_s = max(0.0, now - self._epoch_start)
         self.epochs.append(epoch)
         _add(self.total, epoch)

@@ -88,6 +88,13 @@ class Watch:
             self._emit(f"epoch {len(self.ledger.epochs)}", epoch, self.ledger.total.steps)
         return epoch
 
+    def pause(self) -> None:
+        """Stop the clock of the open epoch until :meth:`resume` (e.g. while a framework validates mid-epoch)."""
+        self.ledger.pause(time.perf_counter())
+
+    def resume(self) -> None:
+        self.ledger.resume(time.perf_counter())
+
     def _every_n(self, now: float) -> None:
         window, p50, p90 = self.ledger.take_since(now)
         last = self.ledger.current(now).steps
