@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastpipe.datasets", "fastpipe.loading", "fastpipe.monitor", "fastpipe.distributed"),
     ("fastpipe.workloads",),
     ("fastpipe.diagnosis",),
-    ("fastpipe.experiments",),
+    ("fastpipe.experiments", "fastpipe.integrations"),
     ("fastpipe.commands", "fastpipe.cli", "fastpipe.__main__", "fastpipe"),
 ]
 
