@@ -73,6 +73,9 @@ class Watch:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
+    def __bool__(self) -> bool:  # a watch is never falsy, even over an empty or unsized loader
+        return True
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("loader", "ledger"):
             raise AttributeError(name)
