@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 from fastpipe.monitor._ledger import BANDS, WaitLedger, Window, band_for
 from fastpipe.monitor._memory import MemorySnapshot, memory_snapshot
 from fastpipe.monitor._tap import tap_dataloaders
-from fastpipe.monitor._watch import Watch, WatchIterator, diagnose_hint
+from fastpipe.monitor._watch import HINT_SHARE, Watch, WatchIterator, diagnose_hint
 
 
 def watch(loader: Iterable[Any], *, every: int | None = None, log: Any = None, echo: "bool | Callable[[str], None]" = True,
@@ -25,5 +25,5 @@ def watch(loader: Iterable[Any], *, every: int | None = None, log: Any = None, e
     return Watch(loader, every=every, log=log, echo=echo, name=name, device=device, memory=memory)
 
 
-__all__ = ["BANDS", "MemorySnapshot", "WaitLedger", "Watch", "WatchIterator", "Window", "band_for", "diagnose_hint",
+__all__ = ["BANDS", "HINT_SHARE", "MemorySnapshot", "WaitLedger", "Watch", "WatchIterator", "Window", "band_for", "diagnose_hint",
            "memory_snapshot", "tap_dataloaders", "watch"]

@@ -18,16 +18,26 @@ if TYPE_CHECKING:
     from fastpipe.monitor._watch import Watch
 
 
+Source = Callable[[DataLoader, Callable[[DataLoader], Iterator[Any]]], Iterator[Any]]
+"""``source(loader, original_iter)``: the iterator to time, made from the loader with DataLoader's own ``__iter__``."""
+
+
 @contextlib.contextmanager
-def tap_dataloaders(select: "Callable[[DataLoader], Watch | None]") -> Iterator[None]:
-    """While inside, every ``iter(loader)`` of a DataLoader for which ``select`` returns a Watch is timed by it."""
+def tap_dataloaders(select: "Callable[[DataLoader], Watch | None]", source: Source | None = None) -> Iterator[None]:
+    """While inside, every ``iter(loader)`` of a DataLoader for which ``select`` returns a Watch is timed by it.
+
+    ``source`` may hand out another iterator for the loader (``fastpipe watch`` times the stages inside the
+    workers with a timed copy of it); by default it is the loader's own.
+    """
     original = DataLoader.__iter__
 
     def __iter__(self: DataLoader) -> Any:
         watch = select(self)
         if watch is None:
             return original(self)
-        return watch.iterate(lambda: original(self))
+        if source is None:
+            return watch.iterate(lambda: original(self))
+        return watch.iterate(lambda: source(self, original))
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
     try:

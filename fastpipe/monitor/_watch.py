@@ -41,17 +41,18 @@ class Watch:
         memory: add the training process's RSS, the workers' USS and free ``/dev/shm`` to each summary.
         ends_epochs: an exhausted iterator ends the epoch (True); False when the loop's owner calls
             :meth:`end_epoch` (frameworks that exhaust their iterator one batch before their last step).
+        hint: print the suggested diagnosis the first time a line reaches 5% (``fastpipe watch`` prints its own).
     """
 
     def __init__(self, loader: Iterable[Any], *, every: int | None = None, log: Any = None,
                  echo: "bool | Callable[[str], None]" = True, name: str = "loader", device: Any = None,
-                 memory: bool = True, ends_epochs: bool = True) -> None:
+                 memory: bool = True, ends_epochs: bool = True, hint: bool = True) -> None:
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ConfigError(f"every must be a positive number of steps or None. Got {every!r}.")
         if not hasattr(loader, "__iter__"):
             raise ConfigError(f"watch needs an iterable of batches (a DataLoader, DevicePrefetcher...), not {type(loader).__name__}")
         self.loader, self.every, self.name, self.device, self.memory = loader, every, name, device, memory
-        self.ends_epochs = ends_epochs
+        self.ends_epochs, self.hint = ends_epochs, hint
         self.ledger = WaitLedger()
         self.lines: list[str] = []
         self._sink = make_sink(log)
@@ -127,7 +128,7 @@ class Watch:
             self._echo(line)
         if self._sink:
             self._sink(self.metrics(window), step, line)
-        if window.share >= HINT_SHARE and not self._hinted:
+        if self.hint and window.share >= HINT_SHARE and not self._hinted:
             self._hinted = True
             if self._echo:
                 self._echo(self.next_step())
