@@ -63,7 +63,7 @@ def fastpipe_imports(path: pathlib.Path) -> list[tuple[int, str]]:
                 continue
             if base == "fastpipe":  # from fastpipe import x: x is a submodule or a public name of the top package
                 found += [(node.lineno, f"fastpipe.{a.name}" if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
-                           else "fastpipe") for a in node.names]
+                           or any(ROOT.glob(f"{a.name}.*.so")) else "fastpipe") for a in node.names]  # .so: _C, _jpeg
             else:
                 found.append((node.lineno, base))
     return found
