@@ -72,7 +72,10 @@ def test_callback_share_is_the_planted_one(tmp_path, setting: Setting) -> None:
     (logged,) = [entry[hf.SHARE_METRIC] for entry in trainer.state.log_history if hf.SHARE_METRIC in entry]
     print(f"HF Trainer {setting.name} (loader {setting.loader_ms:g} ms, step {setting.step_ms:g} ms): "
           f"planted {setting.truth:.1%}, logged {logged:.1%}")
-    assert callback.watch.summary()["steps"] == STEPS
+    summary = callback.watch.summary()
+    assert summary["steps"] == STEPS
+    if summary["next_step"]:
+        assert 'fastpipe.integrations.hf.diagnose(trainer, device="cpu")' in summary["next_step"]
     assert logged == pytest.approx(setting.truth, abs=TOLERANCE)
     assert torch.utils.data.DataLoader.__iter__.__name__ == "__iter__" and callback._tap is None
 

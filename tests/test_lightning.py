@@ -67,7 +67,11 @@ def test_callback_share_is_the_planted_one(setting: Setting) -> None:
     logged = float(fit.callback_metrics[fl.SHARE_METRIC])
     print(f"Lightning {setting.name} (loader {setting.loader_ms:g} ms, step {setting.step_ms:g} ms): "
           f"planted {setting.truth:.1%}, logged {logged:.1%}")
-    assert callback.watch.summary()["steps"] == STEPS
+    summary = callback.watch.summary()
+    assert summary["steps"] == STEPS
+    assert (summary["next_step"] is not None) == (setting.truth >= 0.05)
+    if summary["next_step"]:
+        assert "fastpipe.integrations.lightning.diagnose(module, datamodule" in summary["next_step"]
     assert logged == pytest.approx(setting.truth, abs=TOLERANCE)
 
 

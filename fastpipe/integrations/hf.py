@@ -79,7 +79,8 @@ def _make_callback_class(base: type) -> type:
         def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
             if train_dataloader is None:
                 return
-            self.watch = watch_ = Watch([], name="loader", device=str(args.device), ends_epochs=False, **self.options)
+            suggest = f'report = fastpipe.integrations.hf.diagnose(trainer, device="{args.device}"); print(report)'
+            self.watch = watch_ = Watch([], ends_epochs=False, suggest=suggest, **self.options)
 
             # accelerate's DataLoaderShard wraps the DataLoader that is really iterated (its base_dataloader)
             trained = {id(train_dataloader), id(getattr(train_dataloader, "base_dataloader", train_dataloader))}

@@ -71,7 +71,9 @@ def _make_callback_class(base: type) -> type:
             self._tap: Any = None
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            self.watch = Watch([], name="loader", device=_device_of(pl_module), ends_epochs=False, **self.options)
+            suggest = (f'report = fastpipe.integrations.lightning.diagnose(module, datamodule, device="{_device_of(pl_module)}"); '
+                       "print(report)")
+            self.watch = Watch([], ends_epochs=False, suggest=suggest, **self.options)
             self._tap = tap_dataloaders(lambda loader: self.watch if trainer.training and not trainer.sanity_checking else None)
             self._tap.__enter__()
 

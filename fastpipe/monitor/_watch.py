@@ -42,17 +42,18 @@ class Watch:
         ends_epochs: an exhausted iterator ends the epoch (True); False when the loop's owner calls
             :meth:`end_epoch` (frameworks that exhaust their iterator one batch before their last step).
         hint: print the suggested diagnosis the first time a line reaches 5% (``fastpipe watch`` prints its own).
+        suggest: the call to suggest instead of ``fastpipe.diagnose(loader, step, ...)`` (an integration's own).
     """
 
     def __init__(self, loader: Iterable[Any], *, every: int | None = None, log: Any = None,
                  echo: "bool | Callable[[str], None]" = True, name: str = "loader", device: Any = None,
-                 memory: bool = True, ends_epochs: bool = True, hint: bool = True) -> None:
+                 memory: bool = True, ends_epochs: bool = True, hint: bool = True, suggest: str | None = None) -> None:
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ConfigError(f"every must be a positive number of steps or None. Got {every!r}.")
         if not hasattr(loader, "__iter__"):
             raise ConfigError(f"watch needs an iterable of batches (a DataLoader, DevicePrefetcher...), not {type(loader).__name__}")
         self.loader, self.every, self.name, self.device, self.memory = loader, every, name, device, memory
-        self.ends_epochs, self.hint = ends_epochs, hint
+        self.ends_epochs, self.hint, self.suggest = ends_epochs, hint, suggest
         self.ledger = WaitLedger()
         self.lines: list[str] = []
         self._sink = make_sink(log)
@@ -171,6 +172,8 @@ class Watch:
 
     def next_step(self) -> str:
         """The exact diagnosis call for this loader, as a line to paste."""
+        if self.suggest is not None:
+            return f"{PREFIX}: next step: find the slow stage with the cache ladder:\n    {self.suggest}"
         return diagnose_hint(self.loader, self.name, self.device)
 
 
