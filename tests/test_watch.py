@@ -76,14 +76,14 @@ def test_ledger_arithmetic_with_a_fake_clock() -> None:
     ledger.start_epoch(0.0)
     ledger.batch(0.5, 0.5)          # start-up + first batch: 0.5 s blocked
     ledger.batch(0.1, 1.6)          # step 1.0 s, then 0.1 s blocked
-    ledger.start_epoch(10.0)        # broke out: epoch 1 ends at its last batch (1.6 s)
-    assert ledger.epochs[0].elapsed_s == pytest.approx(1.6)
-    assert ledger.epochs[0].share == pytest.approx(0.6 / 1.6)
+    ledger.start_epoch(10.0)        # broke out: epoch 1 ends a typical step (1.0 s) after its last batch
+    assert ledger.epochs[0].elapsed_s == pytest.approx(2.6)
+    assert ledger.epochs[0].share == pytest.approx(0.6 / 2.6)
     assert ledger.epochs[0].first_wait_s == 0.5
     ledger.batch(0.0, 10.0)
     ledger.end_epoch(12.0)
     assert ledger.total.steps == 3
-    assert ledger.total.share == pytest.approx(0.6 / 3.6)
+    assert ledger.total.share == pytest.approx(0.6 / 4.6)
     ledger.start_epoch(20.0)        # an iterator made and dropped before any batch leaves no epoch
     ledger.start_epoch(21.0)
     ledger.batch(1.0, 22.0)

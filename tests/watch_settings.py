@@ -25,11 +25,13 @@ class Setting:
         return Setting(self.name, self.loader_ms * factor, self.step_ms * factor)
 
 
-SETTINGS = [Setting("input-bound", 30, 10), Setting("balanced", 10, 10), Setting("not input-bound", 0.5, 40)]
+# The not-input-bound loader still costs the DataLoader's own per-batch work (a few hundred microseconds, a couple of
+# milliseconds on a loaded 2-core machine), so its step is long enough to keep that well under the 5% band edge.
+SETTINGS = [Setting("input-bound", 30, 10), Setting("balanced", 10, 10), Setting("not input-bound", 0.5, 80)]
 IDS = [s.name for s in SETTINGS]
 
 FRAMEWORK_SCALE = 10
 """A framework's own work per step (Lightning's hooks, logging and optimizer closure: about 9 ms a step on a
 loaded 2-core machine) is host time that is not waiting, so it belongs to the step. The framework tests
 plant ten times longer costs, so that overhead is a small part of the step they plant."""
-FRAMEWORK_SETTINGS = [s.scaled(FRAMEWORK_SCALE) for s in SETTINGS]
+FRAMEWORK_SETTINGS = [s.scaled(FRAMEWORK_SCALE) for s in SETTINGS[:2]] + [Setting("not input-bound", 5, 400)]

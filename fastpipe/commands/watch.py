@@ -187,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+    for entry in session.watched.values():
+        entry.watch.close()
     main = session.main()
     echo(report(session, main, target, interrupted))
     if args.json is not None and main is not None:

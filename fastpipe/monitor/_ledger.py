@@ -5,7 +5,8 @@ Time the host spends blocked in ``next()`` is time the step could not start; its
 is the input-bound share (TensorFlow's input-pipeline analyzer reports the same quantity as "percent of step
 time waiting for input"). An epoch's clock starts when its iterator is made, so worker start-up and the first
 batch count, as they do for the accelerator, and stops when the iterator is exhausted (or when the owner of the
-loop says the epoch ended: a framework may exhaust its iterator one batch before its last step).
+loop says the epoch ended: a framework may exhaust its iterator one batch before its last step). An epoch
+whose end is never seen is closed at its last batch plus one typical step.
 
 Only host clocks are read (``time.perf_counter``): nothing here synchronizes a device. On CUDA the share is
 exactly the accelerator's idle share when the step ends with a synchronization (``loss.item()``, a metric read),
@@ -85,8 +86,7 @@ class WaitLedger:
         An open epoch without a batch is dropped: a framework that makes an iterator and then a fresh one
         (Lightning does, to restore state) starts the epoch at the second.
         """
-        if self._open is not None and self._open.steps:
-            self.end_epoch(self._last_batch)
+        self.close_unfinished()
         self._paused_at = None
         self._open, self._epoch_start, self._last_batch = Window(), now, now
         if not self._since.steps and not self._since.elapsed_s:
@@ -108,6 +108,18 @@ class WaitLedger:
         self._since.wait_s += wait_s
         self._recent.append(wait_s)
         self._last_batch = now
+
+    def close_unfinished(self) -> Window | None:
+        """Close an epoch whose end was never seen (the loop broke out, or stopped at ``len(loader)`` without
+        asking for more), at its last batch plus one typical step: the mean time its other steps took
+        besides waiting. An epoch without a batch is dropped."""
+        epoch = self._open
+        if epoch is None or not epoch.steps:
+            self._open = None
+            return None
+        busy = max(0.0, self._last_batch - self._epoch_start - epoch.wait_s)
+        typical = busy / (epoch.steps - 1) if epoch.steps > 1 else 0.0
+        return self.end_epoch(self._last_batch + typical)
 
     def pause(self, now: float) -> None:
         """Stop the epoch's clock (a validation run inside the epoch is not the training loop's time)."""

@@ -93,6 +93,14 @@ class Watch:
             self._emit(f"epoch {len(self.ledger.epochs)}", epoch, self.ledger.total.steps)
         return epoch
 
+    def close(self) -> Window | None:
+        """The loop is over: close an epoch whose end was never seen (see ``WaitLedger.close_unfinished``)."""
+        epoch = self.ledger.close_unfinished()
+        if epoch is not None:
+            self.ledger.take_since(time.perf_counter())
+            self._emit(f"epoch {len(self.ledger.epochs)}", epoch, self.ledger.total.steps)
+        return epoch
+
     def pause(self) -> None:
         """Stop the clock of the open epoch until :meth:`resume` (e.g. while a framework validates mid-epoch)."""
         self.ledger.pause(time.perf_counter())
