@@ -80,6 +80,7 @@ def test_callback_share_is_the_planted_one(tmp_path, setting: Setting) -> None:
     assert torch.utils.data.DataLoader.__iter__.__name__ == "__iter__" and callback._tap is None
 
 
+@pytest.mark.slow  # 10-20 s on 2 shared cores: a whole ladder
 def test_diagnose_names_the_planted_stage_and_restores_the_trainer(tmp_path) -> None:
     model = TinyModel(step_ms=10)  # a 10 ms step against 4 x 20 ms of Slow over 2 workers: 40 ms a batch
     dataset = Samples(400, transform=T.Compose([Slow(20), Fast()]))

@@ -97,6 +97,7 @@ def test_callback_leaves_validation_loaders_alone_and_restores_dataloader_iter()
     assert DataLoader.__iter__ is original
 
 
+@pytest.mark.slow  # 10-20 s on 2 shared cores: a whole ladder
 def test_diagnose_names_the_planted_stage_and_restores_the_module() -> None:
     module = Tiny(step_ms=10)  # a 10 ms step against 4 x 20 ms of Slow over 2 workers: 40 ms a batch
     before = {k: v.clone() for k, v in module.state_dict().items()}

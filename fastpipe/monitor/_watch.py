@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
 from fastpipe.errors import ConfigError
@@ -25,6 +26,8 @@ from fastpipe.monitor._sinks import make_sink
 HINT_SHARE = 0.05
 """From this share on, the summary names the diagnosis to run next."""
 PREFIX = "fastpipe.watch"
+MAX_LINES = 1000
+"""Summary lines kept in ``Watch.lines`` (the latest), so ``every=1`` on a long run holds bounded memory."""
 
 
 class Watch:
@@ -55,7 +58,7 @@ class Watch:
         self.loader, self.every, self.name, self.device, self.memory = loader, every, name, device, memory
         self.ends_epochs, self.hint, self.suggest = ends_epochs, hint, suggest
         self.ledger = WaitLedger()
-        self.lines: list[str] = []
+        self.lines: deque[str] = deque(maxlen=MAX_LINES)
         self._sink = make_sink(log)
         self._echo: Callable[[str], None] | None = (lambda line: print(line, file=sys.stdout, flush=True)) if echo is True else (echo or None)
         self._hinted = False
