@@ -2,7 +2,7 @@
 
 The public API. Everything below is re-exported from the package that owns it (see ARCHITECTURE.md):
 ``diagnosis`` (the cache ladder and its report), ``experiments`` (compare, tune), ``loading`` (prefetcher,
-recycled batch memory), ``workloads`` (Workload and the reference pipelines), ``transforms``, ``stages``,
+recycled batch memory), ``monitor`` (watch), ``workloads`` (Workload and the reference pipelines), ``transforms``, ``stages``,
 ``devices`` and ``errors``.
 """
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
@@ -30,6 +30,7 @@ from fastpipe.errors import (
 )
 from fastpipe.experiments import Comparison, TuneResult, compare, tune
 from fastpipe.loading import DevicePrefetcher, RecycledLoader, make_prefetcher, recycled, release, releasing
+from fastpipe.monitor import watch
 from fastpipe.stages import Stages
 from fastpipe.transforms.device import ConvertColorScale, Normalize
 from fastpipe.workloads import Workload, default_device_for, load_workload
@@ -77,4 +78,5 @@ __all__ = [
     "release",
     "releasing",
     "tune",
+    "watch",
 ]

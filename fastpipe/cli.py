@@ -16,9 +16,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _subcommand_modules() -> list[Any]:
-    from fastpipe.commands import compare, costs, diagnose, memory, run, tune
+    from fastpipe.commands import compare, costs, diagnose, memory, run, tune, watch
 
-    return [diagnose, compare, costs, memory, tune, run]
+    return [diagnose, compare, costs, memory, tune, run, watch]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,10 +21,10 @@ LAYERS: list[tuple[str, ...]] = [
      "fastpipe.stages", "fastpipe._C", "fastpipe._jpeg"),
     ("fastpipe.ops",),
     ("fastpipe.transforms",),
-    ("fastpipe.datasets", "fastpipe.loading", "fastpipe.distributed"),
+    ("fastpipe.datasets", "fastpipe.loading", "fastpipe.monitor", "fastpipe.distributed"),
     ("fastpipe.workloads",),
     ("fastpipe.diagnosis",),
-    ("fastpipe.experiments",),
+    ("fastpipe.experiments", "fastpipe.integrations"),
     ("fastpipe.commands", "fastpipe.cli", "fastpipe.__main__", "fastpipe"),
 ]
 
@@ -113,6 +113,7 @@ PUBLIC_NAMES = [
     "Stages", "StepCheck", "TuneResult", "Workload", "check_step", "compare", "default_device_for",
     "default_device_spec", "diagnose", "explain_saturation", "find_pipeline", "load_workload", "make_prefetcher",
     "measure_stage_costs", "measure_workload", "parse_device", "recommend", "recycled", "release", "releasing", "tune",
+    "watch",
 ]
 
 
@@ -127,7 +128,7 @@ def test_all_is_sorted_and_complete():
     assert set(PUBLIC_NAMES) <= set(fastpipe.__all__)
 
 
-@pytest.mark.parametrize("package", ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading",
+@pytest.mark.parametrize("package", ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading", "fastpipe.monitor",
                                      "fastpipe.workloads", "fastpipe.transforms"])
 def test_subpackage_all_is_sorted_and_importable(package):
     module = importlib.import_module(package)

@@ -1,0 +1,262 @@
+"""``fastpipe watch -- python train.py ARGS``: is this script's accelerator waiting for data? No change to the script.
+
+The script runs in this process (``runpy``, with its own ``sys.argv`` and its folder first on ``sys.path``, as
+``python train.py`` would). For the duration, ``DataLoader.__iter__`` is tapped (:mod:`fastpipe.monitor`): every
+DataLoader the script iterates gets a :class:`~fastpipe.monitor.Watch`, and, unless ``--no-stages``, its batches
+come from a copy of it whose dataset and collate are timed inside the workers (the ledger of
+:mod:`fastpipe.diagnosis.stagecost`; the timings travel with each batch and are stripped off before the script
+sees it). The copy keeps every setting (workers, batch size, collate, pinning, persistent workers) and iterates a
+copy of the sampler: the same distribution of batches, not necessarily the same order. When the script ends, or
+on Ctrl-C, it prints the input-bound share of the loader iterated most (the training loader), its stages, and
+the next step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from fastpipe._render import render_table
+from fastpipe.errors import ConfigError
+from fastpipe.monitor import HINT_SHARE, Watch, band_for, tap_dataloaders
+
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "watch", help="run a training script unchanged; report how much of its loop waits for data, and its stages",
+        usage="fastpipe watch [--every N] [--no-stages] [--json PATH] -- python SCRIPT [ARGS ...]",
+        description="Run SCRIPT as `python SCRIPT ARGS` would, in this process, timing every DataLoader it iterates. "
+                    "At exit or Ctrl-C, print the input-bound share of the loader iterated most, its stages timed "
+                    "inside the workers, and the next step.")
+    parser.add_argument("--every", type=int, default=None, metavar="N", help="also print a line every N steps of each loader")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="do not time stages inside the workers (iterate the script's own loaders, untouched)")
+    parser.add_argument("--json", type=Path, default=None, help="write the summary (and stages) as JSON here")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="python SCRIPT [ARGS ...] (or -m MODULE [ARGS ...])")
+    parser.set_defaults(handler=run)
+
+
+def parse_command(command: list[str]) -> tuple[str, str, list[str]]:
+    """``("path", script, args)`` or ``("module", name, args)`` from ``[--] [python] SCRIPT ARGS`` / ``-m MODULE``."""
+    words = list(command)
+    if words and words[0] == "--":
+        words.pop(0)
+    if words and (Path(words[0]).name.startswith("python") or words[0] == sys.executable):
+        words.pop(0)
+    if not words:
+        raise ConfigError("fastpipe watch needs a script to run: fastpipe watch -- python train.py ARGS")
+    if words[0] == "-m":
+        if len(words) < 2:
+            raise ConfigError("fastpipe watch -- python -m needs a module name")
+        return "module", words[1], words[2:]
+    if words[0].startswith("-"):
+        raise ConfigError(f"fastpipe watch runs a script, not python's option {words[0]!r}: fastpipe watch -- python train.py ARGS")
+    if not Path(words[0]).is_file():
+        raise ConfigError(f"no script {words[0]!r} here ({os.getcwd()}): give its path, as to python")
+    return "path", words[0], words[1:]
+
+
+@dataclass
+class _Watched:
+    """One DataLoader the script iterated: its watch, its timed copy, and the stage times its batches brought."""
+
+    loader: DataLoader
+    label: str
+    watch: Watch
+    timed: DataLoader | None = None
+    notes: list[str] = field(default_factory=list)
+    framework: str | None = None
+    samples: int = 0
+    stages: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, timings: Any) -> None:
+        self.samples += timings.samples
+        for name, (wall, cpu) in timings.stages.items():
+            entry = self.stages.setdefault(name, [0.0, 0.0])
+            entry[0] += wall
+            entry[1] += cpu
+
+
+class _Stripped(Iterator[Any]):
+    """The timed copy's iterator as the script sees it: batches without their timings."""
+
+    def __init__(self, source: Iterator[Any], into: _Watched) -> None:
+        self._source, self._into = source, into
+
+    def __iter__(self) -> "_Stripped":
+        return self
+
+    def __next__(self) -> Any:
+        batch, timings = next(self._source)
+        self._into.add(timings)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_source", "_into"):
+            raise AttributeError(name)
+        return getattr(self._source, name)
+
+
+class Session:
+    """The loaders seen while the script runs (kept alive by reference, so ids are not reused)."""
+
+    def __init__(self, *, every: int | None, stages: bool, echo: Callable[[str], None]) -> None:
+        self.every, self.stages, self.echo = every, stages, echo
+        self.watched: dict[int, _Watched] = {}
+
+    def select(self, loader: DataLoader) -> Watch:
+        entry = self.watched.get(id(loader))
+        if entry is None:
+            label = f"DataLoader #{len(self.watched) + 1}"
+            echo = lambda line, label=label: self.echo(line.replace("fastpipe.watch:", f"fastpipe.watch [{label}]:", 1))  # noqa: E731
+            entry = _Watched(loader, label, Watch(loader, every=self.every, echo=echo, memory=False, hint=False),
+                             framework=_calling_framework())
+            self.watched[id(loader)] = entry
+        return entry.watch
+
+    def source(self, loader: DataLoader, original: Callable[[DataLoader], Iterator[Any]]) -> Iterator[Any]:
+        entry = self.watched[id(loader)]
+        if not self.stages:
+            return original(loader)
+        if entry.timed is None:
+            from fastpipe.diagnosis.stagecost import timed_loader
+
+            try:
+                entry.timed, entry.notes = timed_loader(loader)
+            except Exception as exc:  # a loader that cannot be rebuilt (an unusual subclass): watch it untimed
+                self.stages_off(entry, f"its stages could not be timed ({type(exc).__name__}: {exc}); it ran untouched")
+                return original(loader)
+        return _Stripped(original(entry.timed), entry)
+
+    def stages_off(self, entry: _Watched, why: str) -> None:
+        entry.notes.append(why)
+        entry.timed = None
+
+    def main(self) -> _Watched | None:
+        """The loader iterated most: the training loader in any ordinary script."""
+        now = time.perf_counter()
+        if not self.watched:
+            return None
+        return max(self.watched.values(), key=lambda e: e.watch.ledger.current(now).steps)
+
+
+def _calling_framework() -> str | None:
+    """``"lightning"`` or ``"transformers"`` when one of them is iterating the loader (read once, at ``iter()``)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        for framework in ("lightning", "pytorch_lightning", "transformers", "accelerate"):
+            if module == framework or module.startswith(framework + "."):
+                return "lightning" if "lightning" in framework else "transformers"
+        frame = frame.f_back
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    kind, target, script_args = parse_command(args.command)
+    if args.every is not None and args.every < 1:
+        raise ConfigError(f"--every must be a positive number of steps. Got {args.every}.")
+    def echo(line: str) -> None:  # stderr: stdout stays the script's; flushed first so the two interleave in order
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+
+    session = Session(every=args.every, stages=not args.no_stages, echo=echo)
+    code, interrupted = 0, False
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    sys.argv = [target, *script_args]
+    sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
+    try:
+        with tap_dataloaders(session.select, session.source):
+            if kind == "path":
+                runpy.run_path(target, run_name="__main__")
+            else:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except KeyboardInterrupt:
+        interrupted, code = True, EXIT_INTERRUPTED
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    for entry in session.watched.values():
+        entry.watch.close()
+    main = session.main()
+    echo(report(session, main, target, interrupted))
+    if args.json is not None and main is not None:
+        args.json.write_text(json.dumps(summary(main), indent=2))
+    return code
+
+
+def summary(entry: _Watched) -> dict[str, Any]:
+    out = entry.watch.summary()
+    out["loader"] = entry.label
+    out["stages"] = {name: {"ms_per_sample": 1000 * wall / entry.samples, "cpu_ms_per_sample": 1000 * cpu / entry.samples}
+                     for name, (wall, cpu) in entry.stages.items()} if entry.samples else {}
+    out["stage_notes"] = list(entry.notes)
+    return out
+
+
+def report(session: Session, main: _Watched | None, script: str, interrupted: bool) -> str:
+    """The closing text: the share, the stage table, the next step."""
+    ended = "interrupted (Ctrl-C)" if interrupted else "ended"
+    if main is None:
+        return f"fastpipe watch: {script} {ended} without iterating a DataLoader: nothing to report"
+    info = main.watch.summary()
+    share = info["input_bound_share"]
+    others = [e.label for e in session.watched.values() if e is not main]
+    loader = main.loader
+    lines = [f"fastpipe watch: {script} {ended}. Its training loader ({main.label}: batch_size={loader.batch_size}, "
+             f"num_workers={loader.num_workers}, the one iterated most"
+             + (f"; also seen: {', '.join(others)}" if others else "") + ")",
+             f"  waited for batches {share:.1%} of the loop's time: {band_for(share)} "
+             f"({info['steps']} steps in {info['epochs']} epoch(s), {info['wait_ms_per_step']:.1f} ms wait and "
+             f"{info['ms_per_step']:.1f} ms in all per step; first batch, worker start-up included, {1000 * info['first_batch_s']:.0f} ms)"]
+    text = "\n".join(lines) + "\n"
+    if main.samples:
+        total = sum(wall for wall, _ in main.stages.values()) or 1.0
+        rows = [(name, f"{1000 * wall / main.samples:.2f}", f"{wall / total:.1%}", f"{1000 * cpu / main.samples:.2f}")
+                for name, (wall, cpu) in main.stages.items()]
+        text += render_table(f"stages inside the workers ({main.samples} samples timed)",
+                             [("stage", "left"), ("ms/sample", "right"), ("of worker time", "right"), ("CPU ms/sample", "right")],
+                             rows, lines=[f"note: {n}" for n in main.notes])
+    elif main.notes:
+        text += "".join(f"  note: {n}\n" for n in main.notes)
+    text += next_step(share, script, loader, main.framework)
+    return text
+
+
+def next_step(share: float, script: str, loader: DataLoader, framework: str | None) -> str:
+    """What to run next: nothing, or the integration, or the factory that gives the full ladder."""
+    if share < HINT_SHARE:
+        return (f"next step: none needed for the input pipeline (under {HINT_SHARE:.0%} of the time waiting); "
+                "the step itself is where time goes\n")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if framework == "lightning":
+        where = "it trains with Lightning: run the ladder on its module and datamodule"
+        how = f"    report = fastpipe.integrations.lightning.diagnose(module, datamodule, device=\"{device}\"); print(report)\n"
+    elif framework == "transformers":
+        where = "it trains with the Hugging Face Trainer: run the ladder on the trainer"
+        how = f"    report = fastpipe.integrations.hf.diagnose(trainer, device=\"{device}\"); print(report)\n"
+    else:
+        stem = Path(script).stem
+        where = "write a factory for the full ladder"
+        how = (f"    # fastpipe_workload.py, next to {script}: build what {stem} builds, return the loader and one step\n"
+               f"    def make_workload(device):\n"
+               f"        loader = ...            # the DataLoader above (batch_size={loader.batch_size}, num_workers={loader.num_workers})\n"
+               f"        model = ...to(device); optimizer = ...\n"
+               f"        def step(batch):        # one training step on a batch already on the device\n"
+               f"            ...\n"
+               f"        return fastpipe.Workload(loader=loader, step=step, model=model, optimizer=optimizer)\n"
+               f"  then: fastpipe diagnose fastpipe_workload:make_workload --device {device}\n")
+    return f"next step: the cache ladder names the slow stage and what it costs per step; {where}:\n{how}"

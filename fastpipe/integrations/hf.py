@@ -1,0 +1,177 @@
+"""fastpipe in the Hugging Face Trainer: the monitor as a ``TrainerCallback``, and the cache ladder on a Trainer.
+
+``pip install 'fastpipe[hf]'`` (the real ``transformers`` package, imported only when used)::
+
+    fastpipe.integrations.hf.watch(trainer)      # adds the callback; logs fastpipe/input_bound_share each epoch
+    trainer.train()
+
+    report = fastpipe.integrations.hf.diagnose(trainer, device="cuda")
+
+The callback times the training DataLoader's ``next()`` (the DataLoader tap of :mod:`fastpipe.monitor`, from
+``on_train_begin`` to ``on_train_end``, catching only the loader the Trainer trains on). The Trainer fetches
+batches ahead (gradient accumulation, accelerate's look-ahead), so epochs end at ``on_epoch_end``; an
+evaluation inside an epoch stops the clock from the moment its loader is iterated until ``on_evaluate``.
+With the trainer given, each epoch's figures go through ``trainer.log`` to every reporter it has (TensorBoard,
+W&B...) and into ``trainer.state.log_history``.
+
+``diagnose`` runs :func:`fastpipe.diagnose` on ``trainer.get_train_dataloader()`` with the Trainer's own step:
+``trainer.training_step`` (its loss, its mixed precision, its backward), gradient clipping at
+``args.max_grad_norm``, ``optimizer.step()``, ``lr_scheduler.step()``, ``zero_grad``. The optimizer and
+scheduler are the trainer's, created as ``train()`` would create them when it has none yet, and put back as
+they were afterwards (None again, or the state they had); the model's weights and modes are restored.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis import Report, diagnose as _diagnose
+from fastpipe.errors import ConfigError
+from fastpipe.integrations._common import require
+from fastpipe.monitor import Watch, tap_dataloaders
+
+SHARE_METRIC = "fastpipe/input_bound_share"
+_CALLBACK: type | None = None
+
+
+def _transformers() -> Any:
+    return require("transformers", "hf", "transformers")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WatchCallback":  # built on first use, so importing this module does not import transformers
+        return _callback_class()
+    raise AttributeError(name)
+
+
+def watch(trainer: Any, **options: Any) -> Any:
+    """Add a :class:`WatchCallback` that logs through ``trainer.log``; returns the callback (its ``.watch`` after)."""
+    callback = _callback_class()(trainer=trainer, **options)
+    trainer.add_callback(callback)
+    return callback
+
+
+def _callback_class() -> type:
+    global _CALLBACK
+    if _CALLBACK is None:
+        _CALLBACK = _make_callback_class(_transformers().TrainerCallback)
+    return _CALLBACK
+
+
+def _make_callback_class(base: type) -> type:
+    class WatchCallback(base):  # type: ignore[misc, valid-type]
+        """Runs :func:`fastpipe.watch`'s monitor on the Trainer's training DataLoader.
+
+        Args:
+            trainer: log each epoch's figures through ``trainer.log`` (to every reporter); without it they go
+                to ``state.log_history`` only. ``fastpipe.integrations.hf.watch(trainer)`` passes it.
+            echo, memory, every: as for :func:`fastpipe.watch`.
+        """
+
+        def __init__(self, trainer: Any = None, *, echo: Any = True, memory: bool = True, every: int | None = None) -> None:
+            self.trainer = trainer
+            self.options = dict(echo=echo, memory=memory, every=every)
+            self.watch: Watch | None = None
+            self._tap: Any = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+            if train_dataloader is None:
+                return
+            suggest = f'report = fastpipe.integrations.hf.diagnose(trainer, device="{args.device}"); print(report)'
+            self.watch = watch_ = Watch([], ends_epochs=False, suggest=suggest, **self.options)
+
+            # accelerate's DataLoaderShard wraps the DataLoader that is really iterated (its base_dataloader)
+            trained = {id(train_dataloader), id(getattr(train_dataloader, "base_dataloader", train_dataloader))}
+
+            def select(loader: Any) -> Watch | None:
+                if id(loader) in trained:
+                    return watch_
+                watch_.pause()  # another loader iterated while training: an evaluation, until on_evaluate
+                return None
+
+            self._tap = tap_dataloaders(select)
+            self._tap.__enter__()
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.watch is not None:
+                self.watch.resume()
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.watch is None:
+                return
+            epoch = self.watch.end_epoch()
+            if epoch is None or not epoch.steps:
+                return
+            logs = {SHARE_METRIC: epoch.share, "fastpipe/wait_ms_per_step": 1000 * epoch.wait_s / epoch.steps}
+            if self.trainer is not None:
+                self.trainer.log(logs)
+            else:
+                state.log_history.append({**logs, "step": state.global_step})
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._tap is not None:
+                tap, self._tap = self._tap, None
+                tap.__exit__(None, None, None)
+
+    return WatchCallback
+
+
+# ----- the cache ladder on a Trainer ----------------------------------------------------------------
+def trainer_step(trainer: Any) -> Callable[[Any], None]:
+    """One optimizer step as ``Trainer.train`` runs it (no gradient accumulation), on a batch already on the device."""
+    model, args = trainer.model, trainer.args
+
+    def step(batch: Any) -> None:
+        model.train()
+        trainer.training_step(model, batch)
+        if args.max_grad_norm and args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        trainer.optimizer.step()
+        if trainer.lr_scheduler is not None and not isinstance(trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            trainer.lr_scheduler.step()
+        model.zero_grad()
+
+    return step
+
+
+def diagnose(trainer: Any, device: "str | Device | None" = None, **options: Any) -> Report:
+    """The cache ladder on a ``transformers.Trainer``'s training loader, step, optimizer and scheduler.
+
+    Args:
+        trainer: the Trainer (its model, optimizer and scheduler are put back afterwards).
+        device: as for :func:`fastpipe.diagnose`; default the trainer's ``args.device``. A device that runs the
+            model must be the trainer's own (its step moves inputs there).
+        options: passed to :func:`fastpipe.diagnose` (``steps``, ``budget``, ``progress``...).
+    """
+    transformers = _transformers()
+    if not isinstance(trainer, transformers.Trainer):
+        raise ConfigError(f"diagnose needs a transformers.Trainer, not {type(trainer).__name__}")
+    dev = parse_device(str(trainer.args.device) if device is None else device)
+    if dev.runs_model and dev.torch_device.type != torch.device(trainer.args.device).type:
+        raise ConfigError(f"the trainer runs on {trainer.args.device} and its step moves inputs there; pass "
+                          f"device={str(trainer.args.device)!r} (or a sim: device), or build the trainer for {dev.spec}")
+    loader = trainer.get_train_dataloader()
+    # accelerate's wrapper adds device placement and RNG synchronisation across processes; the ladder copies to the
+    # device itself, so it runs on the DataLoader inside (one process: the same batches)
+    loader = getattr(loader, "base_dataloader", loader)
+    created = trainer.optimizer is None, trainer.lr_scheduler is None
+    if any(created):
+        steps = trainer.args.max_steps if trainer.args.max_steps > 0 else max(1, len(loader)) * int(max(1, trainer.args.num_train_epochs))
+        trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    had_accumulation = hasattr(trainer, "current_gradient_accumulation_steps")
+    if not had_accumulation:  # set by train() for each optimizer step; training_step divides the loss by it
+        trainer.current_gradient_accumulation_steps = 1
+    try:
+        options.setdefault("name", f"{type(trainer.model).__name__} (Hugging Face Trainer)")
+        schedulers = [trainer.lr_scheduler] if trainer.lr_scheduler is not None else []
+        return _diagnose(loader, trainer_step(trainer), dev, model=trainer.model, optimizer=trainer.optimizer,
+                         schedulers=schedulers, **options)
+    finally:
+        if created[0]:
+            trainer.optimizer = None
+        if created[1]:
+            trainer.lr_scheduler = None
+        if not had_accumulation:
+            del trainer.current_gradient_accumulation_steps

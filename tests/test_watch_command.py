@@ -1,0 +1,90 @@
+"""``fastpipe watch -- python SCRIPT``: unmodified scripts, run in-process, with the share, stages and next step."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from fastpipe.cli import main
+from fastpipe.commands.watch import parse_command
+from fastpipe.errors import ConfigError
+from tests.watch_settings import SETTINGS, TOLERANCE
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "watch" / "train_imagenet_like.py"
+
+PLANTED = textwrap.dedent("""
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    LOADER_MS, STEP_MS, STEPS = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+
+    class Slow(Dataset):
+        def __len__(self):
+            return STEPS
+        def __getitem__(self, i):
+            time.sleep(LOADER_MS / 1000)
+            return torch.zeros(4)
+
+    val = DataLoader(Slow(), batch_size=4)          # iterated less: not the training loader
+    for batch in DataLoader(Slow(), batch_size=1):
+        time.sleep(STEP_MS / 1000)
+    print("trained", flush=True)
+    if len(sys.argv) > 4:
+        raise {exit}
+""")
+
+
+def write_script(tmp_path: Path, exit: str = "SystemExit(3)") -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(PLANTED.replace("{exit}", exit))
+    return path
+
+
+@pytest.mark.parametrize("setting", [SETTINGS[0], SETTINGS[2]], ids=[SETTINGS[0].name, SETTINGS[2].name])
+def test_planted_script_share(tmp_path, capsys, setting) -> None:
+    script = write_script(tmp_path)
+    out = tmp_path / "watch.json"
+    code = main(["watch", "--json", str(out), "--", "python", str(script), str(setting.loader_ms), str(setting.step_ms), "20"])
+    captured = capsys.readouterr()
+    summary = json.loads(out.read_text())
+    print(f"fastpipe watch {setting.name}: planted {setting.truth:.1%}, reported {summary['input_bound_share']:.1%}")
+    assert code == 0 and "trained" in captured.out
+    assert summary["steps"] == 20 and summary["loader"] == "DataLoader #1"
+    assert summary["input_bound_share"] == pytest.approx(setting.truth, abs=TOLERANCE)
+    assert "raw load" in summary["stages"] and "collate" in summary["stages"]
+    assert ("write a factory" in captured.err) == (setting.truth >= 0.05)
+    assert DataLoader.__iter__.__qualname__ == "DataLoader.__iter__"
+
+
+def test_exit_code_and_ctrl_c_still_report(tmp_path, capsys) -> None:
+    script = write_script(tmp_path)
+    assert main(["watch", "--", "python", str(script), "5", "1", "4", "exit"]) == 3
+    assert "waited for batches" in capsys.readouterr().err
+    script = write_script(tmp_path, exit="KeyboardInterrupt")
+    assert main(["watch", "--no-stages", "--", "python", str(script), "5", "1", "4", "interrupt"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C)" in err and "waited for batches" in err and "stages inside the workers" not in err
+
+
+def test_imagenet_like_example_unmodified(capsys) -> None:
+    code = main(["watch", "--", "python", str(EXAMPLE), "--epochs", "1", "--samples", "64", "-b", "8", "-j", "2"])
+    captured = capsys.readouterr()
+    print(captured.err)
+    assert code == 0 and "Epoch: [0][0/8]" in captured.out
+    assert "waited for batches" in captured.err and "8 steps in 1 epoch(s)" in captured.err
+    for stage in ("RandomResizedCrop", "ToTensor", "Normalize", "raw load", "collate"):
+        assert stage in captured.err
+
+
+def test_command_parsing() -> None:
+    assert parse_command(["--", "python", str(EXAMPLE), "-b", "8"]) == ("path", str(EXAMPLE), ["-b", "8"])
+    assert parse_command(["python3", "-m", "pkg.train", "--lr", "1"]) == ("module", "pkg.train", ["--lr", "1"])
+    with pytest.raises(ConfigError, match="needs a script"):
+        parse_command(["--"])
+    with pytest.raises(ConfigError, match="no script 'missing.py'"):
+        parse_command(["python", "missing.py"])
+    assert main(["watch", "--", "python", "missing.py"]) == 2
