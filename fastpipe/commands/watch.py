@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from fastpipe._render import render_table
 from fastpipe.errors import ConfigError

@@ -7,14 +7,14 @@ records what each run really took.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 import psutil
 
-SHM_PATH = "/dev/shm"
+from fastpipe.monitor._memory import SHM_PATH, shm_usage
+
 #: Batches in shared memory besides the ``workers x prefetch_factor`` in flight: one being pinned or consumed, one queued.
 SHM_EXTRA_BATCHES = 2
 
@@ -32,17 +32,13 @@ def shm_estimate(batch_bytes: int, num_workers: int, prefetch_factor: int) -> in
 
 def shm_free(path: str = SHM_PATH) -> int | None:
     """Free bytes in ``/dev/shm``, or None where there is none (macOS, Windows)."""
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
+    usage = shm_usage(path)
+    return None if usage is None else usage.free
 
 
 def _shm_used(path: str = SHM_PATH) -> int | None:
-    try:
-        return shutil.disk_usage(path).used
-    except OSError:
-        return None
+    usage = shm_usage(path)
+    return None if usage is None else usage.used
 
 
 class MemoryWatch:
@@ -96,11 +92,8 @@ class MemoryWatch:
 
 def shm_filesystem(path: str = SHM_PATH) -> tuple[int, int] | None:
     """(size, free bytes) of the shared-memory filesystem, or None where there is none."""
-    try:
-        usage = shutil.disk_usage(path)
-    except OSError:
-        return None
-    return usage.total, usage.free
+    usage = shm_usage(path)
+    return None if usage is None else (usage.total, usage.free)
 
 
 def shm_segments(pids: Iterable[int], path: str = SHM_PATH) -> dict[int, int]:

@@ -20,7 +20,6 @@ the parameters, buffers, modes (by :func:`fastpipe.diagnose`), the module's devi
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import torch

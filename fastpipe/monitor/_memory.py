@@ -55,14 +55,21 @@ class MemorySnapshot:
         return ", ".join(parts)
 
 
+def shm_usage(path: str = SHM_PATH) -> Any:
+    """``shutil.disk_usage`` of the shared-memory filesystem (total, used, free), or None where there is none
+    (macOS, Windows). The one reading of ``/dev/shm`` that the monitor, the diagnosis and ``tune`` share."""
+    try:
+        return shutil.disk_usage(path)
+    except OSError:
+        return None
+
+
 def memory_snapshot(*, workers: bool = True, shm_path: str = SHM_PATH) -> MemorySnapshot:
     """Read the figures now. ``workers=False`` skips the per-child USS (the only part that costs milliseconds)."""
     snap = MemorySnapshot(rss_bytes=_rss())
-    try:
-        usage = shutil.disk_usage(shm_path)
+    usage = shm_usage(shm_path)
+    if usage is not None:
         snap.shm_free_bytes, snap.shm_total_bytes = usage.free, usage.total
-    except OSError:  # no shared-memory filesystem here (macOS, Windows)
-        pass
     if workers:
         snap.workers_uss_bytes = _children_uss()
     return snap
