@@ -48,6 +48,11 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
+def is_submodule(name: str) -> bool:
+    """Whether ``fastpipe.<name>`` is a package or module: source, or a compiled extension built in place (``_C.*.so``)."""
+    return (ROOT / name).exists() or (ROOT / f"{name}.py").exists() or any(ROOT.glob(f"{name}.*.so")) or any(ROOT.glob(f"{name}.*.pyd"))
+
+
 def fastpipe_imports(path: pathlib.Path) -> list[tuple[int, str]]:
     """(line, imported module) for each import of fastpipe in the file; ``from fastpipe import x`` counts as x."""
     found = []
@@ -62,8 +67,7 @@ def fastpipe_imports(path: pathlib.Path) -> list[tuple[int, str]]:
             if base.split(".")[0] != "fastpipe":
                 continue
             if base == "fastpipe":  # from fastpipe import x: x is a submodule or a public name of the top package
-                found += [(node.lineno, f"fastpipe.{a.name}" if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
-                           else "fastpipe") for a in node.names]
+                found += [(node.lineno, f"fastpipe.{a.name}" if is_submodule(a.name) else "fastpipe") for a in node.names]
             else:
                 found.append((node.lineno, base))
     return found
