@@ -252,9 +252,10 @@ def test_it_looks_like_a_dataloader_and_rebuilds_around_another_dataset() -> Non
     for name in ("dataset", "num_workers", "batch_size", "pin_memory", "persistent_workers", "collate_fn", "prefetch_factor", "drop_last"):
         assert getattr(ring, name) == getattr(loader, name), name
     assert len(ring) == 4
-    other = ring.with_dataset(Marked(20, side=4))  # as diagnose does: the same samples, wrapped (sampler kept)
+    other = ring.with_dataset(Marked(20, side=4))  # as diagnose does: the same samples, wrapped (sampler copied)
     assert isinstance(other, RecycledLoader) and other.slots == 4 and other.batch_size == 5 and other.drop_last
-    assert other.sampler is loader.sampler and other.prefetch_factor == 3 and other.pin_memory
+    assert other.sampler is not loader.sampler and type(other.sampler) is type(loader.sampler)
+    assert other.prefetch_factor == 3 and other.pin_memory
     assert [tuple(images.shape) for images, _ in other] == [(5, 3, 4, 4)] * 4
     assert ring.with_dataset(Marked(20), num_workers=0).num_workers == 0
 

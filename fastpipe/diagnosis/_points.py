@@ -14,10 +14,11 @@ import statistics
 from typing import Any, Callable, Iterator
 
 from fastpipe.diagnosis import _ddp as ddp
-from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, rebuild_loader, stage_of_error
+from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, stage_of_error
 from fastpipe.devices import Device
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.errors import PipelineError
+from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult

@@ -38,15 +38,6 @@ def unregister(buffer: torch.Tensor) -> None:
     torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
 
 
-def mark_pinned(device: Any, tensor: torch.Tensor) -> None:
-    """Tell a sim device that ``tensor`` is in pinned memory (its copies then overlap, like a GPU's)."""
-    mark = getattr(device, "mark_pinned", None)
-    if mark is not None:
-        mark(tensor)
-    elif hasattr(device, "_pinned"):  # until SimDevice.mark_pinned exists
-        device._pinned[tensor] = True
-
-
 class HostPinner:
     """Pins the ring's buffers for one device: ``"register"`` (CUDA), ``"mark"`` (sim) or ``"none"``."""
 
@@ -82,8 +73,8 @@ class HostPinner:
     def pin_views(self, views: list[torch.Tensor]) -> list[torch.Tensor]:
         """The batch's tensors as the device should see them: marked, already pinned, or pinned by a copy."""
         if self.mode == "mark":
-            for view in views:
-                mark_pinned(self.device, view)
+            for view in views:  # the sim device's copies of them then overlap, like a GPU's
+                self.device.mark_pinned(view)
             return views
         if self.mode == "register" and self.failed is not None:
             return [view.pin_memory() for view in views]

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
 from fastpipe._tree import iter_tensors, map_tensors
 from fastpipe.errors import ConfigError
+from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.loading.recycle import _hostpin as hostpin
 from fastpipe.loading.recycle._layout import open_batch
 from fastpipe.loading.recycle._ring import COUNTERS, FREE, RETIRED, STATE_TABLES, RingBatch, RingCollate
@@ -45,30 +46,6 @@ _LIVE: "weakref.WeakSet[RecycledLoader]" = weakref.WeakSet()
 def default_slots(loader: DataLoader) -> int:
     """Buffers per worker: its ``prefetch_factor`` batches queued, plus two in the training process's hands."""
     return (loader.prefetch_factor or 2) + 2 if loader.num_workers > 0 else 3
-
-
-def build_loader(loader: DataLoader, dataset: Any, **overrides: Any) -> DataLoader:
-    """A new DataLoader over ``dataset`` with ``loader``'s settings, except ``overrides``."""
-    settings: dict[str, Any] = dict(
-        num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator, persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device,
-    )
-    if hasattr(loader, "in_order"):
-        settings["in_order"] = loader.in_order
-    if isinstance(dataset, IterableDataset):
-        settings.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    elif loader.batch_size is not None:
-        settings.update(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
-    else:
-        settings["batch_sampler"] = loader.batch_sampler
-    settings.update(overrides)
-    if settings["num_workers"] > 0:
-        settings.setdefault("prefetch_factor", loader.prefetch_factor if loader.num_workers > 0 else 2)
-    else:
-        settings.pop("prefetch_factor", None)
-        settings["persistent_workers"] = False
-    return DataLoader(dataset, **settings)
 
 
 @dataclass
@@ -121,7 +98,8 @@ class RecycledLoader:
         self.poison = poison
         user_collate = None if loader.collate_fn is default_collate else loader.collate_fn
         self._collate = RingCollate(user_collate, slots)
-        self._inner = build_loader(loader, loader.dataset, collate_fn=self._collate, pin_memory=False)
+        # the user's own sampler and generator drive the batches, so sampler.set_epoch() works as on the loader wrapped
+        self._inner = rebuild_loader(loader, loader.dataset, share_sampler=True, collate_fn=self._collate, pin_memory=False)
         self._maps: dict[int, dict[tuple[int, int], _Mapped]] = {}
         self._counters: list[torch.Tensor] = []
         self._events: Counter[str] = Counter()
@@ -157,8 +135,11 @@ class RecycledLoader:
         return f"<RecycledLoader slots={self.slots} workers={self.num_workers} batch_size={self.batch_size}>"
 
     def with_dataset(self, dataset: Any, **overrides: Any) -> "RecycledLoader":
-        """The same recycled loader around ``dataset`` (and any DataLoader settings in ``overrides``)."""
-        return RecycledLoader(build_loader(self.source, dataset, **overrides), self.slots, poison=self.poison)
+        """The same recycled loader around ``dataset`` (and any DataLoader settings in ``overrides``): the diagnosis's hook.
+
+        The copy iterates a copy of the sampler and generator, so measuring it never moves the user's.
+        """
+        return RecycledLoader(rebuild_loader(self.source, dataset, **overrides), self.slots, poison=self.poison)
 
     def __iter__(self) -> "RecycledIterator":
         return self.iter_for_device(None)
