@@ -188,3 +188,37 @@ class ToTensorColumn:
 
 class SleepBatch(Sleep):
     """A Hugging Face batch transform that takes ``ms`` per call and returns the batch unchanged."""
+
+
+# ----- a registrar that counts (recycled batch memory without a GPU) -------------------------
+class CountingRegistrar:
+    """Stands in for cudaHostRegister / cudaHostUnregister: records which buffers are registered right now.
+
+    ``registrar`` is the :class:`fastpipe.loading.recycle._hostpin.Registrar` to inject; ``live`` the
+    addresses registered and not yet unregistered; unregistering an address that is not registered
+    is recorded in ``errors`` (CUDA would fail on it).
+    """
+
+    def __init__(self) -> None:
+        from fastpipe.loading.recycle._hostpin import Registrar
+
+        self.registered = 0
+        self.unregistered = 0
+        self.synchronized = 0
+        self.live: set[int] = set()
+        self.errors: list[str] = []
+        self.registrar = Registrar(self._register, self._unregister, self._synchronize, lambda: False, torch.clone)
+
+    def _register(self, buffer: torch.Tensor) -> int:
+        self.registered += 1
+        self.live.add(buffer.data_ptr())
+        return 0
+
+    def _unregister(self, buffer: torch.Tensor) -> None:
+        self.unregistered += 1
+        if buffer.data_ptr() not in self.live:
+            self.errors.append(f"unregistered {buffer.data_ptr():#x}, which is not registered")
+        self.live.discard(buffer.data_ptr())
+
+    def _synchronize(self) -> None:
+        self.synchronized += 1

@@ -392,7 +392,7 @@ def diagnose(
         except KeyboardInterrupt:
             diagnosis.report.interrupted = True
         finally:
-            runner.progress.close()
+            runner.close()  # the progress line, and the loader behind the cached host batches
         report = diagnosis.finish(time.perf_counter() - started)
         report.notes += _ray_notes(workload.loader)
         in_workers = not getattr(workload.loader, "unsupported_point_reason", None)  # stage timers need DataLoader workers
@@ -477,8 +477,12 @@ def measure_device_bound(
     runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
                      worker_timeout=worker_timeout)
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
-        runner.measure("device")
-    return runner.results["device"], max(tree_nbytes(batch) for batch in runner.host_batches)
+        try:
+            runner.measure("device")
+            nbytes = max(tree_nbytes(batch) for batch in runner.host_batches)
+        finally:
+            runner.close()
+    return runner.results["device"], nbytes
 
 
 def measure_points(
@@ -509,6 +513,6 @@ def measure_points(
             for point in points:
                 runner.measure(point)
         finally:
-            runner.progress.close()
+            runner.close()  # the progress line, and the loader behind the cached host batches
     return dict(runner.results)
 

@@ -19,6 +19,7 @@ from fastpipe.devices import Device
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.errors import PipelineError
 from fastpipe.loading._rebuild import rebuild_loader
+from fastpipe.loading.recycle import RecycledLoader
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
@@ -86,6 +87,8 @@ class PointRunner:
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
+        self._host_loader: Any = None
+        """The loader the host batches came from: they may live in its buffers, so it is discarded with them."""
         self.rank_spreads: dict[str, ddp.RankSpread] = {}
         self.baseline_loader: Any = None
         self.progress = Progress(progress and ddp.is_rank0())
@@ -93,13 +96,20 @@ class PointRunner:
     # ----- batch sources -----------------------------------------------------------------
     def _host_batches(self) -> list[Any]:
         if not self.host_batches:
-            loader = rebuild_loader(self.workload.loader, self._dataset("baseline"), timeout=self.worker_timeout)
+            loader = self._host_loader = rebuild_loader(self.workload.loader, self._dataset("baseline"), timeout=self.worker_timeout)
             cycle = LoaderCycle(loader, self.device)
             try:
                 self.host_batches = [next(cycle) for _ in range(self.pool)]
             finally:
                 cycle.close()
         return self.host_batches
+
+    def close(self) -> None:
+        """End the run: the progress line, and the cached host batches with the loader that made them."""
+        self.progress.close()
+        self.host_batches = []
+        discard_loader(self._host_loader)
+        self._host_loader = None
 
     def _dataset(self, point: str) -> Any:
         dataset = self.workload.loader.dataset
@@ -135,7 +145,12 @@ class PointRunner:
         if point == "baseline":
             self.baseline_loader = loader  # what the user's own loop runs: its stats (e.g. recycled memory) go in the report
         batches = device_batches(dataclasses.replace(self.workload, loader=loader), self.device)
-        return (lambda: next(batches)), batches.close, dataset
+
+        def close() -> None:
+            batches.close()
+            discard_loader(loader)  # a point's loader is done with once measured: free its buffers now
+
+        return (lambda: next(batches)), close, dataset
 
     def _run_step(self, batch: Any) -> None:
         try:
@@ -208,6 +223,13 @@ def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
 def _weighted(values: list[float], weights: list[int]) -> float:
     pairs = [(v, w) for v, w in zip(values, weights) if not math.isnan(v)]
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
+
+
+def discard_loader(loader: Any) -> None:
+    """Free what a loader built for one measurement holds beyond its workers: a recycled loader's rings and the
+    page locks on them (its ``stats()`` stay readable). Loaders that hold nothing more are left as they are."""
+    if isinstance(loader, RecycledLoader):
+        loader.close()
 
 
 def copy_ms(dataset: Any, point: str) -> float:
