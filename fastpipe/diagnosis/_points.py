@@ -18,8 +18,7 @@ from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, stage
 from fastpipe.devices import Device
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.errors import PipelineError
-from fastpipe.loading._rebuild import rebuild_loader
-from fastpipe.loading.recycle import RecycledLoader
+from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
@@ -223,13 +222,6 @@ def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
 def _weighted(values: list[float], weights: list[int]) -> float:
     pairs = [(v, w) for v, w in zip(values, weights) if not math.isnan(v)]
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else math.nan
-
-
-def discard_loader(loader: Any) -> None:
-    """Free what a loader built for one measurement holds beyond its workers: a recycled loader's rings and the
-    page locks on them (its ``stats()`` stay readable). Loaders that hold nothing more are left as they are."""
-    if isinstance(loader, RecycledLoader):
-        loader.close()
 
 
 def copy_ms(dataset: Any, point: str) -> float:

@@ -1,4 +1,4 @@
-"""One way to rebuild a DataLoader around another dataset, every setting of the user's kept.
+"""One way to rebuild a DataLoader around another dataset, every setting of the user's kept (and to discard it).
 
 Two callers need it, with one difference between them, chosen by ``share_sampler``:
 
@@ -114,3 +114,12 @@ def rebuild_loader(loader: Any, dataset: Any, *, share_sampler: bool = False, ti
         except TypeError:  # a subclass with its own constructor: the plain class keeps every setting above
             pass
     return DataLoader(dataset, **kwargs)
+
+
+def discard_loader(loader: Any) -> None:
+    """Free what a loader built for one use holds beyond its workers: a recycled loader's rings and the page locks
+    on them (its ``stats()`` stay readable). Other loaders hold nothing more and are left as they are."""
+    from fastpipe.loading.recycle import RecycledLoader  # recycle builds its loaders with rebuild_loader above
+
+    if isinstance(loader, RecycledLoader):
+        loader.close()
