@@ -159,30 +159,74 @@ class PointRunner:
 
     # ----- one measurement -------------------------------------------------------------------
     def measure(self, point: str, *, budget_s: float | None = None) -> ExperimentResult:
-        """Measure ``point`` once more; the result kept for it pools every run of it."""
+        """Measure ``point`` once more; the result kept for it pools every run of it.
+
+        Under DDP a point that fails on any rank raises on every rank, with the failing rank's error.
+        """
         self.progress.describe(point_label(point))
-        close, dataset = None, None
-        try:
-            next_batch, close, dataset = self._batch_source(point)
-            measurement = measure_until(
-                next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
-                budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
-                round_size=self.round, on_step=self.progress.step, agree=ddp.all_stop if ddp.world() else None,
-            )
-        except (PipelineError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            raise as_pipeline_error(exc, point) from exc
-        finally:
-            if close is not None:
-                close()
-        run, spread = ddp.slowest(self._result(point, measurement, copy_ms(dataset, point)))
+        if ddp.world() is None:
+            measurement, copy = self._measure_once(point, budget_s, agree=None)
+        else:
+            measurement, copy = self._measure_on_every_rank(point, budget_s)
+        run, spread = ddp.slowest(self._result(point, measurement, copy))
         if spread is not None:
             previous = self.rank_spreads.get(point)
             self.rank_spreads[point] = spread if previous is None or spread.spread > previous.spread else previous
         self.runs.setdefault(point, []).append(run)
         self.results[point] = pooled(self.runs[point])
         return run
+
+    def _measure_once(self, point: str, budget_s: float | None,
+                      agree: Callable[[bool], bool] | None) -> tuple[Measurement, float]:
+        """One measurement of ``point`` and the cache's copy time per sample (ms); failures as PipelineError."""
+        close, dataset = None, None
+        try:
+            next_batch, close, dataset = self._batch_source(point)
+            measurement = measure_until(
+                next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
+                budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
+                round_size=self.round, on_step=self.progress.step, agree=agree,
+            )
+        except (PipelineError, KeyboardInterrupt, _PeerFailed):
+            raise
+        except Exception as exc:
+            raise as_pipeline_error(exc, point) from exc
+        finally:
+            if close is not None:
+                close()
+        return measurement, copy_ms(dataset, point)
+
+    def _measure_on_every_rank(self, point: str, budget_s: float | None) -> tuple[Measurement, float]:
+        """:meth:`_measure_once` under DDP, where a point that fails on one rank must fail on all (see ``_ddp``).
+
+        Each round's stopping vote also carries failures; a rank whose measurement raised votes
+        "failed" in place of its next round, and a closing vote catches a rank that failed after
+        its last round. Then the first failing rank's error is raised on every rank, so all of
+        them drop the point (or stop) alike and their plans never diverge.
+        """
+        def agree(stop: bool) -> bool:
+            outcome = ddp.vote(stop)
+            if outcome.failed:
+                raise _PeerFailed(outcome.failed)
+            return outcome.stop
+
+        mine: PipelineError | None = None
+        try:
+            result = self._measure_once(point, budget_s, agree)
+            failed = ddp.vote(True).failed
+        except _PeerFailed as peers:
+            failed = peers.ranks
+        except PipelineError as exc:
+            mine, failed = exc, ddp.vote(True, failed=True).failed
+        if not failed:
+            return result
+        rank = ddp.world()[0]  # type: ignore[index]
+        src = failed[0]
+        shared = ddp.from_rank(src, _described(mine) if rank == src else None)
+        message, stage, reason = shared
+        error = PipelineError(f"{message} (on rank {src} of the DDP job; every rank drops or stops alike)", stage=stage)
+        cause: BaseException | None = UnavailablePoint.because(point, reason) if reason is not None else None
+        raise error from (cause if cause is not None else mine)
 
     def _result(self, point: str, measurement: Measurement, copy_ms: float) -> ExperimentResult:
         return ExperimentResult(
@@ -202,6 +246,21 @@ class PointRunner:
             slots.setdefault((self.warmup + i) % self.pool, []).append(seconds)
         means = [statistics.fmean(v) for v in slots.values()]
         return statistics.pstdev(means) / statistics.fmean(means) if len(means) > 1 else None
+
+
+class _PeerFailed(Exception):
+    """Another rank's measurement of the point failed (raised from the stopping vote)."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        super().__init__(f"ranks {list(ranks)} failed")
+        self.ranks = ranks
+
+
+def _described(error: PipelineError | None) -> tuple[str, str | None, str | None]:
+    """(message, stage, why the point is unavailable or None): what the failing rank tells the others."""
+    assert error is not None
+    cause = error.__cause__
+    return str(error), error.stage, cause.reason if isinstance(cause, UnavailablePoint) else None
 
 
 def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
