@@ -222,3 +222,29 @@ class CountingRegistrar:
 
     def _synchronize(self) -> None:
         self.synchronized += 1
+
+
+# ----- an independent measurement: the user's loop, timed outside fastpipe ---------------------
+def plain_loop_step_ms(loader: Any, device_spec: str, *, steps: int = 6, warmup: int = 2) -> float:
+    """Mean wall ms per step of a plain training loop over ``loader`` (fetch, copy, step) on ``device_spec``.
+
+    Timed here with ``time.perf_counter`` around the loop, with none of fastpipe's measuring code (no
+    cache points, no rounds, no stopping rule): a figure to check a report's figures against.
+    """
+    from fastpipe.devices import parse_device
+
+    device = parse_device(device_spec)
+    iterator = iter(loader)
+    try:
+        for _ in range(warmup):
+            device.run_step(lambda batch: None, device.to_device(next(iterator)))
+        device.synchronize()
+        began = time.perf_counter()
+        for _ in range(steps):
+            device.run_step(lambda batch: None, device.to_device(next(iterator)))
+        device.synchronize()
+        return (time.perf_counter() - began) * 1000 / steps
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
