@@ -188,3 +188,63 @@ class ToTensorColumn:
 
 class SleepBatch(Sleep):
     """A Hugging Face batch transform that takes ``ms`` per call and returns the batch unchanged."""
+
+
+# ----- a registrar that counts (recycled batch memory without a GPU) -------------------------
+class CountingRegistrar:
+    """Stands in for cudaHostRegister / cudaHostUnregister: records which buffers are registered right now.
+
+    ``registrar`` is the :class:`fastpipe.loading.recycle._hostpin.Registrar` to inject; ``live`` the
+    addresses registered and not yet unregistered; unregistering an address that is not registered
+    is recorded in ``errors`` (CUDA would fail on it).
+    """
+
+    def __init__(self) -> None:
+        from fastpipe.loading.recycle._hostpin import Registrar
+
+        self.registered = 0
+        self.unregistered = 0
+        self.synchronized = 0
+        self.live: set[int] = set()
+        self.errors: list[str] = []
+        self.registrar = Registrar(self._register, self._unregister, self._synchronize, lambda: False, torch.clone)
+
+    def _register(self, buffer: torch.Tensor) -> int:
+        self.registered += 1
+        self.live.add(buffer.data_ptr())
+        return 0
+
+    def _unregister(self, buffer: torch.Tensor) -> None:
+        self.unregistered += 1
+        if buffer.data_ptr() not in self.live:
+            self.errors.append(f"unregistered {buffer.data_ptr():#x}, which is not registered")
+        self.live.discard(buffer.data_ptr())
+
+    def _synchronize(self) -> None:
+        self.synchronized += 1
+
+
+# ----- an independent measurement: the user's loop, timed outside fastpipe ---------------------
+def plain_loop_step_ms(loader: Any, device_spec: str, *, steps: int = 6, warmup: int = 2) -> float:
+    """Mean wall ms per step of a plain training loop over ``loader`` (fetch, copy, step) on ``device_spec``.
+
+    Timed here with ``time.perf_counter`` around the loop, with none of fastpipe's measuring code (no
+    cache points, no rounds, no stopping rule): a figure to check a report's figures against.
+    """
+    from fastpipe.devices import parse_device
+
+    device = parse_device(device_spec)
+    iterator = iter(loader)
+    try:
+        for _ in range(warmup):
+            device.run_step(lambda batch: None, device.to_device(next(iterator)))
+        device.synchronize()
+        began = time.perf_counter()
+        for _ in range(steps):
+            device.run_step(lambda batch: None, device.to_device(next(iterator)))
+        device.synchronize()
+        return (time.perf_counter() - began) * 1000 / steps
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

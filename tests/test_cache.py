@@ -6,7 +6,8 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
-from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, check_point, probe_point, rebuild_loader
+from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, check_point, probe_point
+from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.diagnosis._discovery import find_pipeline
 from tests.fakes import AddOne, Fast, PlantedDataset, PostProcessed, TwoViews
 

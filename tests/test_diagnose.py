@@ -202,7 +202,7 @@ def test_nothing_the_user_owns_changes() -> None:
 
 
 def test_loader_settings_are_kept() -> None:
-    from fastpipe.diagnosis._cache import rebuild_loader
+    from fastpipe.loading._rebuild import rebuild_loader
 
     def init(worker_id):
         pass

@@ -12,12 +12,16 @@ from fastpipe.experiments._compare import Comparison, VariantResult
 from fastpipe.devices import parse_device
 from fastpipe.errors import DeviceUnavailableError
 from fastpipe.diagnosis._report import Bottleneck, Report
-from tests.fakes import Fast, PlantedDataset, Slow
+from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms
+
+
+def small_loader(raw_ms: float = 20, slow_ms: float = 20) -> DataLoader:
+    dataset = PlantedDataset(raw_ms=raw_ms, transform=T.Compose([Fast(), Slow(slow_ms)]))
+    return DataLoader(dataset, batch_size=4, num_workers=2)
 
 
 def small_report(device: str = "sim:10", **kwargs) -> Report:
-    dataset = PlantedDataset(raw_ms=kwargs.pop("raw_ms", 20), transform=T.Compose([Fast(), Slow(kwargs.pop("slow_ms", 20))]))
-    loader = DataLoader(dataset, batch_size=4, num_workers=2)
+    loader = small_loader(kwargs.pop("raw_ms", 20), kwargs.pop("slow_ms", 20))
     return diagnose(loader, lambda batch: None, device, steps=4, warmup=1, budget=1.0, threshold=0.15, progress=False,
                     stage_costs=False, **kwargs)
 
@@ -33,9 +37,13 @@ def test_waterfall_bars_are_labelled_by_stage_and_coloured_by_verdict(tmp_path) 
     assert "raw" not in bars and "after Fast" not in bars
     assert bars["device step (the bound)"] == COLORS["device"]
     assert all(colour == COLORS["minor"] for label, colour in bars.items() if label.lstrip("≥ ") not in named | {"device step (the bound)"})
-    # the bars add up to the baseline step
+    # each named bar is as wide as its planted cost: 20 ms a sample x 4 samples / 2 workers = 40 ms a step
+    widths = {label.lstrip("≥ "): width for label, _, width, _ in report.waterfall()}
+    assert widths["Slow"] == pytest.approx(40, rel=0.3) and widths["raw load"] == pytest.approx(40, rel=0.3), widths
+    # and the waterfall ends where the same loop, timed on its own outside fastpipe, ends (within 30%)
     last = report.waterfall()[-1]
-    assert last[1] + last[2] == pytest.approx(report.baseline_step_ms, rel=1e-6)
+    loop_ms = plain_loop_step_ms(small_loader(), "sim:10")
+    assert last[1] + last[2] == pytest.approx(loop_ms, rel=0.3), (last, loop_ms)
     report.plot(str(tmp_path / "w.png"))
     assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -26,6 +26,7 @@ from fastpipe.devices import SimDevice, parse_device
 from fastpipe.errors import ConfigError
 from fastpipe.loading._prefetch import DevicePrefetcher
 from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing
+from tests.fakes import CountingRegistrar
 
 Pair = collections.namedtuple("Pair", ["left", "right"])
 pytestmark = pytest.mark.filterwarnings("ignore:.*pin_memory.*no accelerator")
@@ -252,9 +253,10 @@ def test_it_looks_like_a_dataloader_and_rebuilds_around_another_dataset() -> Non
     for name in ("dataset", "num_workers", "batch_size", "pin_memory", "persistent_workers", "collate_fn", "prefetch_factor", "drop_last"):
         assert getattr(ring, name) == getattr(loader, name), name
     assert len(ring) == 4
-    other = ring.with_dataset(Marked(20, side=4))  # as diagnose does: the same samples, wrapped (sampler kept)
+    other = ring.with_dataset(Marked(20, side=4))  # as diagnose does: the same samples, wrapped (sampler copied)
     assert isinstance(other, RecycledLoader) and other.slots == 4 and other.batch_size == 5 and other.drop_last
-    assert other.sampler is loader.sampler and other.prefetch_factor == 3 and other.pin_memory
+    assert other.sampler is not loader.sampler and type(other.sampler) is type(loader.sampler)
+    assert other.prefetch_factor == 3 and other.pin_memory
     assert [tuple(images.shape) for images, _ in other] == [(5, 3, 4, 4)] * 4
     assert ring.with_dataset(Marked(20), num_workers=0).num_workers == 0
 
@@ -388,3 +390,74 @@ def test_a_persistent_epoch_left_midway_gives_its_unread_slots_back() -> None:
     stats = ring.stats()
     assert stats["reused"] > stats["first_buffers"] + stats["replaced_kept"]
     ring.close()
+
+
+# ----- registered (page-locked) buffers are unregistered: close, garbage collection, the diagnosis -------
+def registered_ring(registrar: CountingRegistrar, workers: int = 1, **loader: Any) -> RecycledLoader:
+    return RecycledLoader(DataLoader(Marked(40), batch_size=4, num_workers=workers, pin_memory=True, **loader), slots=3,
+                          registrar=registrar.registrar)
+
+
+def test_close_unregisters_every_buffer_and_held_batches_stay_valid() -> None:
+    counter = CountingRegistrar()
+    ring = registered_ring(counter)
+    iterator = iter(ring)
+    held = next(iterator)
+    for _ in iterator:
+        pass
+    assert counter.registered >= 3 and counter.live, "the ring's buffers were registered"
+    ring.close()
+    assert not counter.live and counter.unregistered == counter.registered and not counter.errors
+    assert counter.synchronized >= 1, "queued copies are waited for before the buffers are unregistered"
+    assert held[0][0, 0, 0, 0].item() == 0 and held[1].tolist() == [0, 1, 2, 3]  # the batch kept its memory
+    for _ in ring:  # usable again: new buffers, registered anew, unregistered again on close
+        pass
+    assert counter.live
+    ring.close()
+    assert not counter.live and not counter.errors
+
+
+def test_closing_an_epoch_unregisters_what_no_batch_uses() -> None:
+    counter = CountingRegistrar()
+    ring = registered_ring(counter)
+    iterator = iter(ring)
+    held = next(iterator)
+    next(iterator)
+    iterator.close()
+    assert len(counter.live) == 1, "only the buffer under the held batch stays registered"
+    del held
+    ring.close()
+    assert not counter.live and not counter.errors
+
+
+def test_garbage_collection_unregisters_every_buffer() -> None:
+    import gc
+
+    counter = CountingRegistrar()
+    ring = registered_ring(counter, workers=0)
+    held = [batch for _, batch in zip(range(3), ring)]  # three batches still held when the loader goes
+    assert counter.live
+    del ring
+    gc.collect()
+    assert not counter.live and counter.unregistered == counter.registered and not counter.errors
+    assert [batch[1].tolist()[0] for batch in held] == [0, 4, 8]
+
+
+def test_the_diagnosis_unregisters_each_points_loader_once_measured() -> None:
+    from fastpipe.diagnosis._points import PointRunner
+    from fastpipe.workloads._workload import Workload
+
+    counter = CountingRegistrar()
+    workload = Workload(loader=registered_ring(counter, workers=1), step=lambda batch: None, name="recycled")
+    runner = PointRunner(workload, parse_device("sim:5"), steps=2, warmup=1, pool=1, budget_s=1.0, target=0.5,
+                         progress=False, worker_timeout=60)
+    runner.measure("baseline")
+    assert counter.registered > 0, "the baseline's loader registered its buffers"
+    assert runner.baseline_loader is not None, "kept for its stats..."
+    assert not counter.live, "...but its buffers are unregistered as soon as the point is measured"
+    assert runner.baseline_loader.stats()["batches"] > 0
+    runner.measure("host")  # cached host batches: they live in the buffers of a loader the runner keeps
+    assert counter.live
+    host_loader = runner._host_loader  # alive past close, so garbage collection cannot be what unregisters its buffers
+    runner.close()
+    assert not counter.live and not counter.errors and host_loader is not None

@@ -107,3 +107,98 @@ def test_cli_check_step_passes_then_diagnoses_and_the_report_notes_it(monkeypatc
     assert code == 0 and "step check: your step ran once on a real batch on cpu" in captured.err
     assert "step check: your step ran once" in captured.out  # the report's note
     assert calls[0]["pool"] is None and calls[0]["budget"] == 2.0 and calls[0]["precision"] == 0.03
+
+
+# ----- the check leaves the user's loader, sampler, generators and RNGs as they were -------------------
+class Drawing(Dataset):
+    """A dataset whose samples draw from every global generator, as random augmentations do."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import random
+
+        import numpy as np
+
+        noise = torch.rand(3) + float(np.random.rand()) + random.random()
+        return torch.full((3,), float(index)) + 0 * noise, index
+
+
+class OwnStateSampler(torch.utils.data.Sampler):
+    """A shuffling sampler with a NumPy RandomState of its own: no torch.Generator that a snapshot could restore."""
+
+    def __init__(self, n: int) -> None:
+        import numpy as np
+
+        self.n, self.rs, self.epochs = n, np.random.RandomState(11), 0
+
+    def __iter__(self):
+        self.epochs += 1
+        return iter(self.rs.permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _states(loader: DataLoader) -> dict[str, object]:
+    import pickle
+    import random
+
+    import numpy as np
+
+    sampler = loader.sampler
+    return {
+        "torch": torch.get_rng_state().clone(),
+        "numpy": pickle.dumps(np.random.get_state()),
+        "random": random.getstate(),
+        "loader generator": None if loader.generator is None else loader.generator.get_state().clone(),
+        "sampler generator": None if getattr(sampler, "generator", None) is None else sampler.generator.get_state().clone(),
+        "sampler own state": pickle.dumps(sampler.rs.get_state()) if hasattr(sampler, "rs") else None,
+        "sampler epochs": getattr(sampler, "epochs", None),
+        "iterator": getattr(loader, "_iterator", None),
+    }
+
+
+def _same(a: dict[str, object], b: dict[str, object]) -> list[str]:
+    return [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
+
+
+def _loaders(kind: str, workers: int) -> DataLoader:
+    """Two identical loaders, each with its own freshly seeded state: one is checked, the other is the control."""
+    options: dict = dict(batch_size=4, num_workers=workers, persistent_workers=workers > 0)
+    if kind == "shuffle":
+        return DataLoader(Drawing(), shuffle=True, generator=torch.Generator().manual_seed(4), **options)
+    if kind == "sampler generator":
+        sampler = torch.utils.data.RandomSampler(range(12), generator=torch.Generator().manual_seed(9))
+        return DataLoader(Drawing(), sampler=sampler, **options)
+    if kind == "global rng":  # shuffle=True without a generator: the sampler seeds itself from the global torch RNG
+        return DataLoader(Drawing(), shuffle=True, **options)
+    return DataLoader(Drawing(), sampler=OwnStateSampler(12), **options)
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "sampler generator", "global rng", "own-state sampler"])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_check_leaves_the_users_loader_sampler_and_generators_as_they_were(kind: str, workers: int) -> None:
+    import random
+
+    import numpy as np
+
+    def seed_all() -> None:
+        torch.manual_seed(1)
+        np.random.seed(2)
+        random.seed(3)
+
+    model = torch.nn.Linear(3, 1)  # made before seeding: its initialisation draws from the global RNG
+    seed_all()
+    control = _loaders(kind, workers)
+    expected_next = [batch[1].tolist() for batch in control], torch.rand(3), np.random.rand(), random.random()
+
+    seed_all()
+    loader = _loaders(kind, workers)
+    before = _states(loader)
+    check_step(Workload(loader=loader, step=lambda batch: model(batch[0]).sum().backward(), model=model), "sim:5")
+    assert not _same(before, _states(loader)), f"moved: {_same(before, _states(loader))}"
+    # what the user's loop draws next is what it would have drawn had the check never run
+    assert ([batch[1].tolist() for batch in loader], torch.rand(3), np.random.rand(), random.random()) == \
+        (expected_next[0], pytest.approx(expected_next[1]), expected_next[2], expected_next[3])

@@ -27,14 +27,13 @@ from a worker); :func:`check_point` finds that out in the main process before an
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from fastpipe.diagnosis._cachepoint import BASELINE, RAW, CachePoint
 from fastpipe.stages import StageError, TransformPipeline, current_part, read_sample
@@ -476,93 +475,6 @@ def check_point(dataset: Any, pipeline: TransformPipeline | None, point: str, in
                 timeout: float | None = None) -> str | None:
     """Why ``point`` cannot be built for ``dataset`` (from one capture in this process), or None when it can."""
     return probe_point(dataset, pipeline, point, index, timeout=timeout).reason
-
-
-# ----- loaders ------------------------------------------------------------------------------
-def _copy_sampler(sampler: Any, memo: dict[int, Any]) -> Any:
-    """A copy of ``sampler`` that iterating cannot advance the user's: deep, sharing only the datasets in ``memo``.
-
-    A sampler that cannot be deep-copied is copied shallowly, its state carried over with
-    ``state_dict`` / ``load_state_dict`` when it has them (resumable samplers).
-    """
-    if sampler is None or isinstance(sampler, (list, tuple, range)):
-        return copy.copy(sampler)
-    try:
-        return copy.deepcopy(sampler, memo)
-    except Exception:  # an unpicklable member (a lock, an open file): fall back to a shallow copy
-        clone = copy.copy(sampler)
-        if callable(getattr(sampler, "state_dict", None)) and callable(getattr(clone, "load_state_dict", None)):
-            clone.load_state_dict(sampler.state_dict())
-        return clone
-
-
-def _extra_arguments(cls: type, loader: Any) -> dict[str, Any]:
-    """Constructor arguments a DataLoader subclass adds (e.g. StatefulDataLoader's snapshot_every_n_steps), read back from the loader."""
-    import inspect
-
-    if cls is DataLoader:
-        return {}
-    base = set(inspect.signature(DataLoader.__init__).parameters)
-    extra = {}
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if name in base or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if hasattr(loader, name):
-            extra[name] = getattr(loader, name)
-    return extra
-
-
-def rebuild_loader(loader: DataLoader, dataset: Any, *, timeout: float | None = None, **overrides: Any) -> DataLoader:
-    """A new loader over ``dataset`` with every setting of ``loader`` kept, except ``overrides`` (e.g. ``num_workers=3``).
-
-    The loader's class is kept when it can be rebuilt with the same arguments (a DataLoader
-    subclass such as torchdata's StatefulDataLoader), else a plain DataLoader is built
-    (``type(result) is type(loader)`` tells which). The sampler or custom batch sampler, and the
-    loader's generator, are copies: iterating the new loader leaves the user's untouched.
-    ``timeout`` replaces the loader's only when the loader has none, as a guard against hangs.
-    """
-    if not isinstance(loader, DataLoader) and hasattr(loader, "with_dataset"):
-        # e.g. a RayLoader or a RecycledLoader rebuilds itself around the wrapped dataset
-        return loader.with_dataset(dataset, **overrides) if overrides else loader.with_dataset(dataset)
-
-    def setting(name: str) -> Any:
-        return overrides[name] if name in overrides else getattr(loader, name)
-
-    memo: dict[int, Any] = {id(d): d for d in (getattr(loader, "dataset", None), dataset) if d is not None}
-    generator = setting("generator")
-    workers = setting("num_workers")
-    own_timeout = setting("timeout")
-    kwargs: dict[str, Any] = dict(
-        num_workers=workers,
-        collate_fn=setting("collate_fn"),
-        pin_memory=setting("pin_memory"),
-        timeout=own_timeout if own_timeout or timeout is None or workers == 0 else timeout,
-        worker_init_fn=setting("worker_init_fn"),
-        multiprocessing_context=setting("multiprocessing_context"),
-        generator=copy.deepcopy(generator, memo) if generator is not None else None,
-        persistent_workers=setting("persistent_workers"),
-        pin_memory_device=setting("pin_memory_device"),
-    )
-    if workers > 0:
-        kwargs["prefetch_factor"] = setting("prefetch_factor")
-    if "in_order" in overrides or hasattr(loader, "in_order"):
-        kwargs["in_order"] = setting("in_order")
-    batch_size, sampler = setting("batch_size"), setting("sampler")
-    if isinstance(dataset, IterableDataset):  # no sampler: the dataset orders itself
-        kwargs.update(batch_size=batch_size, drop_last=setting("drop_last"))
-    elif batch_size is not None:  # the DataLoader built its own BatchSampler from these
-        kwargs.update(batch_size=batch_size, sampler=_copy_sampler(sampler, memo), drop_last=setting("drop_last"))
-    elif setting("batch_sampler") is not None:
-        kwargs["batch_sampler"] = _copy_sampler(setting("batch_sampler"), memo)
-    else:
-        kwargs.update(batch_size=None, sampler=_copy_sampler(sampler, memo))
-    cls = type(loader) if isinstance(loader, DataLoader) else DataLoader
-    if cls is not DataLoader:
-        try:
-            return cls(dataset, **kwargs, **_extra_arguments(cls, loader))
-        except TypeError:  # a subclass with its own constructor: the plain class keeps every setting above
-            pass
-    return DataLoader(dataset, **kwargs)
 
 
 def stage_of_error(exc: BaseException) -> str | None:

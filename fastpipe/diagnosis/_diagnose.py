@@ -389,7 +389,7 @@ def diagnose(
         except KeyboardInterrupt:
             diagnosis.report.interrupted = True
         finally:
-            runner.progress.close()
+            runner.close()  # the progress line, and the loader behind the cached host batches
         report = diagnosis.finish(time.perf_counter() - started)
         report.notes += _ray_notes(workload.loader)
         in_workers = not stages_outside_workers(workload.loader)  # stage timers need DataLoader workers

@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterator
 from fastpipe.loading._protocols import stages_outside_workers
 from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
 from fastpipe.diagnosis import _ddp as ddp
-from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, rebuild_loader, stage_of_error
+from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, stage_of_error
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.diagnosis._noise import pool
+from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
@@ -91,6 +92,8 @@ class PointRunner:
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
+        self._host_loader: Any = None
+        """The loader the host batches came from: they may live in its buffers, so it is discarded with them."""
         self.rank_spreads: dict[str, ddp.RankSpread] = {}
         self.baseline_loader: Any = None
         self.progress = Progress(progress and ddp.is_rank0())
@@ -98,13 +101,20 @@ class PointRunner:
     # ----- batch sources -----------------------------------------------------------------
     def _host_batches(self) -> list[Any]:
         if not self.host_batches:
-            loader = rebuild_loader(self.workload.loader, self._dataset(BASELINE), timeout=self.worker_timeout)
+            loader = self._host_loader = rebuild_loader(self.workload.loader, self._dataset(BASELINE), timeout=self.worker_timeout)
             cycle = LoaderCycle(loader, self.device)
             try:
                 self.host_batches = [next(cycle) for _ in range(self.pool)]
             finally:
                 cycle.close()
         return self.host_batches
+
+    def close(self) -> None:
+        """End the run: the progress line, and the cached host batches with the loader that made them."""
+        self.progress.close()
+        self.host_batches = []
+        discard_loader(self._host_loader)
+        self._host_loader = None
 
     def _dataset(self, point: str) -> Any:
         dataset = self.workload.loader.dataset
@@ -140,7 +150,12 @@ class PointRunner:
         if point == BASELINE:
             self.baseline_loader = loader  # what the user's own loop runs: its stats (e.g. recycled memory) go in the report
         batches = device_batches(dataclasses.replace(self.workload, loader=loader), self.device)
-        return (lambda: next(batches)), batches.close, dataset
+
+        def close() -> None:
+            batches.close()
+            discard_loader(loader)  # a point's loader is done with once measured: free its buffers now
+
+        return (lambda: next(batches)), close, dataset
 
     def _run_step(self, batch: Any) -> None:
         try:
@@ -150,30 +165,74 @@ class PointRunner:
 
     # ----- one measurement -------------------------------------------------------------------
     def measure(self, point: str, *, budget_s: float | None = None) -> ExperimentResult:
-        """Measure ``point`` once more; the result kept for it pools every run of it."""
+        """Measure ``point`` once more; the result kept for it pools every run of it.
+
+        Under DDP a point that fails on any rank raises on every rank, with the failing rank's error.
+        """
         self.progress.describe(point_label(point))
-        close, dataset = None, None
-        try:
-            next_batch, close, dataset = self._batch_source(point)
-            measurement = measure_until(
-                next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
-                budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
-                round_size=self.round, on_step=self.progress.step, agree=ddp.all_stop if ddp.world() else None,
-            )
-        except (PipelineError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            raise as_pipeline_error(exc, point) from exc
-        finally:
-            if close is not None:
-                close()
-        run, spread = ddp.slowest(self._result(point, measurement, copy_ms(dataset, point)))
+        if ddp.world() is None:
+            measurement, copy = self._measure_once(point, budget_s, agree=None)
+        else:
+            measurement, copy = self._measure_on_every_rank(point, budget_s)
+        run, spread = ddp.slowest(self._result(point, measurement, copy))
         if spread is not None:
             previous = self.rank_spreads.get(point)
             self.rank_spreads[point] = spread if previous is None or spread.spread > previous.spread else previous
         self.runs.setdefault(point, []).append(run)
         self.results[point] = pooled(self.runs[point])
         return run
+
+    def _measure_once(self, point: str, budget_s: float | None,
+                      agree: Callable[[bool], bool] | None) -> tuple[Measurement, float]:
+        """One measurement of ``point`` and the cache's copy time per sample (ms); failures as PipelineError."""
+        close, dataset = None, None
+        try:
+            next_batch, close, dataset = self._batch_source(point)
+            measurement = measure_until(
+                next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
+                budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
+                round_size=self.round, on_step=self.progress.step, agree=agree,
+            )
+        except (PipelineError, KeyboardInterrupt, _PeerFailed):
+            raise
+        except Exception as exc:
+            raise as_pipeline_error(exc, point) from exc
+        finally:
+            if close is not None:
+                close()
+        return measurement, copy_ms(dataset, point)
+
+    def _measure_on_every_rank(self, point: str, budget_s: float | None) -> tuple[Measurement, float]:
+        """:meth:`_measure_once` under DDP, where a point that fails on one rank must fail on all (see ``_ddp``).
+
+        Each round's stopping vote also carries failures; a rank whose measurement raised votes
+        "failed" in place of its next round, and a closing vote catches a rank that failed after
+        its last round. Then the first failing rank's error is raised on every rank, so all of
+        them drop the point (or stop) alike and their plans never diverge.
+        """
+        def agree(stop: bool) -> bool:
+            outcome = ddp.vote(stop)
+            if outcome.failed:
+                raise _PeerFailed(outcome.failed)
+            return outcome.stop
+
+        mine: PipelineError | None = None
+        try:
+            result = self._measure_once(point, budget_s, agree)
+            failed = ddp.vote(True).failed
+        except _PeerFailed as peers:
+            failed = peers.ranks
+        except PipelineError as exc:
+            mine, failed = exc, ddp.vote(True, failed=True).failed
+        if not failed:
+            return result
+        rank = ddp.world()[0]  # type: ignore[index]
+        src = failed[0]
+        shared = ddp.from_rank(src, _described(mine) if rank == src else None)
+        message, stage, reason = shared
+        error = PipelineError(f"{message} (on rank {src} of the DDP job; every rank drops or stops alike)", stage=stage)
+        cause: BaseException | None = UnavailablePoint.because(point, reason) if reason is not None else None
+        raise error from (cause if cause is not None else mine)
 
     def _result(self, point: str, measurement: Measurement, copy_ms: float) -> ExperimentResult:
         return ExperimentResult(
@@ -193,6 +252,21 @@ class PointRunner:
             slots.setdefault((self.warmup + i) % self.pool, []).append(seconds)
         means = [statistics.fmean(v) for v in slots.values()]
         return statistics.pstdev(means) / statistics.fmean(means) if len(means) > 1 else None
+
+
+class _PeerFailed(Exception):
+    """Another rank's measurement of the point failed (raised from the stopping vote)."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        super().__init__(f"ranks {list(ranks)} failed")
+        self.ranks = ranks
+
+
+def _described(error: PipelineError | None) -> tuple[str, str | None, str | None]:
+    """(message, stage, why the point is unavailable or None): what the failing rank tells the others."""
+    assert error is not None
+    cause = error.__cause__
+    return str(error), error.stage, cause.reason if isinstance(cause, UnavailablePoint) else None
 
 
 def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
@@ -253,8 +327,12 @@ def measure_device_bound(
     runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
                      worker_timeout=worker_timeout)
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
-        runner.measure(DEVICE)
-    return runner.results[DEVICE], max(tree_nbytes(batch) for batch in runner.host_batches)
+        try:
+            runner.measure(DEVICE)
+            nbytes = max(tree_nbytes(batch) for batch in runner.host_batches)
+        finally:
+            runner.close()
+    return runner.results[DEVICE], nbytes
 
 
 def measure_points(
@@ -285,6 +363,6 @@ def measure_points(
             for point in points:
                 runner.measure(point)
         finally:
-            runner.progress.close()
+            runner.close()  # the progress line, and the loader behind the cached host batches
     return dict(runner.results)
 

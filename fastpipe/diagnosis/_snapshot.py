@@ -18,7 +18,7 @@ Snapshots live in host memory: tensors are copied to the CPU (not cloned on the 
 would take as much device memory again as the model and optimizer). Meta tensors hold no data
 and are kept as they are. The dataset is not snapshotted: fastpipe never modifies it (it works
 on shallow copies, see :mod:`fastpipe.stages`), and the loaders it builds get copies of the
-sampler (:func:`fastpipe.diagnosis._cache.rebuild_loader`).
+sampler (:func:`fastpipe.loading._rebuild.rebuild_loader`).
 """
 from __future__ import annotations
 

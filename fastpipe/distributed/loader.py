@@ -173,7 +173,7 @@ class RayLoader:
     def with_dataset(self, dataset: Any, *, label: str | None = None) -> "RayLoader":
         """A copy that reads ``dataset`` instead, every other setting kept: the diagnosis's cache-point hook.
 
-        Mirrors :func:`fastpipe.diagnosis._cache.rebuild_loader` for DataLoaders. The copy shares this loader's
+        Mirrors :func:`fastpipe.loading._rebuild.rebuild_loader` for DataLoaders. The copy shares this loader's
         cluster, sampler and ``stats_history``; ``label`` (default: the wrapper's cache point, e.g.
         ``"sample"``) names its epochs in the report. Since each Ray worker process keeps its own copy
         of the dataset, a wrapper that caches a finished sample (the ``sample`` point) caches one per

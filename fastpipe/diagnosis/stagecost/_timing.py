@@ -19,7 +19,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastpipe.diagnosis._cachepoint import BASELINE
-from fastpipe.diagnosis._cache import CachePointDataset, rebuild_loader
+from fastpipe.diagnosis._cache import CachePointDataset
+from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.loading._pinning import shutdown_iterator
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, read_sample
@@ -189,7 +190,7 @@ class TimedCollate:
 def loader_with(loader: DataLoader, dataset: Any, *, timeout: float | None = None, **overrides: Any) -> DataLoader:
     """A new DataLoader over ``dataset`` with ``loader``'s settings, except ``overrides`` (e.g. num_workers=3).
 
-    Built by :func:`fastpipe.diagnosis._cache.rebuild_loader`, so it keeps exactly what a diagnosis keeps;
+    Built by :func:`fastpipe.loading._rebuild.rebuild_loader`, so it keeps exactly what a diagnosis keeps;
     DataLoader's own checks apply to the overridden values. An IterableDataset gets no sampler
     (DataLoader refuses one, even the placeholder it made for the original loader).
     """

@@ -8,11 +8,18 @@ the batch is pinned the usual way, by a copy, and :class:`HostPinner` says so on
 
 On the simulated device nothing can be locked, and the ring buffers count as pinned memory,
 as they would be on a GPU.
+
+Every registration is undone before its memory can be unmapped: :class:`Registrations` keeps
+each registered buffer alive until it is unregistered, which happens when the ring no longer
+needs it (a later ``next()``, ``close()`` of an epoch), when the loader is closed or collected,
+and when the diagnosis discards a point's loader. How buffers are registered is a
+:class:`Registrar` (CUDA's by default), so tests count registrations without a GPU.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -38,22 +45,87 @@ def unregister(buffer: torch.Tensor) -> None:
     torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
 
 
-def mark_pinned(device: Any, tensor: torch.Tensor) -> None:
-    """Tell a sim device that ``tensor`` is in pinned memory (its copies then overlap, like a GPU's)."""
-    mark = getattr(device, "mark_pinned", None)
-    if mark is not None:
-        mark(tensor)
-    elif hasattr(device, "_pinned"):  # until SimDevice.mark_pinned exists
-        device._pinned[tensor] = True
+def _cuda_fence() -> Any:
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+@dataclass(frozen=True)
+class Registrar:
+    """How ring buffers are page-locked in place, and how to wait for the device work that may read them."""
+
+    register: Callable[[torch.Tensor], int]
+    """Lock a buffer; returns 0 on success, else an error code (the batch is then pinned by a copy)."""
+    unregister: Callable[[torch.Tensor], None]
+    """Undo ``register``."""
+    synchronize: Callable[[], None]
+    """Wait until queued device work (a non_blocking copy out of a buffer) is done, before unregistering in bulk."""
+    fence: Callable[[], Any]
+    """A mark after the device work queued so far, with ``query()``; or False when nothing can be queued."""
+    pin_copy: Callable[[torch.Tensor], torch.Tensor]
+    """A page-locked copy of a tensor, for batches whose buffer is not registered (fallbacks, refusals)."""
+
+
+def _cuda_synchronize() -> None:
+    for index in range(torch.cuda.device_count()):  # a batch may have been copied to any of them
+        torch.cuda.synchronize(index)
+
+
+CUDA = Registrar(register, unregister, _cuda_synchronize, _cuda_fence, torch.Tensor.pin_memory)
+
+
+class Registrations:
+    """The buffers one loader registered, each held (so still mapped) until it is unregistered.
+
+    Shared with the loader's garbage-collection finalizer, so it must not refer to the loader.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[int, tuple[torch.Tensor, Registrar]] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, buffer: torch.Tensor, registrar: Registrar) -> None:
+        self._live[buffer.data_ptr()] = (buffer, registrar)
+
+    def unregister(self, buffer: torch.Tensor) -> None:
+        """Unregister one buffer (nothing if it is not registered here, e.g. already released by ``release_all``)."""
+        entry = self._live.pop(buffer.data_ptr(), None)
+        if entry is not None and entry[0] is buffer:
+            entry[1].unregister(buffer)
+        elif entry is not None:  # another buffer now at that address: not ours to undo
+            self._live[buffer.data_ptr()] = entry
+
+    def release_all(self) -> None:
+        """Unregister every buffer, once the device work that may read them is done.
+
+        Batches still held stay valid (their tensors keep the memory mapped); they are no longer page-locked.
+        """
+        if not self._live:
+            return
+        entries, self._live = list(self._live.values()), {}
+        for registrar in {id(r): r for _, r in entries}.values():
+            registrar.synchronize()
+        for buffer, registrar in entries:
+            registrar.unregister(buffer)
 
 
 class HostPinner:
-    """Pins the ring's buffers for one device: ``"register"`` (CUDA), ``"mark"`` (sim) or ``"none"``."""
+    """Pins the ring's buffers for one device: ``"register"`` (CUDA), ``"mark"`` (sim) or ``"none"``.
 
-    def __init__(self, device: Any, pin_memory: bool) -> None:
+    ``registrar``: None for CUDA's, used on CUDA only; one given is used on any device that is asked
+    for pinned memory (tests inject a counting fake).
+    """
+
+    def __init__(self, device: Any, pin_memory: bool, registrar: Registrar | None = None) -> None:
         kind = getattr(device, "kind", None)
         self.device = device
-        if kind == "sim" and pin_memory:
+        self.registrar = CUDA if registrar is None else registrar
+        if registrar is not None and pin_memory:
+            self.mode = "register"
+        elif kind == "sim" and pin_memory:
             self.mode = "mark"
         elif pin_memory and torch.cuda.is_available() and kind in (None, "cuda"):
             self.mode = "register"
@@ -66,7 +138,7 @@ class HostPinner:
         """Register a newly mapped buffer; False (and copies from then on) where CUDA refuses."""
         if self.mode != "register" or self.failed is not None:
             return False
-        code = register(buffer)
+        code = self.registrar.register(buffer)
         if code == 0:
             return True
         self.failed = f"cudaHostRegister returned error {code}"
@@ -82,9 +154,9 @@ class HostPinner:
     def pin_views(self, views: list[torch.Tensor]) -> list[torch.Tensor]:
         """The batch's tensors as the device should see them: marked, already pinned, or pinned by a copy."""
         if self.mode == "mark":
-            for view in views:
-                mark_pinned(self.device, view)
+            for view in views:  # the sim device's copies of them then overlap, like a GPU's
+                self.device.mark_pinned(view)
             return views
         if self.mode == "register" and self.failed is not None:
-            return [view.pin_memory() for view in views]
+            return [self.registrar.pin_copy(view) for view in views]
         return views

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
 from fastpipe._tree import iter_tensors, map_tensors
 from fastpipe.errors import ConfigError
+from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.loading.recycle import _hostpin as hostpin
 from fastpipe.loading.recycle._layout import open_batch
 from fastpipe.loading.recycle._ring import COUNTERS, FREE, RETIRED, STATE_TABLES, RingBatch, RingCollate
@@ -45,30 +46,6 @@ _LIVE: "weakref.WeakSet[RecycledLoader]" = weakref.WeakSet()
 def default_slots(loader: DataLoader) -> int:
     """Buffers per worker: its ``prefetch_factor`` batches queued, plus two in the training process's hands."""
     return (loader.prefetch_factor or 2) + 2 if loader.num_workers > 0 else 3
-
-
-def build_loader(loader: DataLoader, dataset: Any, **overrides: Any) -> DataLoader:
-    """A new DataLoader over ``dataset`` with ``loader``'s settings, except ``overrides``."""
-    settings: dict[str, Any] = dict(
-        num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator, persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device,
-    )
-    if hasattr(loader, "in_order"):
-        settings["in_order"] = loader.in_order
-    if isinstance(dataset, IterableDataset):
-        settings.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    elif loader.batch_size is not None:
-        settings.update(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
-    else:
-        settings["batch_sampler"] = loader.batch_sampler
-    settings.update(overrides)
-    if settings["num_workers"] > 0:
-        settings.setdefault("prefetch_factor", loader.prefetch_factor if loader.num_workers > 0 else 2)
-    else:
-        settings.pop("prefetch_factor", None)
-        settings["persistent_workers"] = False
-    return DataLoader(dataset, **settings)
 
 
 @dataclass
@@ -106,7 +83,8 @@ class RecycledLoader:
     ``batch_size``, ``pin_memory``, ...), so ``fastpipe diagnose`` accepts it.
     """
 
-    def __init__(self, loader: DataLoader, slots: int | None = None, *, poison: int | None = None) -> None:
+    def __init__(self, loader: DataLoader, slots: int | None = None, *, poison: int | None = None,
+                 registrar: hostpin.Registrar | None = None) -> None:
         if not isinstance(loader, DataLoader):
             raise ConfigError(f"fastpipe.recycled wraps a torch.utils.data.DataLoader, not a {type(loader).__name__}")
         if loader.batch_size is None and loader.batch_sampler is None:
@@ -119,9 +97,12 @@ class RecycledLoader:
         self.source = loader
         self.slots = slots
         self.poison = poison
+        self.registrar = registrar
+        """How buffers are page-locked: None for CUDA's on CUDA; tests inject a counting fake."""
         user_collate = None if loader.collate_fn is default_collate else loader.collate_fn
         self._collate = RingCollate(user_collate, slots)
-        self._inner = build_loader(loader, loader.dataset, collate_fn=self._collate, pin_memory=False)
+        # the user's own sampler and generator drive the batches, so sampler.set_epoch() works as on the loader wrapped
+        self._inner = rebuild_loader(loader, loader.dataset, share_sampler=True, collate_fn=self._collate, pin_memory=False)
         self._maps: dict[int, dict[tuple[int, int], _Mapped]] = {}
         self._counters: list[torch.Tensor] = []
         self._events: Counter[str] = Counter()
@@ -131,6 +112,10 @@ class RecycledLoader:
         self._serial = 0
         self._pinner: hostpin.HostPinner | None = None
         self._lock = threading.RLock()
+        # registered buffers are unregistered when the loader is collected, whatever else happened
+        self._registrations = hostpin.Registrations()
+        self._finalizer = weakref.finalize(self, self._registrations.release_all)
+        self._finalizer.atexit = False  # at exit the process's mappings and locks go with it
         _LIVE.add(self)
 
     # The wrapped loader's settings, for diagnose and for code that reads them.
@@ -157,8 +142,12 @@ class RecycledLoader:
         return f"<RecycledLoader slots={self.slots} workers={self.num_workers} batch_size={self.batch_size}>"
 
     def with_dataset(self, dataset: Any, **overrides: Any) -> "RecycledLoader":
-        """The same recycled loader around ``dataset`` (and any DataLoader settings in ``overrides``)."""
-        return RecycledLoader(build_loader(self.source, dataset, **overrides), self.slots, poison=self.poison)
+        """The same recycled loader around ``dataset`` (and any DataLoader settings in ``overrides``): the diagnosis's hook.
+
+        The copy iterates a copy of the sampler and generator, so measuring it never moves the user's.
+        """
+        return RecycledLoader(rebuild_loader(self.source, dataset, **overrides), self.slots, poison=self.poison,
+                              registrar=self.registrar)
 
     def __iter__(self) -> "RecycledIterator":
         return self.iter_for_device(None)
@@ -191,7 +180,11 @@ class RecycledLoader:
                 "workers": self.num_workers, "ring_bytes": ring_bytes, "pinning": pinning}
 
     def close(self) -> None:
-        """Stop persistent workers now and drop every mapped buffer (batches you still hold stay valid)."""
+        """Stop persistent workers now, drop every mapped buffer and unregister every registered one.
+
+        Batches you still hold stay valid; they are no longer page-locked. The loader can be iterated
+        again (new workers, new buffers).
+        """
         iterator = getattr(self._inner, "_iterator", None)
         if iterator is not None:
             iterator._shutdown_workers()
@@ -199,6 +192,8 @@ class RecycledLoader:
         with self._lock:
             for token in list(self._maps):
                 self._forget(token)
+            self._graveyard = []
+            self._registrations.release_all()
 
     # -- internal: epochs, mapping, leases ---------------------------------------------------
 
@@ -216,7 +211,7 @@ class RecycledLoader:
             _, _, counters = self._collate.start(inner.num_workers)
             self._counters.append(counters)
         if self._pinner is None or self._pinner.device is not device:
-            self._pinner = hostpin.HostPinner(device, bool(self.source.pin_memory))
+            self._pinner = hostpin.HostPinner(device, bool(self.source.pin_memory), self.registrar)
         return iter(inner), self._collate.token, not keeps
 
     def _open(self, message: RingBatch) -> Any:
@@ -234,6 +229,8 @@ class RecycledLoader:
                 if old is not None:
                     self._bury(old)
                 mapped = maps[key] = _Mapped(message.generation, message.buffer, pinner.register(message.buffer))
+                if mapped.registered:
+                    self._registrations.add(mapped.buffer, pinner.registrar)
             else:
                 mapped = maps.get(key)  # type: ignore[assignment]
                 if mapped is None or mapped.generation != message.generation:
@@ -246,7 +243,7 @@ class RecycledLoader:
             self._serial += 1
             lease = _Lease(message.token, message.worker, message.slot, mapped, self._serial)
             if pinner.mode == "register" and not mapped.registered:  # the copy is the pinned batch: release the slot now
-                batch = map_tensors(lambda t: t.pin_memory(), batch)
+                batch = map_tensors(pinner.registrar.pin_copy, batch)
                 del views
                 self._free(lease)
                 return batch
@@ -341,6 +338,11 @@ class RecycledLoader:
                 else:
                     waiting.append((lease, after))
             self._pending = waiting
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Unregister the buried buffers nothing uses any more."""
+        with self._lock:
             self._graveyard = [m for m in self._graveyard if not self._unregister_if_unused(m)]
 
     def _fence(self) -> Any:
@@ -349,16 +351,13 @@ class RecycledLoader:
         if device is not None and getattr(device, "kind", "cpu") != "cpu":
             return device.timeline_mark()  # a CUDA event on the current stream; the modelled queue's end on sim
         if self._pinner is not None and self._pinner.mode == "register":
-            event = torch.cuda.Event()
-            event.record()
-            return event
+            return self._pinner.registrar.fence()
         return False
 
-    @staticmethod
-    def _unregister_if_unused(mapped: _Mapped) -> bool:
+    def _unregister_if_unused(self, mapped: _Mapped) -> bool:
         if hostpin.storage_refs(mapped.buffer) > OWN_REFS:
             return False
-        hostpin.unregister(mapped.buffer)
+        self._registrations.unregister(mapped.buffer)
         return True
 
 
@@ -392,6 +391,7 @@ class RecycledIterator(Iterator[Any]):
             inner._iterator = None
         with self._owner._lock:
             self._owner._forget(self._token)
+            self._owner._sweep()  # what no batch of yours still uses is unregistered now
         if self._finalizer is not None:
             self._finalizer.detach()
 
