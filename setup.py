@@ -6,6 +6,7 @@ compiler fails, the package still installs and runs on its Python/Numba fallback
 ``fastpipe.ops.EXTENSION_AVAILABLE`` / ``fastpipe.ops.jpeg.JPEG_OP_AVAILABLE`` record that. Set ``FASTPIPE_REQUIRE_EXT=1`` to make a
 failed build an error (CI does), or ``FASTPIPE_SKIP_EXT=1`` to skip it altogether.
 """
+
 import glob
 import os
 import sys

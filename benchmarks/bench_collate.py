@@ -20,6 +20,7 @@ which other processes' load disturbs less than wall time.
 Usage:
     python benchmarks/bench_collate.py [--batches 8] [--batch 256] [--side 256] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,7 +111,9 @@ def measure_training_side(batch: int, side: int, batches: int, device: Device) -
     warmup = 5  # more than the ring's slots: every buffer is mapped (and registered) before timing
     length = batch * (warmup + batches)
     stock_loader = DataLoader(Samples(length, batch, side), batch_size=batch, num_workers=1, prefetch_factor=2)
-    ring_loader = RecycledLoader(DataLoader(Samples(length, batch, side), batch_size=batch, num_workers=1, prefetch_factor=2, pin_memory=True), slots=4)
+    ring_loader = RecycledLoader(
+        DataLoader(Samples(length, batch, side), batch_size=batch, num_workers=1, prefetch_factor=2, pin_memory=True), slots=4
+    )
     staging: dict[str, torch.Tensor] = {}
 
     def pin_stock(images: torch.Tensor) -> torch.Tensor:
@@ -154,14 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     device = parse_device("cuda" if torch.cuda.is_available() else "sim:50")
     mb = args.batch * 3 * args.side * args.side / 1e6
-    print(f"batches of {args.batch} uint8 3x{args.side}x{args.side} samples ({mb:.0f} MB); median of {args.batches} batches each, "
-          f"interleaved; thread CPU time (user + system)")
+    print(
+        f"batches of {args.batch} uint8 3x{args.side}x{args.side} samples ({mb:.0f} MB); median of {args.batches} batches each, "
+        f"interleaved; thread CPU time (user + system)"
+    )
 
     collate = measure_worker_collate(args.batch, args.side, args.batches)
     print("\n1. worker collate (inside a DataLoader worker)")
     print(f"   {'destination':<58} {'ms/batch':>9} {'ms/sample':>10}")
-    rows = [("stock: default_collate into fresh shared memory", "stock"), ("recycled: a reused ring slot in shared memory", "recycled"),
-            ("reference: a fresh heap tensor", "heap")]
+    rows = [
+        ("stock: default_collate into fresh shared memory", "stock"),
+        ("recycled: a reused ring slot in shared memory", "recycled"),
+        ("reference: a fresh heap tensor", "heap"),
+    ]
     for label, key in rows:
         print(f"   {label:<58} {collate[key] * 1e3:9.1f} {collate[key] * 1e3 / args.batch:10.3f}")
     speedup = collate["stock"] / collate["recycled"]
@@ -177,9 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     print("\n(2 cores shared with other users: figures are medians of interleaved runs; ratios are what to compare)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"batch": args.batch, "side": args.side, "batches": args.batches, "device": device.spec,
-                       "worker_collate_s": collate, "collate_speedup": speedup, "target": TARGET, "verdict": verdict,
-                       "training_side_s": side}, f, indent=2)
+            json.dump(
+                {
+                    "batch": args.batch,
+                    "side": args.side,
+                    "batches": args.batches,
+                    "device": device.spec,
+                    "worker_collate_s": collate,
+                    "collate_speedup": speedup,
+                    "target": TARGET,
+                    "verdict": verdict,
+                    "training_side_s": side,
+                },
+                f,
+                indent=2,
+            )
     return 0 if verdict == "PASS" else 1
 
 

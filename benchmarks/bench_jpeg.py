@@ -32,6 +32,7 @@ could not be measured (DALI not installed, or the loader table skipped): it prin
 Usage:
     python benchmarks/bench_jpeg.py [--root FOLDER] [--n 300] [--rounds 5] [--workers 2] [--threads 1] [--allow-missing]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -152,7 +153,12 @@ def main_candidates() -> dict[str, tuple[str, Callable[[Path], Any]]]:
         "torchvision-v2": ("torchvision.io.decode_jpeg + v2 RandomResizedCrop + flip (uint8)", lambda p: tv_v2(tv_decode(p))),
         "fastpipe": (f"fastpipe.ops.jpeg.decode_jpeg_crop, box from get_params ({fjpeg.jpeg_op_status()})", fastpipe_sample),
         **(
-            {"entropy-floor": ("fastpipe's path, but only the Huffman decoding of the rows above the box's last row (all scans if progressive): no libjpeg decode can cost less", entropy_floor)}
+            {
+                "entropy-floor": (
+                    "fastpipe's path, but only the Huffman decoding of the rows above the box's last row (all scans if progressive): no libjpeg decode can cost less",
+                    entropy_floor,
+                )
+            }
             if fjpeg.JPEG_OP_AVAILABLE
             else {}
         ),
@@ -244,7 +250,9 @@ def dali_epoch(files: list[Path], threads: int, batch: int) -> tuple[Callable[[]
 # Timing
 
 
-def time_rounds(rows: dict[str, Row], fns: dict[str, Callable[[], "float | list[float]"]], rounds: int, n_images: int) -> dict[str, list[list[float]]]:
+def time_rounds(
+    rows: dict[str, Row], fns: dict[str, Callable[[], "float | list[float]"]], rounds: int, n_images: int
+) -> dict[str, list[list[float]]]:
     """Each round runs every candidate once in a fresh random order.
 
     A candidate returns the seconds for the whole list, or a list of seconds per file (kept,
@@ -288,7 +296,9 @@ def flavours(files: list[Path]) -> dict[str, list[int]]:
     return groups
 
 
-def flavour_table(per_file: dict[str, list[list[float]]], groups: dict[str, list[int]], names: list[str]) -> tuple[list[str], dict[str, dict[str, float]]]:
+def flavour_table(
+    per_file: dict[str, list[list[float]]], groups: dict[str, list[int]], names: list[str]
+) -> tuple[list[str], dict[str, dict[str, float]]]:
     """Median over rounds of the mean ms per image within each group, and the ratio to fastpipe's."""
     medians: dict[str, dict[str, float]] = {}
     for name in names:
@@ -300,7 +310,10 @@ def flavour_table(per_file: dict[str, list[list[float]]], groups: dict[str, list
             if idx
         }
     kinds = [g for g, idx in groups.items() if idx]
-    lines = ["| candidate | " + " | ".join(f"{g} ({len(groups[g])} files) ms, x fastpipe" for g in kinds) + " |", "|---|" + "---:|" * len(kinds)]
+    lines = [
+        "| candidate | " + " | ".join(f"{g} ({len(groups[g])} files) ms, x fastpipe" for g in kinds) + " |",
+        "|---|" + "---:|" * len(kinds),
+    ]
     for name, by_group in medians.items():
         cells = [f"{by_group[g]:.3f}, {by_group[g] / medians['fastpipe'][g]:.2f}x" for g in kinds]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -372,7 +385,10 @@ def table(rows: list[Row], reference: str, unit: str = "ms / image") -> list[str
         "thread CPU": next((r.median_ms for r in rows if r.name == reference), float("nan")),
         "wall": next((r.median_ms for r in rows if r.name == f"{reference}-wall"), float("nan")),
     }
-    lines = [f"| candidate | what | clock | {unit} (median) | spread over rounds | x fastpipe's cost (same clock) |", "|---|---|---|---:|---|---:|"]
+    lines = [
+        f"| candidate | what | clock | {unit} (median) | spread over rounds | x fastpipe's cost (same clock) |",
+        "|---|---|---|---:|---|---:|",
+    ]
     for r in rows:
         if r.status != "ok":
             lines.append(f"| {r.name} | {r.what} | | {r.status} | | |")
@@ -424,10 +440,19 @@ def issue_targets(rows: dict[str, Row], loader_rows: list[Row], loader_status: s
     by_name = {r.name.split(" (")[0]: r for r in loader_rows}
     if "dali-cpu" in by_name and "fastpipe" in by_name:
         threads = by_name["dali-cpu"].name.split("(")[1].split()[0]
-        add(f"images/s, {threads} workers / threads: fastpipe / DALI CPU >= 2x", by_name["dali-cpu"].median_ms / by_name["fastpipe"].median_ms, 2)
+        add(
+            f"images/s, {threads} workers / threads: fastpipe / DALI CPU >= 2x",
+            by_name["dali-cpu"].median_ms / by_name["fastpipe"].median_ms,
+            2,
+        )
     else:
-        out.append(("images/s, DataLoader workers / DALI threads: fastpipe / DALI CPU >= 2x", float("nan"),
-                    f"{NOT_MEASURED}: DALI CPU {loader_status}"))
+        out.append(
+            (
+                "images/s, DataLoader workers / DALI threads: fastpipe / DALI CPU >= 2x",
+                float("nan"),
+                f"{NOT_MEASURED}: DALI CPU {loader_status}",
+            )
+        )
     return out
 
 
@@ -436,7 +461,7 @@ def exit_status(targets: list[tuple[str, float, str]], allow_missing: bool) -> i
     not measured without ``allow_missing``."""
     missing = [(name, verdict) for name, _, verdict in targets if verdict.startswith(NOT_MEASURED)]
     for name, verdict in missing:
-        print(f"{NOT_MEASURED}: {name}: {verdict[len(NOT_MEASURED) + 2:]}")
+        print(f"{NOT_MEASURED}: {name}: {verdict[len(NOT_MEASURED) + 2 :]}")
     if missing and allow_missing:
         print(f"{len(missing)} target(s) not measured; --allow-missing: they do not decide the exit status")
     failed = any(verdict.startswith("FAIL") for _, _, verdict in targets)
@@ -476,8 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="DataLoader / DALI batch size")
     parser.add_argument("--threads", type=int, default=1, help="DALI's num_threads (fastpipe's comparison row is one thread)")
     parser.add_argument("--out", default=str(RESULTS), help="folder for bench_jpeg.{json,md,png}")
-    parser.add_argument("--allow-missing", action="store_true",
-                        help="a target that could not be measured (e.g. DALI not installed) does not fail the run")
+    parser.add_argument(
+        "--allow-missing", action="store_true", help="a target that could not be measured (e.g. DALI not installed) does not fail the run"
+    )
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()[0]

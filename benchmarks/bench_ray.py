@@ -19,6 +19,7 @@ with two standard errors.
 Usage:
     python benchmarks/bench_ray.py [--devices sim:290,sim:60] [--workers N] [--rounds 2] [--steps 12] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,16 +29,15 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import parse_device
+from fastpipe.diagnosis._measure import Measurement, measure_workload
 from fastpipe.diagnosis._points import measure_points
 from fastpipe.distributed import cluster as ray_cluster
 from fastpipe.distributed import ray_stats_notes
-from fastpipe.workloads.toy.ray import make_ray
-from fastpipe.diagnosis._measure import Measurement, measure_workload
 from fastpipe.workloads.toy.optimized import OPTIMIZED, make_toy_variant
+from fastpipe.workloads.toy.ray import make_ray
 
 
 @dataclass
@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 local_row.add(measure_workload(local, device, warmup=args.warmup, steps=args.steps))
                 ray_row.add(measure_workload(ray_workload, device, warmup=args.warmup, steps=args.steps))
-                print(f"  {device.spec}: DataLoader {local_row.steps_per_s[-1]:.3f}, Ray {ray_row.steps_per_s[-1]:.3f} steps/s", file=sys.stderr)
+                print(
+                    f"  {device.spec}: DataLoader {local_row.steps_per_s[-1]:.3f}, Ray {ray_row.steps_per_s[-1]:.3f} steps/s",
+                    file=sys.stderr,
+                )
             notes += [f"{device.spec}: {note}" for note in ray_stats_notes(ray_workload.loader)]
             rows += [local_row, ray_row]
     finally:
@@ -118,21 +121,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(rows: list[Row], bounds: dict[str, float], args: argparse.Namespace, notes: list[str], elapsed: float) -> None:
-    print(f"toy:optimized, batch {args.batch_size}, raw {args.raw_size}, crop {args.img_size}; {args.workers} DataLoader workers "
-          f"vs {args.workers} Ray CPUs (local cluster); {args.rounds} round(s) of {args.steps} steps after {args.warmup} warm-up; "
-          f"{usable_cores()} usable cores; {elapsed:.0f} s")
+    print(
+        f"toy:optimized, batch {args.batch_size}, raw {args.raw_size}, crop {args.img_size}; {args.workers} DataLoader workers "
+        f"vs {args.workers} Ray CPUs (local cluster); {args.rounds} round(s) of {args.steps} steps after {args.warmup} warm-up; "
+        f"{usable_cores()} usable cores; {elapsed:.0f} s"
+    )
     print(f"{'device':<9} {'loader':<11} {'steps/s':>14} {'of bound':>9} {'CPU (tree)':>11} {'CPU s/batch':>12} {'CPU (machine)':>14}")
     for row in rows:
         bound = bounds[row.device]
-        print(f"{row.device:<9} {row.loader:<11} {row.mean:>7.3f} ±{2 * row.stderr:<5.3f} {row.mean / bound:>9.1%} "
-              f"{statistics.fmean(row.cpu_util):>11.0%} {row.cpu_s_per_batch:>12.3f} {statistics.fmean(row.system_cpu_util):>14.0%}")
+        print(
+            f"{row.device:<9} {row.loader:<11} {row.mean:>7.3f} ±{2 * row.stderr:<5.3f} {row.mean / bound:>9.1%} "
+            f"{statistics.fmean(row.cpu_util):>11.0%} {row.cpu_s_per_batch:>12.3f} {statistics.fmean(row.system_cpu_util):>14.0%}"
+        )
     for device, bound in bounds.items():
         local = next(r for r in rows if r.device == device and r.loader == "DataLoader")
         ray = next(r for r in rows if r.device == device and r.loader == "Ray Data")
         overhead = 1 - ray.mean / local.mean
         noise = 2 * math.hypot(ray.stderr, local.stderr) / local.mean
-        print(f"{device}: device bound {bound:.3f} steps/s; Ray Data's throughput cost against the DataLoader: "
-              f"{overhead:+.1%} (±{noise:.1%}, two standard errors)")
+        print(
+            f"{device}: device bound {bound:.3f} steps/s; Ray Data's throughput cost against the DataLoader: "
+            f"{overhead:+.1%} (±{noise:.1%}, two standard errors)"
+        )
     for note in notes:
         print(f"note: {note}")
 

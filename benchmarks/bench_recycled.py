@@ -21,6 +21,7 @@ to gain here, so the two checks can be read side by side.
 Usage:
     python benchmarks/bench_recycled.py [--devices sim:50 sim:97 sim:290] [--steps 10] [--repeats 1] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ from typing import Any, Iterator
 import torch
 
 from fastpipe._tree import map_tensors
-from fastpipe.experiments._compare import compare
 from fastpipe.devices import SimDevice
+from fastpipe.experiments._compare import compare
 
 SPEED_TARGET = 1.25
 BOUND_TARGET = 0.97
@@ -95,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1, help="runs per device and pinning model (the spread is printed)")
     parser.add_argument("--json", help="write every run's figures here")
-    parser.add_argument("--no-scaled", dest="scaled", action="store_false",
-                        help="skip the device scaled to this machine (see the module docstring)")
+    parser.add_argument(
+        "--no-scaled", dest="scaled", action="store_false", help="skip the device scaled to this machine (see the module docstring)"
+    )
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
     # (device, check, label): the speed check at sim:50, the no-regression check at the others, and
@@ -106,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     scaled = None
     if args.scaled:
         scaled, own_ms = scaled_device(args.steps, args.warmup)
-        print(f"toy:optimized alone against sim:1: {own_ms:.0f} ms per step on this machine; "
-              f"{ISSUE_OPTIMIZED_OF_BOUND:.0%} of that is {scaled}, the step where it is as starved as at "
-              f"{SPEED_TARGET_DEVICE} on the machine issue 15 came from")
+        print(
+            f"toy:optimized alone against sim:1: {own_ms:.0f} ms per step on this machine; "
+            f"{ISSUE_OPTIMIZED_OF_BOUND:.0%} of that is {scaled}, the step where it is as starved as at "
+            f"{SPEED_TARGET_DEVICE} on the machine issue 15 came from"
+        )
         if (scaled, "speed", "") not in checks:
             checks.append((scaled, "speed", " (scaled to this machine)"))
         if scaled not in devices:
@@ -123,11 +127,23 @@ def main(argv: list[str] | None = None) -> int:
                     result = compare(["toy:optimized", "toy:recycled"], spec, steps=args.steps, warmup=args.warmup)
                 optimized, recycled = result.variants
                 ratio = recycled.steps_per_s / optimized.steps_per_s
-                runs.append({"device": spec, "pinning_model": model, "optimized": optimized.steps_per_s,
-                             "recycled": recycled.steps_per_s, "ratio": ratio, "recycled_of_bound": recycled.fraction_of_bound,
-                             "optimized_of_bound": optimized.fraction_of_bound, "bound": result.device_bound_steps_per_s})
-                print(f"{spec:<8} {model:<34} {optimized.steps_per_s:10.2f} {recycled.steps_per_s:10.2f} {ratio:6.2f} "
-                      f"{recycled.fraction_of_bound:15.1%}", flush=True)
+                runs.append(
+                    {
+                        "device": spec,
+                        "pinning_model": model,
+                        "optimized": optimized.steps_per_s,
+                        "recycled": recycled.steps_per_s,
+                        "ratio": ratio,
+                        "recycled_of_bound": recycled.fraction_of_bound,
+                        "optimized_of_bound": optimized.fraction_of_bound,
+                        "bound": result.device_bound_steps_per_s,
+                    }
+                )
+                print(
+                    f"{spec:<8} {model:<34} {optimized.steps_per_s:10.2f} {recycled.steps_per_s:10.2f} {ratio:6.2f} "
+                    f"{recycled.fraction_of_bound:15.1%}",
+                    flush=True,
+                )
     print("\ntargets (issue 15):")
     ok = True
     for spec, check, label in checks:
@@ -136,21 +152,27 @@ def main(argv: list[str] | None = None) -> int:
             worst = min(r["ratio"] for r in mine)
             passed = worst >= SPEED_TARGET
             most = 1.0 / max(r["optimized_of_bound"] for r in mine)
-            print(f"  {spec}{label}: recycled / optimized >= {SPEED_TARGET}x in every run: lowest {worst:.2f}x -> "
-                  f"{'PASS' if passed else 'FAIL'}; toy:optimized reached up to {1 / most:.0%} of the bound, "
-                  f"so no rung could add more than {most:.2f}x in that run")
+            print(
+                f"  {spec}{label}: recycled / optimized >= {SPEED_TARGET}x in every run: lowest {worst:.2f}x -> "
+                f"{'PASS' if passed else 'FAIL'}; toy:optimized reached up to {1 / most:.0%} of the bound, "
+                f"so no rung could add more than {most:.2f}x in that run"
+            )
             # sim:50 is excused only when another device carries the target and every run that
             # missed it had no room to meet it (toy:optimized too near the bound in that same run).
             failing = [r for r in mine if r["ratio"] < SPEED_TARGET]
             out_of_reach = all(1.0 / r["optimized_of_bound"] < SPEED_TARGET for r in failing)
             if spec == SPEED_TARGET_DEVICE and scaled is not None and scaled != spec and failing and out_of_reach:
-                print(f"    out of reach at {spec} in every failing run on this machine, so this line does not decide "
-                      f"the exit status: the scaled device {scaled} carries the speed target")
+                print(
+                    f"    out of reach at {spec} in every failing run on this machine, so this line does not decide "
+                    f"the exit status: the scaled device {scaled} carries the speed target"
+                )
                 continue
         else:
             worst = min(r["recycled_of_bound"] for r in mine)
             passed = worst >= BOUND_TARGET
-            print(f"  {spec}: recycled >= {BOUND_TARGET:.0%} of the bound in every run: lowest {worst:.1%} -> {'PASS' if passed else 'FAIL'}")
+            print(
+                f"  {spec}: recycled >= {BOUND_TARGET:.0%} of the bound in every run: lowest {worst:.1%} -> {'PASS' if passed else 'FAIL'}"
+            )
         ok &= passed
     print("(a 2-core machine shared with other users: repeat, and read the spread, before trusting one run)")
     if args.json:

@@ -22,6 +22,7 @@ prints ``NOT MEASURED: <target>: <reason>`` and fails the run (exit 1) unless ``
 Usage:
     python benchmarks/bench_transforms.py [--rounds 15] [--batch 32] [--json results.json] [--allow-missing]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,12 @@ from torch.utils.data import default_collate
 from fastpipe._tree import tree_nbytes
 from fastpipe.devices import parse_device
 from fastpipe.ops import extension_status
+from fastpipe.transforms import ConvertColorScale, RandomMask, backend_available, uniform_noise
 from fastpipe.workloads.toy import FakeDataset, FastFakeDataset, naive_transform
-from fastpipe.workloads.toy.naive import ConvertColor, RandomMask as NaiveRandomMask, Scale
+from fastpipe.workloads.toy.naive import ConvertColor, Scale
+from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 from fastpipe.workloads.toy.optimized import FAST_RAW, FAST_TRANSFORMS, OPTIMIZED, UINT8_HOST, Optimizations, optimized_transform
 from fastpipe.workloads.toy.workloads import ARTICLE_BATCH_SIZE, make_workload
-from fastpipe.transforms import ConvertColorScale, RandomMask, backend_available, uniform_noise
 
 IMG = 256
 RAW = 1024
@@ -106,8 +108,13 @@ def baseline_isa_rows(rounds: int) -> tuple[list[Row], str | None]:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=cache)
         try:
-            done = subprocess.run([sys.executable, __file__, "--mask-times-only", "--rounds", str(rounds)], env=env,
-                                  capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                [sys.executable, __file__, "--mask-times-only", "--rounds", str(rounds)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         except subprocess.TimeoutExpired:
             return [], "the baseline-ISA subprocess took over 600 s"
     if done.returncode != 0:
@@ -119,8 +126,10 @@ def baseline_isa_rows(rounds: int) -> tuple[list[Row], str | None]:
     except (IndexError, KeyError, TypeError, ValueError) as exc:
         return [], f"the baseline-ISA subprocess printed no timings ({type(exc).__name__}: {exc})"
     section = "per op, x86-64 baseline ISA (subprocess)"
-    return [Row(section, "RandomMask naive (np.random.uniform + scipy)", naive * 1e3, "ms", 1.0),
-            Row(section, "RandomMask numba, NUMBA_CPU_NAME=generic", numba * 1e3, "ms", naive / numba)], None
+    return [
+        Row(section, "RandomMask naive (np.random.uniform + scipy)", naive * 1e3, "ms", 1.0),
+        Row(section, "RandomMask numba, NUMBA_CPU_NAME=generic", numba * 1e3, "ms", naive / numba),
+    ], None
 
 
 def per_op_rows(rounds: int) -> list[Row]:
@@ -138,12 +147,24 @@ def per_op_rows(rounds: int) -> list[Row]:
     batch = torch.randint(0, 256, (32, 3, IMG, IMG), dtype=torch.uint8)
     fused = ConvertColorScale()
     colour = interleaved_medians(
-        {"ConvertColor + Scale naive": lambda: Scale()(ConvertColor()(sample)), "ConvertColorScale, batch of 32 (CPU)": lambda: fused(batch)}, rounds
+        {
+            "ConvertColor + Scale naive": lambda: Scale()(ConvertColor()(sample)),
+            "ConvertColorScale, batch of 32 (CPU)": lambda: fused(batch),
+        },
+        rounds,
     )
     naive_colour = colour["ConvertColor + Scale naive"]
     rows.append(Row("per op, one 256x256 sample", "ConvertColor + Scale naive", naive_colour * 1e3, "ms", 1.0))
     per_sample = colour["ConvertColorScale, batch of 32 (CPU)"] / 32
-    rows.append(Row("per op, one 256x256 sample", "ConvertColorScale (per sample of a CPU batch; on GPU in practice)", per_sample * 1e3, "ms", naive_colour / per_sample))
+    rows.append(
+        Row(
+            "per op, one 256x256 sample",
+            "ConvertColorScale (per sample of a CPU batch; on GPU in practice)",
+            per_sample * 1e3,
+            "ms",
+            naive_colour / per_sample,
+        )
+    )
 
     raw = interleaved_medians(
         {
@@ -186,7 +207,10 @@ def worker_rows(rounds: int, batch: int) -> list[Row]:
 
     times = interleaved_medians({name: (lambda d=d: make_batch(d)) for name, d in datasets.items()}, rounds, warmup=1)
     naive = times["toy:naive"] / batch
-    return [Row(f"per-sample worker cost (batch of {batch}, incl. collate)", name, t / batch * 1e3, "ms", naive / (t / batch)) for name, t in times.items()]
+    return [
+        Row(f"per-sample worker cost (batch of {batch}, incl. collate)", name, t / batch * 1e3, "ms", naive / (t / batch))
+        for name, t in times.items()
+    ]
 
 
 def h2d_rows() -> list[Row]:
@@ -199,7 +223,15 @@ def h2d_rows() -> list[Row]:
         images, labels = next(iter(workload.loader))
         nbytes = tree_nbytes((images, labels))
         naive_bytes = naive_bytes or nbytes
-        rows.append(Row(f"host-to-device payload per batch of {ARTICLE_BATCH_SIZE}", f"toy:{variant} ({images.dtype}, labels {labels.dtype})", nbytes / 2**20, "MiB", naive_bytes / nbytes))
+        rows.append(
+            Row(
+                f"host-to-device payload per batch of {ARTICLE_BATCH_SIZE}",
+                f"toy:{variant} ({images.dtype}, labels {labels.dtype})",
+                nbytes / 2**20,
+                "MiB",
+                naive_bytes / nbytes,
+            )
+        )
     return rows
 
 
@@ -231,8 +263,13 @@ def targets(rows: list[Row]) -> list[tuple[str, float, float, bool]]:
     checks.append(("worker cost >= 20x lower, crop-first (toy:optimized)", ratio("per-sample worker", "toy:optimized"), 20.0))
     # float32 -> uint8 images are exactly 4x; the int64 labels (2 KiB of 48 MiB) keep the whole batch a hair under
     # A property of the batch, not a timing: it fails only if toy:optimized stops shipping uint8.
-    checks.append(("H2D payload per batch ~4x smaller (uint8 vs float32; a property check, not a timing)",
-                   ratio("host-to-device", "toy:optimized"), 3.99))
+    checks.append(
+        (
+            "H2D payload per batch ~4x smaller (uint8 vs float32; a property check, not a timing)",
+            ratio("host-to-device", "toy:optimized"),
+            3.99,
+        )
+    )
     return [(label, value, goal, bool(value >= goal)) for label, value, goal in checks]
 
 
@@ -269,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per group (RandomMask gets 20x as many)")
     parser.add_argument("--batch", type=int, default=32, help="samples per timed batch in the worker-cost group")
     parser.add_argument("--json", help="also write the rows and targets to this file")
-    parser.add_argument("--allow-missing", action="store_true",
-                        help="a target that could not be measured (NOT MEASURED) does not fail the run")
+    parser.add_argument(
+        "--allow-missing", action="store_true", help="a target that could not be measured (NOT MEASURED) does not fail the run"
+    )
     parser.add_argument("--mask-times-only", action="store_true", help=argparse.SUPPRESS)  # baseline_isa_rows' subprocess
     args = parser.parse_args(argv)
     if args.mask_times_only:
@@ -296,10 +334,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"took {time.perf_counter() - began:.0f} s; load average {load[0]:.2f} at the end (a shared machine: other processes compete)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": [asdict(r) for r in rows],
-                       "targets": [dict(label=l, ratio=v if v == v else None, target=g, ok=o if v == v else None,
-                                        not_measured=None if v == v else why_not_measured(l, unmeasured))
-                                   for l, v, g, o in results]}, fh, indent=2)
+            json.dump(
+                {
+                    "rows": [asdict(r) for r in rows],
+                    "targets": [
+                        dict(
+                            label=label,
+                            ratio=v if v == v else None,
+                            target=g,
+                            ok=o if v == v else None,
+                            not_measured=None if v == v else why_not_measured(label, unmeasured),
+                        )
+                        for label, v, g, o in results
+                    ],
+                },
+                fh,
+                indent=2,
+            )
     return status
 
 

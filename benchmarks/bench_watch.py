@@ -10,6 +10,7 @@ Two figures from one run:
 
     python benchmarks/bench_watch.py [--steps 2000] [--rounds 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,10 +51,14 @@ def main() -> None:
         plain.append(loop_s(batches, 0) / args.steps)
         watched.append(loop_s(fastpipe.watch(batches, echo=False, memory=False), 0) / args.steps)
     per_step_us = 1e6 * (statistics.median(watched) - statistics.median(plain))
-    print(f"1. per-step cost of the watch: {per_step_us:.2f} us (median of {args.rounds} rounds of {args.steps} steps; "
-          f"plain loop {1e6 * statistics.median(plain):.2f} us/step)")
-    print(f"   = {per_step_us / (10 * STEP_MS):.4f}% of a {STEP_MS:.0f} ms step (target < 1%): "
-          f"{'PASS' if per_step_us / 1000 < 0.01 * STEP_MS else 'FAIL'}")
+    print(
+        f"1. per-step cost of the watch: {per_step_us:.2f} us (median of {args.rounds} rounds of {args.steps} steps; "
+        f"plain loop {1e6 * statistics.median(plain):.2f} us/step)"
+    )
+    print(
+        f"   = {per_step_us / (10 * STEP_MS):.4f}% of a {STEP_MS:.0f} ms step (target < 1%): "
+        f"{'PASS' if per_step_us / 1000 < 0.01 * STEP_MS else 'FAIL'}"
+    )
 
     ready = batches[:100]
     plain_s, watched_s = [], []
@@ -61,8 +66,10 @@ def main() -> None:
         plain_s.append(loop_s(ready, STEP_MS))
         watched_s.append(loop_s(fastpipe.watch(ready, echo=False), STEP_MS))  # with memory figures at epoch end
     ratio = statistics.median(watched_s) / statistics.median(plain_s)
-    print(f"2. 100 steps of {STEP_MS:.0f} ms: watched / plain = {ratio:.4f} (median of {args.step_rounds} interleaved rounds; "
-          "includes one summary with memory figures per round)")
+    print(
+        f"2. 100 steps of {STEP_MS:.0f} ms: watched / plain = {ratio:.4f} (median of {args.step_rounds} interleaved rounds; "
+        "includes one summary with memory figures per round)"
+    )
     print("(2 cores shared with other users: medians of interleaved rounds)")
 
 

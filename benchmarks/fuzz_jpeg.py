@@ -19,6 +19,7 @@ parent then starts a new child after that case. Usage::
 
 Exits 1 if any case crashed, hung, or ended in another exception or a wrong shape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,12 +64,15 @@ class Tally:
         return self.crashes == 0 and self.hangs == 0 and self.other == 0
 
     def line(self) -> str:
-        return (f"cases {self.cases}, images {self.images}, clear errors {self.clear_errors}, crashes {self.crashes}, "
-                f"hangs {self.hangs}, other exceptions {self.other}")
+        return (
+            f"cases {self.cases}, images {self.images}, clear errors {self.clear_errors}, crashes {self.crashes}, "
+            f"hangs {self.hangs}, other exceptions {self.other}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # Mutations: bytes in, bytes out, all drawn from `rng`.
+
 
 def sof_offset(data: bytes) -> int | None:
     """Offset of the first start-of-frame marker (its 0xFF), walking the marker segments."""
@@ -102,8 +106,23 @@ def set_frame_size(data: bytes, height: int | None, width: int | None) -> bytes:
 
 
 def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
-    kind = rng.choice(["intact", "truncate", "truncate-header", "bitflip", "bitflip-header", "zero-span", "garbage-span",
-                       "frame-0", "frame-65500", "garbage-after-soi", "empty", "not-jpeg", "soi-only"])
+    kind = rng.choice(
+        [
+            "intact",
+            "truncate",
+            "truncate-header",
+            "bitflip",
+            "bitflip-header",
+            "zero-span",
+            "garbage-span",
+            "frame-0",
+            "frame-65500",
+            "garbage-after-soi",
+            "empty",
+            "not-jpeg",
+            "soi-only",
+        ]
+    )
     n = len(data)
     if kind == "intact":
         return kind, data
@@ -148,10 +167,17 @@ def draw_request(height: int, width: int, rng: random.Random) -> tuple[str, list
     if kind == "whole":
         return kind, [0, 0, height, width], size
     if kind == "out-of-range":
-        box = rng.choice([
-            [height, 0, 1, 1], [0, width, 1, 1], [0, 0, height + 1, width], [height - 1, width - 1, 2, 2],
-            [-1, 0, 10, 10], [0, 0, 0, 10], [0, 0, 10, -5],
-        ])
+        box = rng.choice(
+            [
+                [height, 0, 1, 1],
+                [0, width, 1, 1],
+                [0, 0, height + 1, width],
+                [height - 1, width - 1, 2, 2],
+                [-1, 0, 10, 10],
+                [0, 0, 0, 10],
+                [0, 0, 10, -5],
+            ]
+        )
         return kind, box, size
     if kind == "huge":
         big = rng.choice([2**31, 2**62, 2**63 - 1, 2**64, 65500])
@@ -192,6 +218,7 @@ def make_cases(corpus: Path, workdir: Path, count: int, seed: int) -> list[Case]
 # --------------------------------------------------------------------------------------------
 # The child: runs cases, one line per case on stdout.
 
+
 def outside_header(case: Case) -> str | None:
     """Why the case's box lies outside the size its JPEG header states, or None (inside, or no size to read)."""
     from fastpipe.ops import jpeg
@@ -204,6 +231,7 @@ def outside_header(case: Case) -> str | None:
     if min(top, left) >= 0 and min(height, width) > 0 and top + height <= size[0] and left + width <= size[1]:
         return None
     return f"box {case.box} is outside the {size[0]}x{size[1]} image its header states"
+
 
 def run_case(case: Case, folders: dict[str, Any]) -> tuple[str, str]:
     """('image' | 'clear' | 'other', detail) for one case, in this process."""
@@ -281,8 +309,14 @@ def child(workdir: Path, start: int) -> None:
 # --------------------------------------------------------------------------------------------
 # The parent: starts children, reads their lines, counts.
 
-def run(corpus: "str | os.PathLike[str]", cases: int = 500, seed: int = 0, workdir: "str | os.PathLike[str] | None" = None,
-        verbose: bool = False) -> Tally:
+
+def run(
+    corpus: "str | os.PathLike[str]",
+    cases: int = 500,
+    seed: int = 0,
+    workdir: "str | os.PathLike[str] | None" = None,
+    verbose: bool = False,
+) -> Tally:
     """Fuzz `cases` calls built from the JPEGs under `corpus`; returns the tally (crashes are counted, not raised)."""
     with tempfile.TemporaryDirectory(prefix="fastpipe-fuzz-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)

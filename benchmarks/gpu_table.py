@@ -10,6 +10,7 @@
 Standard library only, so it runs wherever the GPU check does. Utilisation is NVML's
 "a kernel was running" percentage, sampled over the whole diagnosis (every experiment).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -230,7 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("sample needs a command after --")
         reader, source = (None, "n/a") if args.no_gpu else utilisation_reader(args.gpu)
         returncode, samples, wall_s = sample_while(cmd, reader, args.interval)
-        record = {"command": cmd, "returncode": returncode, "wall_s": wall_s, "source": source, "interval_s": args.interval, "samples": samples}
+        record = {
+            "command": cmd,
+            "returncode": returncode,
+            "wall_s": wall_s,
+            "source": source,
+            "interval_s": args.interval,
+            "samples": samples,
+        }
         Path(args.out).write_text(json.dumps(record, indent=2))
         return returncode
 

@@ -15,6 +15,7 @@ meter sees what the guard saves. Usage::
 
 Linux only (it reads /proc).
 """
+
 from __future__ import annotations
 
 import io
@@ -59,6 +60,7 @@ def make_files(folder: Path) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------------------------
 # The child: one or more measured calls in a fresh process.
+
 
 def _status_kb(key: str) -> int:
     with open("/proc/self/status") as f:
@@ -152,14 +154,16 @@ def child(jobs: list[tuple[str, str, str]]) -> None:
 # --------------------------------------------------------------------------------------------
 # The parent.
 
+
 def run_child(jobs: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
     """Run the measured ``jobs`` [(op, path, "default" | "none")] in one fresh child process, in order; returns its rows.
 
     Put the unguarded jobs last: memory freed by one call can be reused by the next without
     showing as growth, and the guarded calls are the ones that must show none.
     """
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(jobs)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(jobs)], capture_output=True, text=True, timeout=300
+    )
     if out.returncode != 0:
         raise RuntimeError(f"the measuring child failed (exit code {out.returncode}): {out.stderr.strip()[-2000:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -192,9 +196,11 @@ def main() -> int:
     for row in guarded + controls:
         print(format_row(row))
     bad = [row for row in guarded if row["growth_mb"] + row["blind_mb"] >= GUARDED_LIMIT_MB or not row["error"]]
-    print(f"guarded calls: {len(guarded)}, over {GUARDED_LIMIT_MB:.0f} MB or not refused: {len(bad)}; "
-          f"largest growth {max(r['growth_mb'] for r in guarded):.1f} MB; unguarded controls grew "
-          + ", ".join(f"{r['growth_mb']:.0f} MB" for r in controls))
+    print(
+        f"guarded calls: {len(guarded)}, over {GUARDED_LIMIT_MB:.0f} MB or not refused: {len(bad)}; "
+        f"largest growth {max(r['growth_mb'] for r in guarded):.1f} MB; unguarded controls grew "
+        + ", ".join(f"{r['growth_mb']:.0f} MB" for r in controls)
+    )
     return 1 if bad else 0
 
 

@@ -9,6 +9,7 @@ Usage:
 
 Writes article_reproduction.{json,md,png} to --out and prints the Markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,22 +65,41 @@ def main(argv: list[str] | None = None) -> int:
     bound = measured[1]
     table = []
     for i, (label, article, spec, point, extra) in enumerate(ROWS):
-        table.append({
-            "experiment": label, "variant": spec + ("" if not extra else f" {extra}"), "cache_point": point,
-            "article_steps_per_s": article, "article_fraction_of_bound": article / ARTICLE_DEVICE_BOUND,
-            "steps_per_s": measured[i], "fraction_of_bound": measured[i] / bound,
-        })
-    result = {"device": device.spec, "device_bound_steps_per_s": bound, "num_workers": options.get("num_workers", "default"),
-              "steps": args.steps, "warmup": args.warmup, "elapsed_s": time.perf_counter() - started, "rows": table}
+        table.append(
+            {
+                "experiment": label,
+                "variant": spec + ("" if not extra else f" {extra}"),
+                "cache_point": point,
+                "article_steps_per_s": article,
+                "article_fraction_of_bound": article / ARTICLE_DEVICE_BOUND,
+                "steps_per_s": measured[i],
+                "fraction_of_bound": measured[i] / bound,
+            }
+        )
+    result = {
+        "device": device.spec,
+        "device_bound_steps_per_s": bound,
+        "num_workers": options.get("num_workers", "default"),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "elapsed_s": time.perf_counter() - started,
+        "rows": table,
+    }
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "article_reproduction.json").write_text(json.dumps(result, indent=2))
-    lines = [f"Article (A10G) vs fastpipe on {device.spec}, each as a fraction of its own device bound "
-             f"(ours: {bound:.3f} steps/s; {args.steps} steps after {args.warmup} warm-up per point)", "",
-             "| experiment | article steps/s | article % of bound | fastpipe steps/s | fastpipe % of bound |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"Article (A10G) vs fastpipe on {device.spec}, each as a fraction of its own device bound "
+        f"(ours: {bound:.3f} steps/s; {args.steps} steps after {args.warmup} warm-up per point)",
+        "",
+        "| experiment | article steps/s | article % of bound | fastpipe steps/s | fastpipe % of bound |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for row in table:
-        lines.append(f"| {row['experiment']} | {row['article_steps_per_s']:.2f} | {row['article_fraction_of_bound']:.0%} | "
-                     f"{row['steps_per_s']:.2f} | {row['fraction_of_bound']:.0%} |")
+        lines.append(
+            f"| {row['experiment']} | {row['article_steps_per_s']:.2f} | {row['article_fraction_of_bound']:.0%} | "
+            f"{row['steps_per_s']:.2f} | {row['fraction_of_bound']:.0%} |"
+        )
     markdown = "\n".join(lines) + "\n"
     (args.out / "article_reproduction.md").write_text(markdown)
     print(markdown)

@@ -5,6 +5,7 @@ The public API. Everything below is re-exported from the package that owns it (s
 recycled batch memory), ``monitor`` (watch), ``workloads`` (Workload and the reference pipelines), ``transforms``, ``stages``,
 ``devices`` and ``errors``.
 """
+
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
 from fastpipe.diagnosis import (
     Advice,

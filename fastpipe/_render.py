@@ -3,6 +3,7 @@
 Reports, comparisons, stage costs and tuner results all print a title, a rich table and
 a few lines; and plots need matplotlib, which is optional.
 """
+
 from __future__ import annotations
 
 import io

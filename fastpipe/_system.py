@@ -6,6 +6,7 @@ which the kernel enforces through cgroups: v2's ``cpu.max`` (``"QUOTA PERIOD"`` 
 ``"max PERIOD"``) or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: no quota). A quota
 set on any ancestor cgroup applies too, so the smallest along the path counts.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Batches are whatever a collate_fn returns: tensors nested in tuples, lists, dict
 namedtuples and dataclasses. Copying, pinning, timing and prefetching all need to reach
 every tensor while rebuilding the same structure around it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,4 +47,3 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
 def tree_nbytes(obj: Any) -> int:
     """Total bytes held by the tensors in ``obj``: the host-to-device payload of a batch."""
     return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
-

@@ -3,6 +3,7 @@
 Errors a user can cause (FastpipeError) become one line on stderr and exit code 2, never a
 traceback; Ctrl-C exits 130.
 """
+
 from __future__ import annotations
 
 import argparse

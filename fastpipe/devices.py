@@ -21,6 +21,7 @@ step time. Tensors "on" a sim device stay in host memory, and the copy aliases r
 than duplicates them, because a real DMA engine would not spend host CPU or memory
 bandwidth either.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -127,7 +128,9 @@ class CudaDevice(Device):
             )
         count = torch.cuda.device_count()
         if index is not None and not 0 <= index < count:
-            raise DeviceUnavailableError(f"device 'cuda:{index}' does not exist; this machine has {count} GPU(s): use cuda:0..cuda:{count - 1}")
+            raise DeviceUnavailableError(
+                f"device 'cuda:{index}' does not exist; this machine has {count} GPU(s): use cuda:0..cuda:{count - 1}"
+            )
         self.index = torch.cuda.current_device() if index is None else index
         self.spec = "cuda" if index is None else f"cuda:{index}"
 
@@ -361,7 +364,9 @@ def parse_device(spec: "str | Device | torch.device | None" = None) -> Device:
         options = dict(item.split("=", 1) for item in match["options"].split(",")[1:])
         unknown = sorted(set(options) - set(_SIM_OPTIONS))
         if unknown:
-            raise ConfigError(f"bad device '{text}': unknown option(s) {', '.join(unknown)}; known: {', '.join(_SIM_OPTIONS)}, {_SIM_EXAMPLE}")
+            raise ConfigError(
+                f"bad device '{text}': unknown option(s) {', '.join(unknown)}; known: {', '.join(_SIM_OPTIONS)}, {_SIM_EXAMPLE}"
+            )
         gbps = _positive_float(options["h2d_gbps"], "h2d_gbps", text) if "h2d_gbps" in options else DEFAULT_H2D_GBPS
         sync = options.get("sync", "0")
         if sync not in ("0", "1"):

@@ -4,6 +4,7 @@ Every error a user can cause derives from :class:`FastpipeError`, so a caller (a
 CLI, which turns these into one-line messages and exit code 2) can tell "you asked for
 something wrong" apart from a bug in fastpipe.
 """
+
 from __future__ import annotations
 
 

@@ -14,6 +14,7 @@ reports and cache points (``after:RandomMask``) refer to it.
 :class:`Stages` is the public declaration for a dataset whose ``__getitem__`` runs its own code
 (see its docstring and :mod:`fastpipe.diagnosis._discovery`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +30,7 @@ import torch
 from torchvision.datasets.vision import StandardTransform
 
 RAW_STAGE = "raw load"
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -61,7 +63,9 @@ class Stages:
     must look it up on ``self`` each time, as above.
     """
 
-    def __init__(self, load: Callable[[Any], Any] | None = None, transforms: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] = ()) -> None:
+    def __init__(
+        self, load: Callable[[Any], Any] | None = None, transforms: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] = ()
+    ) -> None:
         if load is not None and not callable(load):
             raise TypeError(f"fastpipe.Stages(load=...) must be callable, got {type(load).__name__}")
         items = list(transforms) if isinstance(transforms, (list, tuple)) else [transforms]
@@ -276,8 +280,9 @@ def _replace_slot(pipeline: TransformPipeline, transform: Callable[[Any], Any], 
     """A copy of ``owner`` with ``transform`` in the pipeline's slot."""
     if pipeline.kind == "hf":  # set_format assigns new attributes, so a shallow copy keeps the user's format as it is
         fmt, clone = owner.format, copy.copy(owner)
-        clone.set_transform(transform, columns=getattr(owner, "_format_columns", fmt["columns"]),
-                            output_all_columns=fmt["output_all_columns"])
+        clone.set_transform(
+            transform, columns=getattr(owner, "_format_columns", fmt["columns"]), output_all_columns=fmt["output_all_columns"]
+        )
         return clone
     clone = copy.copy(owner)
     joint = vars(owner).get("transforms") if hasattr(owner, "__dict__") else None

@@ -1,4 +1,5 @@
 """Load a script from benchmarks/ as a module, for tests of its logic (never of its timings)."""
+
 from __future__ import annotations
 
 import importlib.util

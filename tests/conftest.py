@@ -1,4 +1,5 @@
 """Shared fixtures. Tests run small: tiny images, short sim steps, few workers."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Two-rank diagnoses on the gloo backend, run by tests/test_ddp.py in spawned processes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,7 @@ GROUP_TIMEOUT = datetime.timedelta(seconds=60)
 
 def _init(rank: int, world_size: int, port: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=GROUP_TIMEOUT)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT)
 
 
 def diagnose_rank(rank: int, world_size: int, port: int, out: str) -> None:
@@ -32,8 +32,9 @@ def diagnose_rank(rank: int, world_size: int, port: int, out: str) -> None:
         # rank 1 is the slow one: its planted stage costs twice rank 0's
         dataset = PlantedDataset(length=4000, transform=T.Compose([Fast(), Slow(SLOW_MS * (1 + rank))]))  # no epoch ends mid-point
         loader = DataLoader(dataset, batch_size=4, num_workers=1, sampler=DistributedSampler(dataset, shuffle=True, seed=3))
-        report = diagnose(loader, lambda batch: None, "sim:10", steps=4, warmup=1, budget=1.5, threshold=0.15,
-                          progress=False, stage_costs=False)
+        report = diagnose(
+            loader, lambda batch: None, "sim:10", steps=4, warmup=1, budget=1.5, threshold=0.15, progress=False, stage_costs=False
+        )
         Path(out, f"rank{rank}.json").write_text(report.to_json())
         dist.barrier()
     finally:
@@ -63,10 +64,12 @@ def measure_points_rank(rank: int, world_size: int, port: int, out: str) -> None
 
     _init(rank, world_size, port)
     try:
-        workload = Workload(loader=_loader(rank, Meddling if rank == 1 else PlantedDataset, [Fast(), Slow(5)]),
-                            step=lambda batch: None, name="ddp")
-        runner = PointRunner(workload, parse_device("sim:10"), steps=2, warmup=1, pool=1, budget_s=0.5, target=0.5,
-                             progress=False, worker_timeout=60)
+        workload = Workload(
+            loader=_loader(rank, Meddling if rank == 1 else PlantedDataset, [Fast(), Slow(5)]), step=lambda batch: None, name="ddp"
+        )
+        runner = PointRunner(
+            workload, parse_device("sim:10"), steps=2, warmup=1, pool=1, budget_s=0.5, target=0.5, progress=False, worker_timeout=60
+        )
         diagnosis = _Diagnosis(runner, workload, 0.15, "linear", None)
         measured = {point: diagnosis.measure(point) for point in ("raw", "after:Fast")}
         runner.close()
@@ -86,8 +89,17 @@ def diagnose_rank_failing_baseline(rank: int, world_size: int, port: int, out: s
     try:
         stages = [Fast(), Slow(5)] + ([Raise("rank 1's file is corrupt")] if rank == 1 else [])
         try:
-            report = diagnose(_loader(rank, PlantedDataset, stages), lambda batch: None, "sim:10", steps=2, warmup=1,
-                              budget=0.5, threshold=0.15, progress=False, stage_costs=False)
+            report = diagnose(
+                _loader(rank, PlantedDataset, stages),
+                lambda batch: None,
+                "sim:10",
+                steps=2,
+                warmup=1,
+                budget=0.5,
+                threshold=0.15,
+                progress=False,
+                stage_costs=False,
+            )
             result = {"report": json.loads(report.to_json())}
         except PipelineError as exc:
             result = {"error": str(exc), "stage": exc.stage}

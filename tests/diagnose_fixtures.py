@@ -1,4 +1,5 @@
 """Workload factories for CLI tests of `fastpipe diagnose`."""
+
 from __future__ import annotations
 
 import time

@@ -3,6 +3,7 @@
 Costs are sleeps, not busy loops, so they hold on a loaded 2-core machine and add up per
 worker the way real per-sample costs do.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,8 +51,14 @@ class Raise:
 class PlantedDataset(Dataset):
     """Samples of a given shape; the raw load sleeps ``raw_ms``; ``transform`` as torchvision datasets use it."""
 
-    def __init__(self, length: int = 400, shape: tuple[int, ...] = (3, 8, 8), raw_ms: float = 0.0,
-                 transform: Callable[[Any], Any] | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        length: int = 400,
+        shape: tuple[int, ...] = (3, 8, 8),
+        raw_ms: float = 0.0,
+        transform: Callable[[Any], Any] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.length, self.shape, self.raw_ms, self.transform, self.dtype = length, shape, raw_ms, transform, dtype
 
     def __len__(self) -> int:

@@ -3,6 +3,7 @@
 The script runs end to end on three small JPEGs; the timed rounds are faked with planted costs
 that meet every measured target, so only whether DALI ran decides.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,8 +57,9 @@ def run(bench: ModuleType, jpegs: Path, tmp_path: Path, *extra: str) -> int:
     return bench.main(["--root", str(jpegs), "--n", "3", "--rounds", "1", "--workers", "1", "--out", str(tmp_path / "out"), *extra])
 
 
-def test_dali_absent_is_not_measured_and_fails_the_run(jpegs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_dali_absent_is_not_measured_and_fails_the_run(
+    jpegs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     bench = bench_with(monkeypatch, dali=False)
     assert run(bench, jpegs, tmp_path) == 1
     out = capsys.readouterr().out
@@ -66,15 +68,17 @@ def test_dali_absent_is_not_measured_and_fails_the_run(jpegs: Path, tmp_path: Pa
     assert "| cost: usual PIL recipe / fastpipe >= 4x | 5.00x | PASS |" in out
 
 
-def test_dali_absent_passes_with_allow_missing(jpegs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_dali_absent_passes_with_allow_missing(
+    jpegs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     bench = bench_with(monkeypatch, dali=False)
     assert run(bench, jpegs, tmp_path, "--allow-missing") == 0
     assert "2 target(s) not measured; --allow-missing" in capsys.readouterr().out
 
 
-def test_with_dali_every_target_is_measured(jpegs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_with_dali_every_target_is_measured(
+    jpegs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     bench = bench_with(monkeypatch, dali=True)
     assert run(bench, jpegs, tmp_path) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ The benchmark may excuse sim:50's speed line only when a device scaled to the ma
 the target and every run that missed 1.25x at sim:50 had no room to reach it. These tests check
 that the exit status fails whenever a measured ratio had room and fell short.
 """
+
 from __future__ import annotations
 
 from types import ModuleType, SimpleNamespace
@@ -42,8 +43,9 @@ def run(bench: ModuleType, monkeypatch: pytest.MonkeyPatch, table: dict[str, tup
 AT_BOUND = {"sim:97": (1.0, 1.0)}
 
 
-def test_sim50_out_of_reach_and_the_scaled_device_meeting_the_target_passes(bench: ModuleType, monkeypatch: pytest.MonkeyPatch,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_sim50_out_of_reach_and_the_scaled_device_meeting_the_target_passes(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # own 55 ms -> scaled sim:26; at sim:50 toy:optimized is at 90%: at most 1.11x is possible
     assert run(bench, monkeypatch, {"sim:50": (0.90, 1.0), "sim:26": (0.40, 0.80), **AT_BOUND}) == 0
     out = capsys.readouterr().out
@@ -73,8 +75,9 @@ def test_a_regression_at_a_bound_device_fails(bench: ModuleType, monkeypatch: py
     assert run(bench, monkeypatch, {"sim:50": (0.90, 1.0), "sim:26": (0.40, 0.80), "sim:97": (1.0, 0.90)}) == 1
 
 
-def test_a_scaled_device_landing_on_a_bound_device_gets_both_checks(bench: ModuleType, monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_scaled_device_landing_on_a_bound_device_gets_both_checks(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # own 206 ms -> 47% is sim:97: both its no-regression line and the speed line are printed and decide
     assert run(bench, monkeypatch, {"sim:50": (0.90, 1.0), "sim:97": (0.5, 0.96)}, own_ms=206.0) == 1
     out = capsys.readouterr().out

@@ -66,8 +66,14 @@ def test_console_script_from_the_users_folder(tmp_path) -> None:
         pytest.skip("the fastpipe console script is not installed in this environment")
     (tmp_path / "train.py").write_text(USER_TRAIN_PY)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([str(script), "run", "train:make_workload", "--device", "sim:5", "--steps", "2", "--warmup", "0"],
-                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [str(script), "run", "train:make_workload", "--device", "sim:5", "--steps", "2", "--warmup", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "train:make_workload on sim:5" in proc.stdout
 

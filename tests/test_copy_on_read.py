@@ -1,4 +1,5 @@
 """Copy-on-read growth: a dataset index held in Python objects grows the workers' memory and is named; one in NumPy does not."""
+
 from __future__ import annotations
 
 import numpy as np

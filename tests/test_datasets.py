@@ -1,4 +1,5 @@
 """fastpipe.datasets: the ImageFolder drop-in against torchvision's, the crop distribution, and GPU decoding on the CPU."""
+
 from __future__ import annotations
 
 import pickle

@@ -1,4 +1,5 @@
 """Damaged files in fastpipe.datasets: ImageFolder(on_error="raise" | "pil" | "skip"), messages that name the file, skip counts across workers."""
+
 from __future__ import annotations
 
 import copy

@@ -2,6 +2,7 @@
 
 NCCL cannot run here (no GPU); the choice of device for its collectives is unit-tested below.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,15 +1,15 @@
 """Device-side transforms: Normalize (torchvision's ToTensor + Normalize, fused) and the article's ConvertColorScale."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from fastpipe.errors import ConfigError
-from fastpipe.workloads.toy.naive import ConvertColor, Scale
 import torchvision.transforms as T
 
 import fastpipe.transforms
+from fastpipe.errors import ConfigError
 from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, ConvertColorScale, Normalize
+from fastpipe.workloads.toy.naive import ConvertColor, Scale
 
 
 def naive(images: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,9 @@ def naive(images: torch.Tensor) -> torch.Tensor:
 
 def batch(n: int = 6, height: int = 24, width: int = 40) -> torch.Tensor:
     images = torch.randint(0, 256, (n, 3, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    images[0, :, 0, :4] = torch.tensor([[255, 0, 0, 128], [255, 0, 0, 128], [255, 0, 255, 128]], dtype=torch.uint8)  # white, black, blue, grey
+    images[0, :, 0, :4] = torch.tensor(
+        [[255, 0, 0, 128], [255, 0, 0, 128], [255, 0, 255, 128]], dtype=torch.uint8
+    )  # white, black, blue, grey
     return images
 
 
@@ -93,7 +95,9 @@ def torchvision_recipe(images: torch.Tensor, mean: tuple[float, ...], std: tuple
     return torch.stack([recipe(img.permute(1, 2, 0).numpy()) for img in images])
 
 
-@pytest.mark.parametrize("mean, std", [(IMAGENET_MEAN, IMAGENET_STD), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.1, 0.9, 0.3), (0.3, 1.7, 0.31))])
+@pytest.mark.parametrize(
+    "mean, std", [(IMAGENET_MEAN, IMAGENET_STD), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.1, 0.9, 0.3), (0.3, 1.7, 0.31))]
+)
 def test_normalize_equals_torchvision_to_tensor_then_normalize(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
     images = every_value_batch()
     before = images.clone()

@@ -1,4 +1,5 @@
 """Stage discovery (fastpipe.diagnosis._discovery): each dataset shape users bring, and the why-not for the rest."""
+
 from __future__ import annotations
 
 import pickle
@@ -12,8 +13,20 @@ from torchvision.datasets.vision import StandardTransform
 from fastpipe.diagnosis._cache import CachePointDataset
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.stages import Stages
-from tests.fakes import (AddOne, DeclaredStages, Fast, HeldAsDs, NoTransformDataset, OwnGetitem, PlantedDataset, Slow,
-                         SleepBatch, ToTensorColumn, TransformProperty, hf_dataset)
+from tests.fakes import (
+    AddOne,
+    DeclaredStages,
+    Fast,
+    HeldAsDs,
+    NoTransformDataset,
+    OwnGetitem,
+    PlantedDataset,
+    SleepBatch,
+    Slow,
+    ToTensorColumn,
+    TransformProperty,
+    hf_dataset,
+)
 
 
 class Double:
@@ -55,7 +68,11 @@ def test_standard_transform_alone() -> None:
 
 def test_subset_and_wrappers_under_usual_names() -> None:
     inner = PlantedDataset(transform=T.Compose([Fast(), Slow(1)]))
-    for wrapped, path in [(Subset(inner, [3, 4]), ("dataset",)), (HeldAsDs(inner), ("ds",)), (HeldAsDs(Subset(inner, [1])), ("ds", "dataset"))]:
+    for wrapped, path in [
+        (Subset(inner, [3, 4]), ("dataset",)),
+        (HeldAsDs(inner), ("ds",)),
+        (HeldAsDs(Subset(inner, [1])), ("ds", "dataset")),
+    ]:
         pipeline, why = find_pipeline(wrapped)
         assert why is None and pipeline.path == path and pipeline.names() == ["Fast", "Slow"]
 
@@ -90,7 +107,15 @@ def test_concat_dataset_matches_stages_by_name_and_caches_each_part() -> None:
     assert pipeline is None and "parts' stages differ" in why and "AddOne" in why and "Double" in why
 
     first = PlantedDataset(length=5, transform=T.Compose([Fast(), Double()]))
-    second = PlantedDataset(length=5, transform=T.Compose([Fast(), Double(), ]))
+    second = PlantedDataset(
+        length=5,
+        transform=T.Compose(
+            [
+                Fast(),
+                Double(),
+            ]
+        ),
+    )
     second.transform.transforms[1] = type("Double", (), {"__call__": lambda self, x: x * 3})()  # same name, other work
     concat = ConcatDataset([first, second])
     pipeline, why = find_pipeline(concat)
@@ -198,7 +223,9 @@ def test_hugging_face_without_transform_says_how() -> None:
 
 
 def test_pipelines_pickle_for_spawned_workers() -> None:
-    concat = ConcatDataset([PlantedDataset(length=4, transform=T.Compose([Fast()])), PlantedDataset(length=4, transform=T.Compose([Fast()]))])
+    concat = ConcatDataset(
+        [PlantedDataset(length=4, transform=T.Compose([Fast()])), PlantedDataset(length=4, transform=T.Compose([Fast()]))]
+    )
     pipeline, _ = find_pipeline(concat)
     cached = pickle.loads(pickle.dumps(CachePointDataset(concat, pipeline, "raw")))
     assert cached[5][1] == 1

@@ -4,6 +4,7 @@ One cluster (2 CPUs, a small object store) serves every test that does not need 
 it; the tests at the end of the file let fastpipe start its own cluster, to check that an error
 and Ctrl-C shut it down. Sizes are tiny (raw 64, crop 32, batch 4, 32 samples).
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,6 @@ import sys
 import time
 from typing import Any, Iterator
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,17 +23,17 @@ pytest.importorskip("ray.data")
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
 
-from fastpipe.diagnosis._cache import CachePointDataset  # noqa: E402
 from fastpipe.devices import SimDevice  # noqa: E402
+from fastpipe.diagnosis._cache import CachePointDataset  # noqa: E402
+from fastpipe.diagnosis._discovery import find_pipeline  # noqa: E402
+from fastpipe.diagnosis._measure import measure_workload  # noqa: E402
 from fastpipe.distributed import RayLoader, parse_stats, ray_stats_notes  # noqa: E402
 from fastpipe.distributed import cluster as ray_cluster  # noqa: E402
-from fastpipe.workloads.toy.ray import make_ray  # noqa: E402
 from fastpipe.errors import ConfigError, OptionalDependencyError, PipelineError  # noqa: E402
-from fastpipe.diagnosis._measure import measure_workload  # noqa: E402
 from fastpipe.loading._prefetch import DevicePrefetcher  # noqa: E402
-from fastpipe.diagnosis._discovery import find_pipeline  # noqa: E402
-from fastpipe.workloads.toy.optimized import OPTIMIZED, make_toy_variant  # noqa: E402
 from fastpipe.transforms.device import ConvertColorScale  # noqa: E402
+from fastpipe.workloads.toy.optimized import OPTIMIZED, make_toy_variant  # noqa: E402
+from fastpipe.workloads.toy.ray import make_ray  # noqa: E402
 
 SMALL = dict(batch_size=4, raw_size=64, img_size=32, length=32, model="resnet18")
 OBJECT_STORE = 256 * 1024**2

@@ -1,4 +1,5 @@
 """The first-diagnosis example (examples/first_diagnosis): both scripts load as fastpipe SPECs from their folder."""
+
 from __future__ import annotations
 
 import sys

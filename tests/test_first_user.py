@@ -1,4 +1,5 @@
 """What a first-time user tripped on (issue 14, items 6 and 7): the pictures, the labels and the small print."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,10 +9,10 @@ from torch.utils.data import DataLoader
 
 from fastpipe import diagnose
 from fastpipe._render import COLORS
-from fastpipe.experiments._compare import Comparison, VariantResult
 from fastpipe.devices import parse_device
-from fastpipe.errors import DeviceUnavailableError
 from fastpipe.diagnosis._report import Bottleneck, Report
+from fastpipe.errors import DeviceUnavailableError
+from fastpipe.experiments._compare import Comparison, VariantResult
 from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms
 
 
@@ -22,8 +23,9 @@ def small_loader(raw_ms: float = 20, slow_ms: float = 20) -> DataLoader:
 
 def small_report(device: str = "sim:10", **kwargs) -> Report:
     loader = small_loader(kwargs.pop("raw_ms", 20), kwargs.pop("slow_ms", 20))
-    return diagnose(loader, lambda batch: None, device, steps=4, warmup=1, budget=1.0, threshold=0.15, progress=False,
-                    stage_costs=False, **kwargs)
+    return diagnose(
+        loader, lambda batch: None, device, steps=4, warmup=1, budget=1.0, threshold=0.15, progress=False, stage_costs=False, **kwargs
+    )
 
 
 def test_waterfall_bars_are_labelled_by_stage_and_coloured_by_verdict(tmp_path) -> None:

@@ -1,4 +1,5 @@
 """benchmarks/gpu_table.py: the GPU check's table and utilisation sampler, fed with files written here."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,14 @@ def diagnosis(bound: float, experiments: list[dict[str, Any]], verdict: str = "i
 
 
 def experiment(name: str, cache_point: str | None, steps_per_s: float, fraction: float | None) -> dict[str, Any]:
-    return {"name": name, "cache_point": cache_point, "steps_per_s": steps_per_s, "fraction_of_bound": fraction, "spread": 0.02, "cpu_util": 0.9}
+    return {
+        "name": name,
+        "cache_point": cache_point,
+        "steps_per_s": steps_per_s,
+        "fraction_of_bound": fraction,
+        "spread": 0.02,
+        "cpu_util": 0.9,
+    }
 
 
 def write(path: Path, data: dict[str, Any]) -> str:
@@ -34,12 +42,26 @@ def write(path: Path, data: dict[str, Any]) -> str:
 def test_table_reads_the_baseline_and_utilisation(gpu_table: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     naive = write(
         tmp_path / "naive.json",
-        diagnosis(3.45, [experiment("after:RandomMask", "after:RandomMask", 2.9, 0.84), experiment("baseline", None, 0.69, 0.2)], "CPU-bound in RandomMask"),
+        diagnosis(
+            3.45,
+            [experiment("after:RandomMask", "after:RandomMask", 2.9, 0.84), experiment("baseline", None, 0.69, 0.2)],
+            "CPU-bound in RandomMask",
+        ),
     )
     naive_util = write(tmp_path / "u1.json", {"returncode": 0, "wall_s": 80.0, "source": "nvidia-smi", "samples": [10.0, 30.0, 20.0]})
     optimized = write(tmp_path / "opt.json", diagnosis(3.45, [experiment("baseline", None, 3.3, float("nan"))], "device-bound"))
     summary = tmp_path / "summary.json"
-    argv = ["table", "--device", "cuda", "--run", f"toy:naive={naive},{naive_util}", "--run", f"toy:optimized={optimized}", "--json", str(summary)]
+    argv = [
+        "table",
+        "--device",
+        "cuda",
+        "--run",
+        f"toy:naive={naive},{naive_util}",
+        "--run",
+        f"toy:optimized={optimized}",
+        "--json",
+        str(summary),
+    ]
     assert gpu_table.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     naive_line = next(line for line in lines if line.startswith("toy:naive "))
@@ -59,7 +81,17 @@ def test_missing_results_say_why(gpu_table: ModuleType, tmp_path: Path, capsys: 
     failed = write(tmp_path / "u2.json", {"returncode": 2, "wall_s": 3.0, "source": "n/a", "samples": []})
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    argv = ["table", "--device", "sim:290", "--run", f"a={tmp_path / 'none.json'},{timed_out}", "--run", f"b={broken},{failed}", "--run", "c=/nowhere"]
+    argv = [
+        "table",
+        "--device",
+        "sim:290",
+        "--run",
+        f"a={tmp_path / 'none.json'},{timed_out}",
+        "--run",
+        f"b={broken},{failed}",
+        "--run",
+        "c=/nowhere",
+    ]
     assert gpu_table.main(argv) == 0
     out = capsys.readouterr().out
     assert "timed out after 110 s" in out

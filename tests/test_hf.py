@@ -1,4 +1,5 @@
 """fastpipe in the Hugging Face Trainer: the callback's share against planted costs, and the ladder on a Trainer."""
+
 from __future__ import annotations
 
 import time
@@ -55,9 +56,18 @@ class TinyModel(torch.nn.Module):
 
 
 def make_trainer(tmp_path, model, dataset, **args):
-    options = dict(output_dir=str(tmp_path), per_device_train_batch_size=1, num_train_epochs=1, report_to="none",
-                   save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-                   learning_rate=0.1)
+    options = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=1,
+        num_train_epochs=1,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        learning_rate=0.1,
+    )
     options.update(args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -70,8 +80,10 @@ def test_callback_share_is_the_planted_one(tmp_path, setting: Setting) -> None:
     callback = hf.watch(trainer, echo=False, memory=False)
     trainer.train()
     (logged,) = [entry[hf.SHARE_METRIC] for entry in trainer.state.log_history if hf.SHARE_METRIC in entry]
-    print(f"HF Trainer {setting.name} (loader {setting.loader_ms:g} ms, step {setting.step_ms:g} ms): "
-          f"planted {setting.truth:.1%}, logged {logged:.1%}")
+    print(
+        f"HF Trainer {setting.name} (loader {setting.loader_ms:g} ms, step {setting.step_ms:g} ms): "
+        f"planted {setting.truth:.1%}, logged {logged:.1%}"
+    )
     summary = callback.watch.summary()
     assert summary["steps"] == STEPS
     if summary["next_step"]:
@@ -86,8 +98,7 @@ def test_diagnose_names_the_planted_stage_and_restores_the_trainer(tmp_path) -> 
     dataset = Samples(400, transform=T.Compose([Slow(40), Fast()]))
     trainer = make_trainer(tmp_path, model, dataset, per_device_train_batch_size=4, dataloader_num_workers=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = hf.diagnose(trainer, device="cpu", steps=6, warmup=2, threshold=0.25, budget=1.0, progress=False,
-                         stage_costs=False)
+    report = hf.diagnose(trainer, device="cpu", steps=6, warmup=2, threshold=0.25, budget=1.0, progress=False, stage_costs=False)
     print(report.to_table())
     named = [b.stage for b in report.bottlenecks]
     assert named and named[0] == "Slow" and "Fast" not in named, named

@@ -1,4 +1,5 @@
 """Without the frameworks the integrations say what to install; importing them never imports the framework."""
+
 from __future__ import annotations
 
 import importlib
@@ -9,8 +10,10 @@ import pytest
 from fastpipe.errors import OptionalDependencyError
 
 
-@pytest.mark.parametrize("module, hidden, extra", [("fastpipe.integrations.lightning", "lightning.pytorch", "lightning"),
-                                                   ("fastpipe.integrations.hf", "transformers", "hf")])
+@pytest.mark.parametrize(
+    "module, hidden, extra",
+    [("fastpipe.integrations.lightning", "lightning.pytorch", "lightning"), ("fastpipe.integrations.hf", "transformers", "hf")],
+)
 def test_missing_framework_names_the_extra(monkeypatch: pytest.MonkeyPatch, module: str, hidden: str, extra: str) -> None:
     integration = importlib.import_module(module)
     monkeypatch.setitem(sys.modules, hidden, None)  # what an environment without the package gives: ImportError

@@ -1,4 +1,5 @@
 """JPEG decoding at reduced DCT scale when the crop allows it."""
+
 from __future__ import annotations
 
 import io
@@ -11,7 +12,7 @@ import torchvision.transforms as T
 from PIL import Image
 
 from fastpipe.errors import ConfigError
-from fastpipe.transforms.jpeg import JpegRandomResizedCrop, dct_scale_for, decode_pil_draft_crop, decode_jpeg_reduced
+from fastpipe.transforms.jpeg import JpegRandomResizedCrop, dct_scale_for, decode_jpeg_reduced, decode_pil_draft_crop
 
 SIZE = (640, 480)  # width, height
 

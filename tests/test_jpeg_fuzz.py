@@ -5,6 +5,7 @@ Each case is one call of ``jpeg_size``, ``decode_jpeg_crop``, the raw op, the en
 correct-shaped result or raise CorruptImageError / ConfigError naming the file. A signal that
 kills the child is a crash, counted against the case that caused it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

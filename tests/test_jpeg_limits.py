@@ -1,4 +1,5 @@
 """The pixel limit and libjpeg's memory cap: decompression bombs are refused from the header, cheaply, naming the file."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """fastpipe::decode_jpeg_crop against PIL on the same boxes, every JPEG flavour, damaged files, opcheck, the fallbacks."""
+
 from __future__ import annotations
 
 import io
@@ -55,7 +56,9 @@ def flavours() -> dict[str, bytes]:
 
 def pil_reference(data: bytes, box: tuple[int, int, int, int], size: tuple[int, int], hflip: bool = False) -> np.ndarray:
     top, left, height, width = box
-    out = Image.open(io.BytesIO(data)).convert("RGB").resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + width, top + height))
+    out = (
+        Image.open(io.BytesIO(data)).convert("RGB").resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + width, top + height))
+    )
     if hflip:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(out).astype(np.int32)
@@ -79,7 +82,9 @@ def unscaled_boxes(height: int, width: int) -> list[tuple[tuple[int, int, int, i
 
 
 @requires_op
-@pytest.mark.parametrize("name", ["500x375 q90 4:2:0", "375x500 q75 progressive", "1200x800 q85", "333x500 q95 4:4:4", "500x375 greyscale", "500x375 CMYK"])
+@pytest.mark.parametrize(
+    "name", ["500x375 q90 4:2:0", "375x500 q75 progressive", "1200x800 q85", "333x500 q95 4:4:4", "500x375 greyscale", "500x375 CMYK"]
+)
 def test_matches_pil_without_dct_scaling(flavours: dict[str, bytes], name: str) -> None:
     data = flavours[name]
     height, width = jpeg.jpeg_size(data)
@@ -159,7 +164,17 @@ def test_random_boxes_sizes_and_flavours_match_pil() -> None:
         if hflip:
             expected = expected[:, ::-1]
         diff = np.abs(as_hwc(jpeg.decode_jpeg_crop(data, box, size, hflip)) - expected)
-        assert diff.mean() < EXACT_MEAN and diff.max() <= EXACT_MAX, (trial, (width, height), mode, options, box, size, hflip, diff.mean(), diff.max())
+        assert diff.mean() < EXACT_MEAN and diff.max() <= EXACT_MAX, (
+            trial,
+            (width, height),
+            mode,
+            options,
+            box,
+            size,
+            hflip,
+            diff.mean(),
+            diff.max(),
+        )
 
 
 @requires_op
@@ -220,7 +235,9 @@ def test_corrupt_scan_data_is_an_error(flavours: dict[str, bytes], tmp_path: Pat
     data[start + 600 : start + 1400] = rng.integers(0, 256, 800, dtype=np.uint8).tobytes()
     path = tmp_path / "corrupt.jpg"
     path.write_bytes(bytes(data))
-    with pytest.raises(jpeg.CorruptImageError, match=r"corrupt\.jpg: cannot decode the JPEG \(corrupt, truncated or unsupported\): Corrupt JPEG data"):
+    with pytest.raises(
+        jpeg.CorruptImageError, match=r"corrupt\.jpg: cannot decode the JPEG \(corrupt, truncated or unsupported\): Corrupt JPEG data"
+    ):
         jpeg.decode_jpeg_crop(path, (0, 0, 375, 500), (224, 224))
 
 
@@ -245,7 +262,9 @@ def test_png_falls_back_to_pil_with_the_same_crop(tmp_path: Path) -> None:
     box, size = (11, 23, 150, 170), (96, 80)
     assert jpeg.which_decoder(path) == "PIL"
     out = jpeg.decode_jpeg_crop(path, box, size, hflip=True)
-    expected = np.asarray(Image.open(path).convert("RGB").resize((80, 96), Image.BILINEAR, box=(23, 11, 193, 161)).transpose(Image.FLIP_LEFT_RIGHT))
+    expected = np.asarray(
+        Image.open(path).convert("RGB").resize((80, 96), Image.BILINEAR, box=(23, 11, 193, 161)).transpose(Image.FLIP_LEFT_RIGHT)
+    )
     assert np.array_equal(as_hwc(out), expected.astype(np.int32))
 
 

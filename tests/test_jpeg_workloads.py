@@ -1,4 +1,5 @@
 """The jpeg: reference workloads build on a tiny corpus, yield batches the step takes, and pick the jpeg sim step."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,8 @@ import torch
 
 from fastpipe.devices import DEFAULT_SIM_STEP_MS, parse_device
 from fastpipe.errors import ConfigError
-from fastpipe.workloads.jpeg import DEFAULT_SIM_SPEC, JPEG_SIM_STEP_MS, LADDER, VARIANTS, make_workload
 from fastpipe.transforms import Normalize
+from fastpipe.workloads.jpeg import DEFAULT_SIM_SPEC, JPEG_SIM_STEP_MS, LADDER, VARIANTS, make_workload
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 

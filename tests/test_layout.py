@@ -3,6 +3,7 @@
 Layering: every ``fastpipe`` import in every module (module level and inside functions alike, read with
 ``ast``, so nothing is executed) goes to a package of the importer's own layer or a lower one.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,8 +18,16 @@ ROOT = pathlib.Path(fastpipe.__file__).parent
 
 #: Lowest first. A module may import from its own layer and the layers below, never from above.
 LAYERS: list[tuple[str, ...]] = [
-    ("fastpipe.errors", "fastpipe._system", "fastpipe._tree", "fastpipe._render", "fastpipe.devices",
-     "fastpipe.stages", "fastpipe._C", "fastpipe._jpeg"),
+    (
+        "fastpipe.errors",
+        "fastpipe._system",
+        "fastpipe._tree",
+        "fastpipe._render",
+        "fastpipe.devices",
+        "fastpipe.stages",
+        "fastpipe._C",
+        "fastpipe._jpeg",
+    ),
     ("fastpipe.ops",),
     ("fastpipe.transforms",),
     ("fastpipe.datasets", "fastpipe.loading", "fastpipe.monitor", "fastpipe.distributed"),
@@ -88,8 +97,10 @@ def test_no_module_imports_from_a_layer_above_its_own():
         importer = module_name(path)
         for line, imported in fastpipe_imports(path):
             if layer_of(imported) > layer_of(importer):
-                violations.append(f"{path.relative_to(ROOT.parent)}:{line} ({importer}, layer {layer_of(importer)}) "
-                                  f"imports {imported} (layer {layer_of(imported)})")
+                violations.append(
+                    f"{path.relative_to(ROOT.parent)}:{line} ({importer}, layer {layer_of(importer)}) "
+                    f"imports {imported} (layer {layer_of(imported)})"
+                )
     assert not violations, "imports that climb a layer:\n" + "\n".join(violations)
 
 
@@ -107,12 +118,46 @@ def test_the_layer_check_sees_a_violation(tmp_path):
 
 #: The public API as it stood before the layout moved (every name a user could import from ``fastpipe``).
 PUBLIC_NAMES = [
-    "Advice", "Comparison", "ConfigError", "ConvertColorScale", "CpuDevice", "CudaDevice", "Device",
-    "DevicePrefetcher", "DeviceUnavailableError", "ExtensionUnavailableError", "FastpipeError", "Measurement",
-    "Normalize", "OptionalDependencyError", "PipelineError", "RecycledLoader", "Report", "SimDevice", "StageCosts",
-    "Stages", "StepCheck", "TuneResult", "Workload", "check_step", "compare", "default_device_for",
-    "default_device_spec", "diagnose", "explain_saturation", "find_pipeline", "load_workload", "make_prefetcher",
-    "measure_stage_costs", "measure_workload", "parse_device", "recommend", "recycled", "release", "releasing", "tune",
+    "Advice",
+    "Comparison",
+    "ConfigError",
+    "ConvertColorScale",
+    "CpuDevice",
+    "CudaDevice",
+    "Device",
+    "DevicePrefetcher",
+    "DeviceUnavailableError",
+    "ExtensionUnavailableError",
+    "FastpipeError",
+    "Measurement",
+    "Normalize",
+    "OptionalDependencyError",
+    "PipelineError",
+    "RecycledLoader",
+    "Report",
+    "SimDevice",
+    "StageCosts",
+    "Stages",
+    "StepCheck",
+    "TuneResult",
+    "Workload",
+    "check_step",
+    "compare",
+    "default_device_for",
+    "default_device_spec",
+    "diagnose",
+    "explain_saturation",
+    "find_pipeline",
+    "load_workload",
+    "make_prefetcher",
+    "measure_stage_costs",
+    "measure_workload",
+    "parse_device",
+    "recommend",
+    "recycled",
+    "release",
+    "releasing",
+    "tune",
     "watch",
 ]
 
@@ -128,8 +173,10 @@ def test_all_is_sorted_and_complete():
     assert set(PUBLIC_NAMES) <= set(fastpipe.__all__)
 
 
-@pytest.mark.parametrize("package", ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading", "fastpipe.monitor",
-                                     "fastpipe.workloads", "fastpipe.transforms"])
+@pytest.mark.parametrize(
+    "package",
+    ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading", "fastpipe.monitor", "fastpipe.workloads", "fastpipe.transforms"],
+)
 def test_subpackage_all_is_sorted_and_importable(package):
     module = importlib.import_module(package)
     assert module.__all__ == sorted(module.__all__, key=str), f"{package}.__all__ is not sorted"

@@ -1,4 +1,5 @@
 """fastpipe in Lightning: the callback's share against planted costs, and the ladder on a module's own step."""
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,16 @@ class Data(L.LightningDataModule):
 
 
 def trainer(callback, **kwargs):
-    return L.Trainer(accelerator="cpu", devices=1, callbacks=[callback], logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, **kwargs)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("setting", FRAMEWORK_SETTINGS, ids=IDS)
@@ -65,8 +74,10 @@ def test_callback_share_is_the_planted_one(setting: Setting) -> None:
         fit = trainer(callback, max_epochs=1)
         fit.fit(Tiny(setting.step_ms), data)
     logged = float(fit.callback_metrics[fl.SHARE_METRIC])
-    print(f"Lightning {setting.name} (loader {setting.loader_ms:g} ms, step {setting.step_ms:g} ms): "
-          f"planted {setting.truth:.1%}, logged {logged:.1%}")
+    print(
+        f"Lightning {setting.name} (loader {setting.loader_ms:g} ms, step {setting.step_ms:g} ms): "
+        f"planted {setting.truth:.1%}, logged {logged:.1%}"
+    )
     summary = callback.watch.summary()
     assert summary["steps"] == STEPS
     assert (summary["next_step"] is not None) == (setting.truth >= 0.05)
@@ -102,8 +113,7 @@ def test_diagnose_names_the_planted_stage_and_restores_the_module() -> None:
     module = Tiny(step_ms=30)  # a 30 ms step against 4 x 40 ms of Slow over 2 workers: 80 ms a batch
     before = {k: v.clone() for k, v in module.state_dict().items()}
     data = Data(PlantedDataset(length=400, shape=(4,), transform=T.Compose([Slow(40), Fast()])), batch_size=4, num_workers=2)
-    report = fl.diagnose(module, data, device="cpu", steps=6, warmup=2, threshold=0.25, budget=1.0, progress=False,
-                         stage_costs=False)
+    report = fl.diagnose(module, data, device="cpu", steps=6, warmup=2, threshold=0.25, budget=1.0, progress=False, stage_costs=False)
     print(report.to_table())
     named = [b.stage for b in report.bottlenecks]
     assert named[0] == "Slow" and "Fast" not in named, named

@@ -4,6 +4,7 @@ Skipped without a GPU. The step is ``torch.cuda._sleep``, a kernel that spins a 
 cycles: the host returns at once, so host-side intervals would time the launches (microseconds),
 while the events time the kernels.
 """
+
 from __future__ import annotations
 
 import time

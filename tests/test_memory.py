@@ -1,4 +1,5 @@
 """Loader memory: the shared-memory prediction against the measured peak, the budget check and its fixes, the cgroup read."""
+
 from __future__ import annotations
 
 import pytest
@@ -119,8 +120,9 @@ def test_memory_command_warns_and_stops_when_shm_is_too_small(monkeypatch, capsy
 
     monkeypatch.setattr(torch.utils.data.dataloader._MultiProcessingDataLoaderIter, "__init__", no_workers)
     monkeypatch.setattr(_shm_budget, "read_limits", lambda *a, **k: MemoryLimits(50_000, 50_000, None, None))
-    code = main(["memory", "toy:naive", "--device", "sim:10", "--num-workers", "2", "--batch-size", "4", "--raw-size", "64",
-                 "--img-size", "32"])
+    code = main(
+        ["memory", "toy:naive", "--device", "sim:10", "--num-workers", "2", "--batch-size", "4", "--raw-size", "64", "--img-size", "32"]
+    )
     captured = capsys.readouterr()
     assert code == 1
     assert "shared memory will not fit" in captured.err and "--shm-size" in captured.err

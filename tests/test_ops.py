@@ -1,4 +1,5 @@
 """fastpipe's C++ ops: loaded in CI, registered correctly (opcheck), equal to the plain reference."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,8 @@ from torch.library import opcheck
 
 import fastpipe.ops as ops
 from fastpipe.errors import ExtensionUnavailableError
-from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 from fastpipe.transforms import _prng
+from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 
 requires_ext = pytest.mark.skipif(not ops.EXTENSION_AVAILABLE, reason=ops.extension_status())
 
@@ -75,7 +76,10 @@ def test_ops_equal_the_reference(name: str, ratio: float) -> None:
     ops.random_mask_out(source, ratio, 77, out)
     assert torch.equal(out, expected) and torch.equal(source, img)  # out of place leaves the source alone
 
-    assert np.array_equal(ops.draw_mask(img.shape[-2], img.shape[-1], ratio, 77).numpy().astype(bool), _prng.draw_bits_numpy(img.shape[-2], img.shape[-1], ratio, 77))
+    assert np.array_equal(
+        ops.draw_mask(img.shape[-2], img.shape[-1], ratio, 77).numpy().astype(bool),
+        _prng.draw_bits_numpy(img.shape[-2], img.shape[-1], ratio, 77),
+    )
 
 
 @requires_ext

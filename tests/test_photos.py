@@ -1,4 +1,5 @@
 """The real-photo JPEG corpus: deterministic, ImageNet-like sizes, every JPEG flavour, cached, clear errors."""
+
 from __future__ import annotations
 
 import hashlib

@@ -2,6 +2,7 @@
 
 The CUDA path (side stream, events, record_stream) is tested in test_prefetch_gpu.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.devices import Device, SimDevice, parse_device
-from fastpipe.errors import ConfigError
 from fastpipe.diagnosis._measure import measure_workload
+from fastpipe.errors import ConfigError
 from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.workloads._workload import Workload
 

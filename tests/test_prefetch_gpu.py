@@ -9,6 +9,7 @@ and the sums would come out wrong. A control run with ``record_stream`` disabled
 does detect that. Every other GPU race test here has such a control too: the same loop with the
 safeguard switched off must fail.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """fastpipe.transforms.RandomMask: every backend equals the naive scipy path on the same draw, and draws right."""
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,9 @@ import torchvision.transforms as T
 
 from fastpipe.errors import ConfigError
 from fastpipe.ops import EXTENSION_AVAILABLE, extension_status
-from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
-from fastpipe.transforms import RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
-from fastpipe.transforms import _numba_kernels, _prng
+from fastpipe.transforms import RandomMask, _numba_kernels, _prng, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
 from fastpipe.transforms.mask import AUTO_ORDER, BACKENDS
+from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 
 BACKEND_PARAMS = [
     pytest.param("numpy"),

@@ -7,6 +7,7 @@ joined with the token the way the README says, and checks that the data tasks of
 ran on both nodes. It needs root, ``ip`` (iproute2), network namespaces and Ray, and is skipped,
 with the reason, where any is missing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -212,8 +213,9 @@ class TwoNodes:
         env.update(HOME=str(home), FASTPIPE_TEST_CLUSTER=self.marker, PYTHONPATH=str(REPO), **extra)
         return env
 
-    def ray(self, *args: str, env: dict[str, str], in_netns: bool = False, block: bool = True,
-            log: Path | None = None) -> subprocess.Popen[bytes]:
+    def ray(
+        self, *args: str, env: dict[str, str], in_netns: bool = False, block: bool = True, log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         command = [str(Path(sys.executable).parent / "ray"), *args, *(["--block"] if block else [])]
         if in_netns:
             command = ["ip", "netns", "exec", self.netns, *command]
@@ -339,8 +341,15 @@ DRIVER = textwrap.dedent('''
 def run_driver(nodes: TwoNodes, env: dict[str, str], address: str, expect_nodes: int) -> dict[str, Any]:
     script = nodes.root / "driver.py"
     script.write_text(DRIVER)
-    done = subprocess.run([sys.executable, str(script), address, str(expect_nodes)], env=env, cwd=nodes.root,
-                          capture_output=True, text=True, timeout=240, start_new_session=True)
+    done = subprocess.run(
+        [sys.executable, str(script), address, str(expect_nodes)],
+        env=env,
+        cwd=nodes.root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        start_new_session=True,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, f"driver failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return json.loads(lines[-1])
@@ -358,22 +367,37 @@ def test_two_ray_nodes_joined_with_the_token_run_the_data_tasks(two_nodes: TwoNo
     ray_cmd = str(Path(sys.executable).parent / "ray")
 
     # The recipe, on the head: make the token, start the head with token auth on, print the token.
-    subprocess.run([ray_cmd, "get-auth-token", "--generate"], env=nodes.env(head_home), check=True,
-                   capture_output=True, timeout=60)
-    token = subprocess.run([ray_cmd, "get-auth-token"], env=nodes.env(head_home), check=True, capture_output=True,
-                           text=True, timeout=60).stdout.strip()
+    subprocess.run([ray_cmd, "get-auth-token", "--generate"], env=nodes.env(head_home), check=True, capture_output=True, timeout=60)
+    token = subprocess.run(
+        [ray_cmd, "get-auth-token"], env=nodes.env(head_home), check=True, capture_output=True, text=True, timeout=60
+    ).stdout.strip()
     assert token and (head_home / ".ray" / "auth_token").read_text().strip() == token
     head_log = nodes.root / "head.log"
     head = nodes.ray(
-        "start", "--head", f"--node-ip-address={nodes.head_ip}", f"--port={port}", "--num-cpus=1",
-        "--object-store-memory=100000000", "--include-dashboard=false", f"--dashboard-port={free_port(nodes.head_ip)}",
-        f"--ray-client-server-port={free_port(nodes.head_ip)}", f"--dashboard-agent-listen-port={free_port(nodes.head_ip)}",
-        f"--temp-dir={nodes.root / 'head'}", "--disable-usage-stats",
-        env=nodes.env(head_home, RAY_AUTH_MODE="token"), log=head_log,
+        "start",
+        "--head",
+        f"--node-ip-address={nodes.head_ip}",
+        f"--port={port}",
+        "--num-cpus=1",
+        "--object-store-memory=100000000",
+        "--include-dashboard=false",
+        f"--dashboard-port={free_port(nodes.head_ip)}",
+        f"--ray-client-server-port={free_port(nodes.head_ip)}",
+        f"--dashboard-agent-listen-port={free_port(nodes.head_ip)}",
+        f"--temp-dir={nodes.root / 'head'}",
+        "--disable-usage-stats",
+        env=nodes.env(head_home, RAY_AUTH_MODE="token"),
+        log=head_log,
     )
     wait_for_line(head_log, "Ray runtime started", head, timeout=90)
-    server_args = ("start", f"--address={address}", "--num-cpus=1", "--object-store-memory=100000000",
-                   f"--temp-dir={nodes.root / 'server'}", "--disable-usage-stats")
+    server_args = (
+        "start",
+        f"--address={address}",
+        "--num-cpus=1",
+        "--object-store-memory=100000000",
+        f"--temp-dir={nodes.root / 'server'}",
+        "--disable-usage-stats",
+    )
     quick = {"RAY_gcs_server_port_wait_time_s": "3"}  # Ray retries a refused connection for ~20 s otherwise
 
     # The trap: a data server joining as the old README said is refused.
@@ -391,8 +415,7 @@ def test_two_ray_nodes_joined_with_the_token_run_the_data_tasks(two_nodes: TwoNo
     # The fix: the data server gets RAY_AUTH_MODE=token and the head's token, the trainer RAY_AUTH_MODE=token
     # (on the head, Ray reads the token from ~/.ray/auth_token).
     server_log = nodes.root / "server.log"
-    server = nodes.ray(*server_args, env=nodes.env(server_home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
-                       in_netns=True, log=server_log)
+    server = nodes.ray(*server_args, env=nodes.env(server_home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token), in_netns=True, log=server_log)
     wait_for_line(server_log, "Ray runtime started", server, timeout=90)
     result = run_driver(nodes, nodes.env(head_home, RAY_AUTH_MODE="token"), address, expect_nodes=2)
 

@@ -1,4 +1,5 @@
 """The README's watch, Lightning and Hugging Face sections: their Python blocks run, in order, as printed."""
+
 from __future__ import annotations
 
 import re

@@ -5,12 +5,13 @@ overwritten), so a batch still in use whose slot was handed back early shows it 
 never hold 255, so any 255 a step sees is a reuse under it. A control test releases a batch early
 on purpose and sees the poison: the check can fail.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import multiprocessing
+import os
 import signal
 import time
 from pathlib import Path
@@ -377,8 +378,9 @@ def test_toy_recycled_is_toy_optimized_with_a_recycled_loader(small_toy_options:
 
 def test_a_persistent_epoch_left_midway_gives_its_unread_slots_back() -> None:
     """The DataLoader drops the batches it had in flight; their slots return to the ring, none is lost or misread."""
-    ring = RecycledLoader(DataLoader(Marked(64), batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=3),
-                          slots=3, poison=255)
+    ring = RecycledLoader(
+        DataLoader(Marked(64), batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=3), slots=3, poison=255
+    )
     for epoch in range(4):
         seen = bad = 0
         for i, (images, labels) in enumerate(ring):
@@ -394,8 +396,9 @@ def test_a_persistent_epoch_left_midway_gives_its_unread_slots_back() -> None:
 
 # ----- registered (page-locked) buffers are unregistered: close, garbage collection, the diagnosis -------
 def registered_ring(registrar: CountingRegistrar, workers: int = 1, **loader: Any) -> RecycledLoader:
-    return RecycledLoader(DataLoader(Marked(40), batch_size=4, num_workers=workers, pin_memory=True, **loader), slots=3,
-                          registrar=registrar.registrar)
+    return RecycledLoader(
+        DataLoader(Marked(40), batch_size=4, num_workers=workers, pin_memory=True, **loader), slots=3, registrar=registrar.registrar
+    )
 
 
 def test_close_unregisters_every_buffer_and_held_batches_stay_valid() -> None:
@@ -449,8 +452,9 @@ def test_the_diagnosis_unregisters_each_points_loader_once_measured() -> None:
 
     counter = CountingRegistrar()
     workload = Workload(loader=registered_ring(counter, workers=1), step=lambda batch: None, name="recycled")
-    runner = PointRunner(workload, parse_device("sim:5"), steps=2, warmup=1, pool=1, budget_s=1.0, target=0.5,
-                         progress=False, worker_timeout=60)
+    runner = PointRunner(
+        workload, parse_device("sim:5"), steps=2, warmup=1, pool=1, budget_s=1.0, target=0.5, progress=False, worker_timeout=60
+    )
     runner.measure("baseline")
     assert counter.registered > 0, "the baseline's loader registered its buffers"
     assert runner.baseline_loader is not None, "kept for its stats..."

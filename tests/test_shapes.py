@@ -3,6 +3,7 @@
 A planted stage sleeps ``SLOW_MS`` per sample: with 4 samples a batch over 2 workers it adds
 ``SLOW_MS x 4 / 2`` ms to every step, against a 10 ms simulated step.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,18 @@ from torch.utils.data import BatchSampler, ConcatDataset, DataLoader, Sequential
 
 from fastpipe import diagnose
 from fastpipe.stages import Stages
-from tests.fakes import (DeclaredStages, Fast, PlantedDataset, PostProcessed, SleepBatch, Slow, ToTensorColumn, TransformProperty,
-                         TwoViews, hf_dataset)
+from tests.fakes import (
+    DeclaredStages,
+    Fast,
+    PlantedDataset,
+    PostProcessed,
+    SleepBatch,
+    Slow,
+    ToTensorColumn,
+    TransformProperty,
+    TwoViews,
+    hf_dataset,
+)
 
 DEVICE, BATCH, WORKERS, SLOW_MS = "sim:10", 4, 2, 40
 PLANTED = SLOW_MS * BATCH / WORKERS

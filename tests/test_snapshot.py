@@ -1,4 +1,5 @@
 """Snapshots of the user's training state (fastpipe.diagnosis._snapshot): in host memory, and complete."""
+
 from __future__ import annotations
 
 import random

@@ -1,4 +1,5 @@
 """--check-step: the user's step runs once on a real batch, so a step the sim never calls cannot pass silently."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.cli import main
-from fastpipe.errors import PipelineError
 from fastpipe.diagnosis._stepcheck import check_step
+from fastpipe.errors import PipelineError
 from fastpipe.workloads._workload import Workload, load_workload
 
 _DATA = [(torch.ones(3), 1)] * 8
@@ -71,8 +72,11 @@ def test_a_working_step_runs_once_and_trains_nothing() -> None:
 
 def test_the_device_transform_runs_before_the_step() -> None:
     seen = []
-    workload = Workload(loader=DataLoader(torch.zeros(4, 2, dtype=torch.uint8), batch_size=2), step=seen.append,
-                        device_transform=lambda batch: batch.float() / 255)
+    workload = Workload(
+        loader=DataLoader(torch.zeros(4, 2, dtype=torch.uint8), batch_size=2),
+        step=seen.append,
+        device_transform=lambda batch: batch.float() / 255,
+    )
     check_step(workload, "sim:5")
     assert seen[0].dtype == torch.float32
 
@@ -200,5 +204,9 @@ def test_the_check_leaves_the_users_loader_sampler_and_generators_as_they_were(k
     check_step(Workload(loader=loader, step=lambda batch: model(batch[0]).sum().backward(), model=model), "sim:5")
     assert not _same(before, _states(loader)), f"moved: {_same(before, _states(loader))}"
     # what the user's loop draws next is what it would have drawn had the check never run
-    assert ([batch[1].tolist() for batch in loader], torch.rand(3), np.random.rand(), random.random()) == \
-        (expected_next[0], pytest.approx(expected_next[1]), expected_next[2], expected_next[3])
+    assert ([batch[1].tolist() for batch in loader], torch.rand(3), np.random.rand(), random.random()) == (
+        expected_next[0],
+        pytest.approx(expected_next[1]),
+        expected_next[2],
+        expected_next[3],
+    )

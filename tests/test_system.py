@@ -1,4 +1,5 @@
 """Usable CPUs (fastpipe._system): affinity, cgroup v1 and v2 quotas, read from fake cgroup trees."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 torchtnt's prefetcher itself needs CUDA; here the adapter is driven by a stand-in with the same
 constructor and iterator protocol. The real one is compared with fastpipe's in test_prefetch_gpu.py.
 """
+
 from __future__ import annotations
 
 import subprocess

@@ -1,8 +1,8 @@
 """Fidelity of the naive toy workload to the article (toy_workload.md)."""
+
 import numpy as np
 import pytest
 import torch
-import torchvision.transforms as T
 from PIL import Image
 
 from fastpipe.workloads.toy import ConvertColor, FakeDataset, RandomMask, Scale, naive_transform

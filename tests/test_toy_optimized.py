@@ -1,4 +1,5 @@
 """The toy workload's optimized variants, FastFakeDataset and uniform_noise."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,10 +11,10 @@ import torch
 from fastpipe.devices import parse_device
 from fastpipe.errors import ConfigError
 from fastpipe.stages import split_transform
-from fastpipe.workloads.toy import VARIANTS, FastFakeDataset, make_workload, optimized_transform
-from fastpipe.workloads.toy.optimized import FAST_RAW, OPTIMIZED, UINT8_HOST, VARIANT_OPTIMIZATIONS
 from fastpipe.transforms import ConvertColorScale, RandomMask, uniform_noise
 from fastpipe.transforms.convert import ToCHWTensor
+from fastpipe.workloads.toy import VARIANTS, FastFakeDataset, make_workload, optimized_transform
+from fastpipe.workloads.toy.optimized import FAST_RAW, OPTIMIZED, UINT8_HOST, VARIANT_OPTIMIZATIONS
 
 LADDER = ["fast-transforms", "uint8-host", "prefetch", "fast-raw", "optimized"]
 
@@ -64,7 +65,11 @@ def test_optimized_samples_have_the_naive_distribution(opts) -> None:  # type: i
     torch.manual_seed(0)
     transform = optimized_transform(opts, 64)
     sizes = dict(length=8, raw_size=(128, 128))
-    dataset = FakeDataset(transform, **sizes) if not (opts.fast_raw or opts.crop_first) else FastFakeDataset(transform, crop_size=64 if opts.crop_first else None, **sizes)
+    dataset = (
+        FakeDataset(transform, **sizes)
+        if not (opts.fast_raw or opts.crop_first)
+        else FastFakeDataset(transform, crop_size=64 if opts.crop_first else None, **sizes)
+    )
     samples = torch.stack([dataset[i][0] for i in range(8)])
     assert samples.dtype == torch.uint8 and samples.shape == (8, 3, 64, 64) and dataset[0][0].is_contiguous()
     masked = (samples == 0).all(dim=1)[:, 1:-1, 1:-1].float().mean().item()

@@ -1,4 +1,5 @@
 """The worker / prefetch tuner on planted sleep costs: where it stops, what it recommends, memory warnings."""
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,11 @@ def test_a_setting_that_would_exhaust_shm_is_skipped_with_a_warning() -> None:
     budget = (shm_estimate(batch_bytes, 1, 2) + shm_estimate(batch_bytes, 2, 2)) // 2  # room for one worker, not two
     result = run(loader, "sim:40", shm_budget_bytes=budget)
     # two workers, and then a deeper queue for one, would each hold 6 batches: neither is run
-    assert [(t.num_workers, t.prefetch_factor, t.status) for t in result.trials] == [(1, 2, "measured"), (2, 2, "skipped"), (1, 4, "skipped")]
+    assert [(t.num_workers, t.prefetch_factor, t.status) for t in result.trials] == [
+        (1, 2, "measured"),
+        (2, 2, "skipped"),
+        (1, 4, "skipped"),
+    ]
     assert result.trials[1].steps_per_s is None
     assert any("Bus error" in w and "/dev/shm" in w and "--shm-size" in w for w in result.warnings)
     assert result.recommended is result.trials[0]
@@ -114,8 +119,30 @@ def test_cli_tune(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
     out = tmp_path / "tune.json"
-    args = parser.parse_args(["tune", "toy:naive", "--device", "sim:50", "--steps", "2", "--warmup", "1", "--max-workers", "1",
-                              "--prefetch-factors", "2", "--batch-size", "2", "--raw-size", "64", "--img-size", "32", "--json", str(out)])
+    args = parser.parse_args(
+        [
+            "tune",
+            "toy:naive",
+            "--device",
+            "sim:50",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--max-workers",
+            "1",
+            "--prefetch-factors",
+            "2",
+            "--batch-size",
+            "2",
+            "--raw-size",
+            "64",
+            "--img-size",
+            "32",
+            "--json",
+            str(out),
+        ]
+    )
     assert args.handler(args) == 0
     captured = capsys.readouterr()
     assert "Recommended:" in captured.out and "tried num_workers=1" in captured.err

@@ -1,4 +1,5 @@
 """fastpipe.watch: the input-bound share of a plain loop against planted costs, its lines, sinks and memory."""
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,13 @@ def test_through_device_prefetcher_on_cpu(setting: Setting) -> None:
 
 def test_bands() -> None:
     assert [band_for(s) for s in (0.0, 0.049, 0.05, 0.199, 0.2, 1.0)] == [
-        "not input-bound", "not input-bound", "moderately input-bound", "moderately input-bound",
-        "highly input-bound", "highly input-bound"]
+        "not input-bound",
+        "not input-bound",
+        "moderately input-bound",
+        "moderately input-bound",
+        "highly input-bound",
+        "highly input-bound",
+    ]
 
 
 class FakeClock:
@@ -74,9 +80,9 @@ def test_ledger_arithmetic_with_a_fake_clock() -> None:
     """Start-up and first batch count; a loop that breaks out early is closed at its last batch."""
     ledger = WaitLedger(clock=FakeClock())
     ledger.start_epoch(0.0)
-    ledger.batch(0.5, 0.5)          # start-up + first batch: 0.5 s blocked
-    ledger.batch(0.1, 1.6)          # step 1.0 s, then 0.1 s blocked
-    ledger.start_epoch(10.0)        # broke out: epoch 1 ends a typical step (1.0 s) after its last batch
+    ledger.batch(0.5, 0.5)  # start-up + first batch: 0.5 s blocked
+    ledger.batch(0.1, 1.6)  # step 1.0 s, then 0.1 s blocked
+    ledger.start_epoch(10.0)  # broke out: epoch 1 ends a typical step (1.0 s) after its last batch
     assert ledger.epochs[0].elapsed_s == pytest.approx(2.6)
     assert ledger.epochs[0].share == pytest.approx(0.6 / 2.6)
     assert ledger.epochs[0].first_wait_s == 0.5
@@ -84,10 +90,10 @@ def test_ledger_arithmetic_with_a_fake_clock() -> None:
     ledger.end_epoch(12.0)
     assert ledger.total.steps == 3
     assert ledger.total.share == pytest.approx(0.6 / 4.6)
-    ledger.start_epoch(20.0)        # an iterator made and dropped before any batch leaves no epoch
+    ledger.start_epoch(20.0)  # an iterator made and dropped before any batch leaves no epoch
     ledger.start_epoch(21.0)
     ledger.batch(1.0, 22.0)
-    ledger.pause(23.0)              # validation mid-epoch: 10 s that count nowhere
+    ledger.pause(23.0)  # validation mid-epoch: 10 s that count nowhere
     ledger.resume(33.0)
     ledger.end_epoch(34.0)
     assert len(ledger.epochs) == 3 and ledger.epochs[-1].elapsed_s == pytest.approx(3.0)
@@ -95,11 +101,16 @@ def test_ledger_arithmetic_with_a_fake_clock() -> None:
 
 def test_every_n_steps_lines_and_epochs() -> None:
     lines: list[str] = []
-    watched = fastpipe.watch(DataLoader(PlantedDataset(length=10, shape=(2,)), batch_size=2), every=2,
-                             echo=lines.append, memory=False)
+    watched = fastpipe.watch(DataLoader(PlantedDataset(length=10, shape=(2,)), batch_size=2), every=2, echo=lines.append, memory=False)
     run_loop(watched, 0, epochs=2)
     assert [line.split(":")[1].strip() for line in lines if "next step" not in line] == [
-        "steps 1-2", "steps 3-4", "epoch 1", "steps 6-7", "steps 8-9", "epoch 2"]
+        "steps 1-2",
+        "steps 3-4",
+        "epoch 1",
+        "steps 6-7",
+        "steps 8-9",
+        "epoch 2",
+    ]
     summary = watched.summary()
     assert summary["steps"] == 10 and summary["epochs"] == 2 and len(summary["per_epoch"]) == 2
 

@@ -1,4 +1,5 @@
 """``fastpipe watch -- python SCRIPT``: unmodified scripts, run in-process, with the share, stages and next step."""
+
 from __future__ import annotations
 
 import json

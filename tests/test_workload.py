@@ -6,8 +6,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastpipe.devices import CpuDevice, Device, default_device_spec, parse_device
-from fastpipe.errors import ConfigError
 from fastpipe.diagnosis._measure import measure_workload
+from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import Workload, default_device_for, load_workload
 
 _LOADER = DataLoader(list(range(8)), batch_size=2)
@@ -141,7 +141,9 @@ def test_options_are_only_for_built_in_workloads() -> None:
         load_workload(f"{__name__}:make_pair", "sim:1", batch_size=3)
 
 
-@pytest.mark.parametrize("name, message", [("make_bad", "must return"), ("make_raising", "raised RuntimeError: boom"), ("missing", "has no function")])
+@pytest.mark.parametrize(
+    "name, message", [("make_bad", "must return"), ("make_raising", "raised RuntimeError: boom"), ("missing", "has no function")]
+)
 def test_bad_factories(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_workload(f"{__name__}:{name}", "sim:1")

@@ -3,6 +3,7 @@
 A loader with ``num_workers=0`` that takes ``loader_ms`` per batch against a step of ``step_ms``: nothing
 overlaps, so the loop waits ``loader_ms / (loader_ms + step_ms)`` of its time, by construction.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

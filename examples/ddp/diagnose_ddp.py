@@ -5,6 +5,7 @@
 
 Rank 0 prints the report (every rank holds the same one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,9 @@ def main() -> None:
     try:
         dataset = Images(Decode())
         loader = DataLoader(dataset, batch_size=8, num_workers=2, sampler=DistributedSampler(dataset))
-        report = fastpipe.diagnose(loader, lambda batch: None, "cuda" if args.nccl else "sim:20", steps=6, warmup=2,
-                                   budget=3.0, progress=False, stage_costs=False)
+        report = fastpipe.diagnose(
+            loader, lambda batch: None, "cuda" if args.nccl else "sim:20", steps=6, warmup=2, budget=3.0, progress=False, stage_costs=False
+        )
         if dist.get_rank() == 0:
             print(report.to_table())
     finally:

@@ -7,6 +7,7 @@ to train a few steps on the CPU: ``python train.py``.
 The photos: set ``PHOTOS`` to your own ImageFolder; by default a small corpus of real photographs is
 built once, locally, from the images scikit-image and scikit-learn ship (``pip install 'fastpipe[photos]'``).
 """
+
 from __future__ import annotations
 
 import os

@@ -8,23 +8,31 @@
    uint8 through the loader and ``fastpipe.transforms.Normalize`` on the device, on whole batches.
    It equals ToTensor + Normalize to within 1e-6.
 """
+
 from __future__ import annotations
 
 import torch
 from torch.utils.data import DataLoader
+from train import BATCH, MEAN, STD, WORKERS, make_model, make_step, photos_root
 
 import fastpipe
 from fastpipe.datasets import ImageFolder
 from fastpipe.transforms import Normalize
-from train import BATCH, MEAN, STD, WORKERS, make_model, make_step, photos_root
 
 
 def make_workload(device: torch.device) -> fastpipe.Workload:
     dataset = ImageFolder(photos_root(), size=224, hflip=0.5)
     loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS, pin_memory=True)
     model, optimizer = make_model(device)
-    return fastpipe.Workload(loader=loader, step=make_step(model, optimizer), device_transform=Normalize(MEAN, STD),
-                             model=model, optimizer=optimizer, prefetch_depth=2, name="train_fast")
+    return fastpipe.Workload(
+        loader=loader,
+        step=make_step(model, optimizer),
+        device_transform=Normalize(MEAN, STD),
+        model=model,
+        optimizer=optimizer,
+        prefetch_depth=2,
+        name="train_fast",
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ SGD in a plain loop. Nothing in it knows fastpipe. Try:
     python examples/watch/train_imagenet_like.py --epochs 1
     fastpipe watch -- python examples/watch/train_imagenet_like.py --epochs 1
 """
+
 import argparse
 import time
 
@@ -29,8 +30,9 @@ parser.add_argument("--print-freq", default=10, type=int)
 
 
 def tiny(num_classes: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(16, num_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes)
+    )
 
 
 def main() -> None:
@@ -43,14 +45,22 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
 
     normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-    train_dataset = datasets.FakeData(args.samples, (3, args.image_size, args.image_size), num_classes, transforms.Compose([
-        transforms.RandomResizedCrop(args.crop),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        normalize,
-    ]))
-    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, shuffle=True,
-                                               num_workers=args.workers, pin_memory=torch.cuda.is_available())
+    train_dataset = datasets.FakeData(
+        args.samples,
+        (3, args.image_size, args.image_size),
+        num_classes,
+        transforms.Compose(
+            [
+                transforms.RandomResizedCrop(args.crop),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                normalize,
+            ]
+        ),
+    )
+    train_loader = torch.utils.data.DataLoader(
+        train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=torch.cuda.is_available()
+    )
 
     for epoch in range(args.epochs):
         model.train()

@@ -1,4 +1,5 @@
 """Arguments shared by the subcommands that run a workload."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,14 @@ def add_toy_options(parser: argparse.ArgumentParser) -> None:
     toy.add_argument("--model", default=None, help="torchvision model name for cpu/cuda (default resnet50)")
 
 
-DEVICE_HELP = ("cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else the SPEC's own simulated step). "
-               "sim:290 is the article's step (resnet50, batch 256, an A10G) and the default for toy and your own SPECs: "
-               "for your own model, size STEP_MS from your GPU, the time of one training step with data already on "
-               "it (the device bound that `fastpipe diagnose SPEC --device cuda` reports first), or sim:100 to ask whether the pipeline "
-               "would keep up with a GPU that does a step in 100 ms). Your factory's `device` argument is the matching "
-               "torch.device (cpu on sim); ask for `fastpipe_device` to get fastpipe's Device")
+DEVICE_HELP = (
+    "cuda[:N], cpu, or sim:STEP_MS[,h2d_gbps=G] (default: cuda if present, else the SPEC's own simulated step). "
+    "sim:290 is the article's step (resnet50, batch 256, an A10G) and the default for toy and your own SPECs: "
+    "for your own model, size STEP_MS from your GPU, the time of one training step with data already on "
+    "it (the device bound that `fastpipe diagnose SPEC --device cuda` reports first), or sim:100 to ask whether the pipeline "
+    "would keep up with a GPU that does a step in 100 ms). Your factory's `device` argument is the matching "
+    "torch.device (cpu on sim); ask for `fastpipe_device` to get fastpipe's Device"
+)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +44,12 @@ def resolve_device(device: str | None, specs: "str | list[str]") -> Any:
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """SPEC, --device and the toy workload's size options, shared by every subcommand that runs one."""
-    parser.add_argument("spec", metavar="SPEC", help="toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function "
-                        "(looked up in the current directory first, as python -m does)")
+    parser.add_argument(
+        "spec",
+        metavar="SPEC",
+        help="toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function "
+        "(looked up in the current directory first, as python -m does)",
+    )
     add_device_argument(parser)
     add_toy_options(parser)
 

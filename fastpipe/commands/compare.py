@@ -1,4 +1,5 @@
 """``fastpipe compare toy`` or ``fastpipe compare mod:before mod:after``: what each change bought."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,12 +13,21 @@ from fastpipe.errors import ConfigError
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("compare", help="measure a ladder of variants against the device bound")
-    parser.add_argument("specs", metavar="SPEC", nargs="+", help="'toy' or 'jpeg' for a built-in ladder, or two or more SPECs (module:function)")
+    parser.add_argument(
+        "specs", metavar="SPEC", nargs="+", help="'toy' or 'jpeg' for a built-in ladder, or two or more SPECs (module:function)"
+    )
     add_device_argument(parser)
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per variant (default 3)")
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds of measuring per rung before it stops short of the precision target (default 20)")
-    parser.add_argument("--precision", type=float, default=0.03, help="target relative standard error of each rung's step time (default 0.03)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="seconds of measuring per rung before it stops short of the precision target (default 20)",
+    )
+    parser.add_argument(
+        "--precision", type=float, default=0.03, help="target relative standard error of each rung's step time (default 0.03)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the comparison as Markdown here")
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
@@ -36,9 +46,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("compare needs 'toy', 'jpeg' or at least two SPECs, e.g. fastpipe compare mypkg.before:make mypkg.after:make")
     is_builtin = all(family_of(spec) is not None for spec in args.specs)
     comparison = compare(
-        args.specs, resolve_device(args.device, args.specs), steps=args.steps, warmup=args.warmup,
-        progress=not args.no_progress and sys.stderr.isatty(), toy_options=toy_option_values(args, is_builtin),
-        budget=args.budget, precision=args.precision,
+        args.specs,
+        resolve_device(args.device, args.specs),
+        steps=args.steps,
+        warmup=args.warmup,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        toy_options=toy_option_values(args, is_builtin),
+        budget=args.budget,
+        precision=args.precision,
     )
     write_outputs(comparison, args)
     return 0

@@ -1,4 +1,5 @@
 """``fastpipe costs SPEC``: where the workers' time goes, stage by stage, measured inside them."""
+
 from __future__ import annotations
 
 import argparse

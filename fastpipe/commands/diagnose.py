@@ -1,4 +1,5 @@
 """``fastpipe diagnose SPEC``: where does the input pipeline lose throughput?"""
+
 from __future__ import annotations
 
 import argparse
@@ -13,34 +14,57 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("diagnose", help="find the bottleneck stages by caching data at successive points")
     add_workload_arguments(parser)
     add_step_arguments(parser, "experiment")
-    parser.add_argument("--pool", type=int, default=None,
-                        help="different samples/batches each cache point cycles through (default: 1, or 8 when the first samples differ in size)")
-    parser.add_argument("--threshold", type=float, default=0.05,
-                        help="smallest added time per step that counts, as a fraction of the device step (default 0.05)")
-    parser.add_argument("--budget", type=float, default=20.0,
-                        help="seconds of measuring per cache point before it stops short of the precision target (default 20)")
-    parser.add_argument("--precision", type=float, default=0.03,
-                        help="target relative standard error of each point's mean step time (default 0.03)")
+    parser.add_argument(
+        "--pool",
+        type=int,
+        default=None,
+        help="different samples/batches each cache point cycles through (default: 1, or 8 when the first samples differ in size)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="smallest added time per step that counts, as a fraction of the device step (default 0.05)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="seconds of measuring per cache point before it stops short of the precision target (default 20)",
+    )
+    parser.add_argument(
+        "--precision", type=float, default=0.03, help="target relative standard error of each point's mean step time (default 0.03)"
+    )
     parser.add_argument("--strategy", choices=("linear", "bisect"), default="linear", help="measure every point, or bisect over the stages")
     parser.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the report as Markdown here")
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
-    parser.add_argument("--no-stage-costs", action="store_true",
-                        help="skip the extra pass that times each stage when a drop appears at a saturated CPU")
-    parser.add_argument("--check-step", action="store_true",
-                        help="first run your step once on one real batch (on the CPU for sim, which never runs it), "
-                             "and stop with its error if it fails; the model's state is restored")
+    parser.add_argument(
+        "--no-stage-costs", action="store_true", help="skip the extra pass that times each stage when a drop appears at a saturated CPU"
+    )
+    parser.add_argument(
+        "--check-step",
+        action="store_true",
+        help="first run your step once on one real batch (on the CPU for sim, which never runs it), "
+        "and stop with its error if it fails; the model's state is restored",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis._diagnose import diagnose
-
     from fastpipe.diagnosis._options import DiagnoseOptions
 
-    DiagnoseOptions(steps=args.steps, warmup=args.warmup, budget=args.budget, precision=args.precision, pool=args.pool,
-                    threshold=args.threshold, strategy=args.strategy)  # bad flags fail here, before the workload is built
+    DiagnoseOptions(
+        steps=args.steps,
+        warmup=args.warmup,
+        budget=args.budget,
+        precision=args.precision,
+        pool=args.pool,
+        threshold=args.threshold,
+        strategy=args.strategy,
+    )  # bad flags fail here, before the workload is built
     device, workload = workload_from_args(args)
     checked = None
     if args.check_step:
@@ -49,9 +73,17 @@ def run(args: argparse.Namespace) -> int:
         checked = check_step(workload, device)
         print(checked.line(), file=sys.stderr)
     report = diagnose(
-        workload, device=device, steps=args.steps, warmup=args.warmup, pool=args.pool, threshold=args.threshold,
-        budget=args.budget, precision=args.precision,
-        strategy=args.strategy, progress=not args.no_progress and sys.stderr.isatty(), stage_costs=not args.no_stage_costs,
+        workload,
+        device=device,
+        steps=args.steps,
+        warmup=args.warmup,
+        pool=args.pool,
+        threshold=args.threshold,
+        budget=args.budget,
+        precision=args.precision,
+        strategy=args.strategy,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        stage_costs=not args.no_stage_costs,
     )
     if checked is not None:
         report.notes.append(checked.line())

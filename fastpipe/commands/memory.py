@@ -2,6 +2,7 @@
 
 Exit code 1 when the loader would not fit its shared memory (the warning says why and how to fix it; nothing is run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,9 @@ EXIT_DOES_NOT_FIT = 1
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("memory", help="measure the loader's memory per worker and in /dev/shm; check its budget; name copy-on-read growth")
+    parser = subparsers.add_parser(
+        "memory", help="measure the loader's memory per worker and in /dev/shm; check its budget; name copy-on-read growth"
+    )
     add_workload_arguments(parser)
     parser.add_argument("--samples", type=int, default=None, help="samples to read (default 2000, at least the batches in flight plus two)")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between memory samples (default 0.1)")
@@ -37,8 +40,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--interval must be > 0. Got {args.interval}")
     device = resolve_device(args.device, args.spec)
     workload = load_workload(args.spec, device, **toy_options(args))
-    memory = measure_loader_memory(workload.loader, samples=args.samples, device=device, interval_s=args.interval,
-                                   check=not args.force, on_warning=lambda text: print(f"fastpipe: warning: {text}", file=sys.stderr))
+    memory = measure_loader_memory(
+        workload.loader,
+        samples=args.samples,
+        device=device,
+        interval_s=args.interval,
+        check=not args.force,
+        on_warning=lambda text: print(f"fastpipe: warning: {text}", file=sys.stderr),
+    )
     finding = None if memory.skipped else name_copy_on_read(workload.loader.dataset, memory.growth_per_1000, memory.grows)
     print(memory.to_table())
     if finding is not None:

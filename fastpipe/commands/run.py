@@ -1,4 +1,5 @@
 """``fastpipe run SPEC``: the plain training loop, nothing cached, and its steps/s."""
+
 from __future__ import annotations
 
 import argparse

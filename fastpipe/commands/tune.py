@@ -1,4 +1,5 @@
 """``fastpipe tune SPEC``: the fewest workers and the shallowest prefetch that keep the device fed."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,20 +26,37 @@ def add_parser(subparsers: Any) -> None:
     add_workload_arguments(parser)
     add_step_arguments(parser, "setting")
     parser.add_argument("--max-workers", type=int, default=None, help="most workers to try (default: usable cores + 2)")
-    parser.add_argument("--prefetch-factors", type=_factors, default=[2, 4], help="prefetch_factor values to try at the chosen count (default 2,4)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="differences in time per step below this fraction of the device step count as noise (default 0.05)")
-    parser.add_argument("--shm-budget-mb", type=float, default=None, help="shared memory the loader may use, in MB (default: what /dev/shm has free)")
-    parser.add_argument("--budget", type=float, default=20.0,
-                        help="seconds of measuring per setting before it stops short of the precision target (default 20)")
-    parser.add_argument("--precision", type=float, default=0.03,
-                        help="target relative standard error of each setting's mean step time (default 0.03)")
+    parser.add_argument(
+        "--prefetch-factors", type=_factors, default=[2, 4], help="prefetch_factor values to try at the chosen count (default 2,4)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="differences in time per step below this fraction of the device step count as noise (default 0.05)",
+    )
+    parser.add_argument(
+        "--shm-budget-mb", type=float, default=None, help="shared memory the loader may use, in MB (default: what /dev/shm has free)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="seconds of measuring per setting before it stops short of the precision target (default 20)",
+    )
+    parser.add_argument(
+        "--precision", type=float, default=0.03, help="target relative standard error of each setting's mean step time (default 0.03)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the sweep as JSON here")
     parser.set_defaults(handler=run)
 
 
 def _progress(trial: Any) -> None:
-    rate = "not run" if trial.step_ms is None else (
-        f"{trial.step_ms:.1f} ms per step, {trial.steps_per_s:.3f} steps/s ({trial.fraction_of_bound:.0%} of the bound)")
+    rate = (
+        "not run"
+        if trial.step_ms is None
+        else (f"{trial.step_ms:.1f} ms per step, {trial.steps_per_s:.3f} steps/s ({trial.fraction_of_bound:.0%} of the bound)")
+    )
     print(f"tried num_workers={trial.num_workers}, prefetch_factor={trial.prefetch_factor}: {rate}", file=sys.stderr)
 
 
@@ -51,9 +69,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--shm-budget-mb must be positive, got {args.shm_budget_mb}")
     device, workload = workload_from_args(args)
     result = tune(
-        workload, device, steps=args.steps, warmup=args.warmup, max_workers=args.max_workers, prefetch_factors=args.prefetch_factors,
-        tolerance=args.tolerance, shm_budget_bytes=None if args.shm_budget_mb is None else int(args.shm_budget_mb * 1e6), on_trial=_progress,
-        budget=args.budget, precision=args.precision,
+        workload,
+        device,
+        steps=args.steps,
+        warmup=args.warmup,
+        max_workers=args.max_workers,
+        prefetch_factors=args.prefetch_factors,
+        tolerance=args.tolerance,
+        shm_budget_bytes=None if args.shm_budget_mb is None else int(args.shm_budget_mb * 1e6),
+        on_trial=_progress,
+        budget=args.budget,
+        precision=args.precision,
     )
     write_outputs(result, args)
     return 130 if result.interrupted else 0

@@ -10,6 +10,7 @@ copy of the sampler: the same distribution of batches, not necessarily the same 
 on Ctrl-C, it prints the input-bound share of the loader iterated most (the training loader), its stages, and
 the next step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,14 +34,17 @@ EXIT_INTERRUPTED = 130
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "watch", help="run a training script unchanged; report how much of its loop waits for data, and its stages",
+        "watch",
+        help="run a training script unchanged; report how much of its loop waits for data, and its stages",
         usage="fastpipe watch [--every N] [--no-stages] [--json PATH] -- python SCRIPT [ARGS ...]",
         description="Run SCRIPT as `python SCRIPT ARGS` would, in this process, timing every DataLoader it iterates. "
-                    "At exit or Ctrl-C, print the input-bound share of the loader iterated most, its stages timed "
-                    "inside the workers, and the next step.")
+        "At exit or Ctrl-C, print the input-bound share of the loader iterated most, its stages timed "
+        "inside the workers, and the next step.",
+    )
     parser.add_argument("--every", type=int, default=None, metavar="N", help="also print a line every N steps of each loader")
-    parser.add_argument("--no-stages", action="store_true",
-                        help="do not time stages inside the workers (iterate the script's own loaders, untouched)")
+    parser.add_argument(
+        "--no-stages", action="store_true", help="do not time stages inside the workers (iterate the script's own loaders, untouched)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the summary (and stages) as JSON here")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="python SCRIPT [ARGS ...] (or -m MODULE [ARGS ...])")
     parser.set_defaults(handler=run)
@@ -119,8 +123,9 @@ class Session:
         if entry is None:
             label = f"DataLoader #{len(self.watched) + 1}"
             echo = lambda line, label=label: self.echo(line.replace("fastpipe.watch:", f"fastpipe.watch [{label}]:", 1))  # noqa: E731
-            entry = _Watched(loader, label, Watch(loader, every=self.every, echo=echo, memory=False, hint=False),
-                             framework=_calling_framework())
+            entry = _Watched(
+                loader, label, Watch(loader, every=self.every, echo=echo, memory=False, hint=False), framework=_calling_framework()
+            )
             self.watched[id(loader)] = entry
         return entry.watch
 
@@ -166,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     kind, target, script_args = parse_command(args.command)
     if args.every is not None and args.every < 1:
         raise ConfigError(f"--every must be a positive number of steps. Got {args.every}.")
+
     def echo(line: str) -> None:  # stderr: stdout stays the script's; flushed first so the two interleave in order
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
@@ -199,8 +205,14 @@ def run(args: argparse.Namespace) -> int:
 def summary(entry: _Watched) -> dict[str, Any]:
     out = entry.watch.summary()
     out["loader"] = entry.label
-    out["stages"] = {name: {"ms_per_sample": 1000 * wall / entry.samples, "cpu_ms_per_sample": 1000 * cpu / entry.samples}
-                     for name, (wall, cpu) in entry.stages.items()} if entry.samples else {}
+    out["stages"] = (
+        {
+            name: {"ms_per_sample": 1000 * wall / entry.samples, "cpu_ms_per_sample": 1000 * cpu / entry.samples}
+            for name, (wall, cpu) in entry.stages.items()
+        }
+        if entry.samples
+        else {}
+    )
     out["stage_notes"] = list(entry.notes)
     return out
 
@@ -214,20 +226,26 @@ def report(session: Session, main: _Watched | None, script: str, interrupted: bo
     share = info["input_bound_share"]
     others = [e.label for e in session.watched.values() if e is not main]
     loader = main.loader
-    lines = [f"fastpipe watch: {script} {ended}. Its training loader ({main.label}: batch_size={loader.batch_size}, "
-             f"num_workers={loader.num_workers}, the one iterated most"
-             + (f"; also seen: {', '.join(others)}" if others else "") + ")",
-             f"  waited for batches {share:.1%} of the loop's time: {band_for(share)} "
-             f"({info['steps']} steps in {info['epochs']} epoch(s), {info['wait_ms_per_step']:.1f} ms wait and "
-             f"{info['ms_per_step']:.1f} ms in all per step; first batch, worker start-up included, {1000 * info['first_batch_s']:.0f} ms)"]
+    lines = [
+        f"fastpipe watch: {script} {ended}. Its training loader ({main.label}: batch_size={loader.batch_size}, "
+        f"num_workers={loader.num_workers}, the one iterated most" + (f"; also seen: {', '.join(others)}" if others else "") + ")",
+        f"  waited for batches {share:.1%} of the loop's time: {band_for(share)} "
+        f"({info['steps']} steps in {info['epochs']} epoch(s), {info['wait_ms_per_step']:.1f} ms wait and "
+        f"{info['ms_per_step']:.1f} ms in all per step; first batch, worker start-up included, {1000 * info['first_batch_s']:.0f} ms)",
+    ]
     text = "\n".join(lines) + "\n"
     if main.samples:
         total = sum(wall for wall, _ in main.stages.values()) or 1.0
-        rows = [(name, f"{1000 * wall / main.samples:.2f}", f"{wall / total:.1%}", f"{1000 * cpu / main.samples:.2f}")
-                for name, (wall, cpu) in main.stages.items()]
-        text += render_table(f"stages inside the workers ({main.samples} samples timed)",
-                             [("stage", "left"), ("ms/sample", "right"), ("of worker time", "right"), ("CPU ms/sample", "right")],
-                             rows, lines=[f"note: {n}" for n in main.notes])
+        rows = [
+            (name, f"{1000 * wall / main.samples:.2f}", f"{wall / total:.1%}", f"{1000 * cpu / main.samples:.2f}")
+            for name, (wall, cpu) in main.stages.items()
+        ]
+        text += render_table(
+            f"stages inside the workers ({main.samples} samples timed)",
+            [("stage", "left"), ("ms/sample", "right"), ("of worker time", "right"), ("CPU ms/sample", "right")],
+            rows,
+            lines=[f"note: {n}" for n in main.notes],
+        )
     elif main.notes:
         text += "".join(f"  note: {n}\n" for n in main.notes)
     text += next_step(share, script, loader, main.framework)
@@ -237,26 +255,30 @@ def report(session: Session, main: _Watched | None, script: str, interrupted: bo
 def next_step(share: float, script: str, loader: DataLoader, framework: str | None) -> str:
     """What to run next: nothing, or the integration, or the factory that gives the full ladder."""
     if share < HINT_SHARE:
-        return (f"next step: none needed for the input pipeline (under {HINT_SHARE:.0%} of the time waiting); "
-                "the step itself is where time goes\n")
+        return (
+            f"next step: none needed for the input pipeline (under {HINT_SHARE:.0%} of the time waiting); "
+            "the step itself is where time goes\n"
+        )
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if framework == "lightning":
         where = "it trains with Lightning: run the ladder on its module and datamodule"
-        how = f"    report = fastpipe.integrations.lightning.diagnose(module, datamodule, device=\"{device}\"); print(report)\n"
+        how = f'    report = fastpipe.integrations.lightning.diagnose(module, datamodule, device="{device}"); print(report)\n'
     elif framework == "transformers":
         where = "it trains with the Hugging Face Trainer: run the ladder on the trainer"
-        how = f"    report = fastpipe.integrations.hf.diagnose(trainer, device=\"{device}\"); print(report)\n"
+        how = f'    report = fastpipe.integrations.hf.diagnose(trainer, device="{device}"); print(report)\n'
     else:
         stem = Path(script).stem
         where = "write a factory for the full ladder"
-        how = (f"    # fastpipe_workload.py, next to {script}: build what {stem} builds, return the loader and one step\n"
-               f"    def make_workload(device):\n"
-               f"        loader = ...            # the DataLoader above (batch_size={loader.batch_size}, num_workers={loader.num_workers})\n"
-               f"        model = ...to(device); optimizer = ...\n"
-               f"        def step(batch):        # one training step on a batch already on the device\n"
-               f"            ...\n"
-               f"        return fastpipe.Workload(loader=loader, step=step, model=model, optimizer=optimizer)\n"
-               f"  then: fastpipe diagnose fastpipe_workload:make_workload --device {device}\n")
+        how = (
+            f"    # fastpipe_workload.py, next to {script}: build what {stem} builds, return the loader and one step\n"
+            f"    def make_workload(device):\n"
+            f"        loader = ...            # the DataLoader above (batch_size={loader.batch_size}, num_workers={loader.num_workers})\n"
+            f"        model = ...to(device); optimizer = ...\n"
+            f"        def step(batch):        # one training step on a batch already on the device\n"
+            f"            ...\n"
+            f"        return fastpipe.Workload(loader=loader, step=step, model=model, optimizer=optimizer)\n"
+            f"  then: fastpipe diagnose fastpipe_workload:make_workload --device {device}\n"
+        )
     return f"next step: the cache ladder names the slow stage and what it costs per step; {where}:\n{how}"

@@ -13,6 +13,7 @@
 Normalize after the copy with :class:`fastpipe.transforms.Normalize`. The real-photo corpus
 these are benchmarked on comes from :func:`fastpipe.photos.build_corpus`.
 """
+
 from fastpipe.datasets.crop import DecodeCrop, DecodeCropLoader, crop_params, draw_flip
 from fastpipe.datasets.device_decode import DecodeCropOnDevice, EncodedBatch, collate_encoded, decode_rgb
 from fastpipe.datasets.folder import EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning

@@ -7,6 +7,7 @@ same distribution, same torch RNG calls in the same order as the usual recipe, s
 run draws the very same boxes and flips), and :func:`fastpipe.ops.jpeg.decode_jpeg_crop`
 decodes and resizes just that box, with the flip fused.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,9 @@ def crop_params(
     return T.RandomResizedCrop.get_params(shape_only, list(scale), list(ratio))  # type: ignore[arg-type]
 
 
-def crop_settings(size: Size, scale: Sequence[float], ratio: Sequence[float], hflip: float
-                  ) -> tuple[tuple[int, int], tuple[float, float], tuple[float, float], float]:
+def crop_settings(
+    size: Size, scale: Sequence[float], ratio: Sequence[float], hflip: float
+) -> tuple[tuple[int, int], tuple[float, float], tuple[float, float], float]:
     """RandomResizedCrop's settings and the flip probability, checked: (size, scale, ratio, hflip)."""
     if not 0.0 <= hflip <= 1.0:
         raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
@@ -111,7 +113,12 @@ class DecodeCrop:
     """
 
     def __init__(
-        self, size: Size = 224, scale: Sequence[float] = DEFAULT_SCALE, ratio: Sequence[float] = DEFAULT_RATIO, hflip: float = 0.5, on_error: str = "raise"
+        self,
+        size: Size = 224,
+        scale: Sequence[float] = DEFAULT_SCALE,
+        ratio: Sequence[float] = DEFAULT_RATIO,
+        hflip: float = 0.5,
+        on_error: str = "raise",
     ) -> None:
         self.size, self.scale, self.ratio, self.hflip = crop_settings(size, scale, ratio, hflip)
         self.on_error = check_on_error(on_error, ON_ERROR_DECODE)

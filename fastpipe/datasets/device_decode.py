@@ -12,6 +12,7 @@ The bytes stay in host memory on purpose: nvjpeg reads them from there, so
 :class:`EncodedBatch` is a container that ``.to(device)`` helpers (fastpipe's prefetcher,
 ``pin_memory``) pass through untouched, while the labels beside it are copied as usual.
 """
+
 from __future__ import annotations
 
 import warnings

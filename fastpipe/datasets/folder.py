@@ -17,6 +17,7 @@ Class discovery, file order and labels come from torchvision's own ``find_classe
   machines whose CPU cannot keep up: decode, crop and flip run on the GPU
   (:class:`~fastpipe.datasets.device_decode.DecodeCropOnDevice`).
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -106,7 +107,9 @@ class _Folder(Dataset):
         self.classes, self.class_to_idx = find_classes(self.root)
         # torchvision's rule: extensions and is_valid_file are exclusive.
         self.extensions = None if is_valid_file is not None else extensions
-        self.samples: list[tuple[str, int]] = make_dataset(self.root, self.class_to_idx, self.extensions, is_valid_file, allow_empty=allow_empty)
+        self.samples: list[tuple[str, int]] = make_dataset(
+            self.root, self.class_to_idx, self.extensions, is_valid_file, allow_empty=allow_empty
+        )
         self.imgs = self.samples
         self.targets = [target for _, target in self.samples]
 
@@ -197,7 +200,6 @@ class ImageFolder(_Folder):
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
-
 
     def _replacement(self, index: int, exc: CorruptImageError) -> tuple[Any, int]:
         """``on_error="skip"``: the image and label of the first file after ``index`` that decodes."""

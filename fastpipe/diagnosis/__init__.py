@@ -4,6 +4,7 @@ Lives here: planning cache points, measuring them, attributing time to stages, w
 checks around a run (step check, noise, CPU, DDP agreement). It may import the base modules, ``ops``,
 ``transforms``, ``datasets``, ``loading``, ``distributed`` and ``workloads``; never ``experiments`` or the CLI.
 """
+
 from fastpipe.diagnosis._advice import Advice, recommend
 from fastpipe.diagnosis._diagnose import diagnose
 from fastpipe.diagnosis._discovery import find_pipeline

@@ -7,6 +7,7 @@ stage's output), ``raw`` (the transform's input) and ``baseline`` (nothing cache
 A :class:`CachePoint` is a ``str`` so that reports, JSON and dict keys keep the plain names users read
 (``"after:RandomMask"``); every parse of those names happens here, nowhere else.
 """
+
 from __future__ import annotations
 
 KINDS = ("device", "host", "sample", "after", "raw", "baseline")
@@ -37,7 +38,7 @@ class CachePoint(str):
     @property
     def stage(self) -> str | None:
         """The stage whose output an ``after:`` point caches; None for the other kinds."""
-        return self[len(_AFTER):] if self.kind == "after" else None
+        return self[len(_AFTER) :] if self.kind == "after" else None
 
     @property
     def caches_stage_output(self) -> bool:

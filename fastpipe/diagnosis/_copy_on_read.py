@@ -14,6 +14,7 @@ of :data:`SAMPLED` elements). :func:`name_copy_on_read` turns them into a findin
 measured to grow, sharing the measured growth among the containers by the objects one sample touches in each
 (one element, with what it holds), and writes the fix as code.
 """
+
 from __future__ import annotations
 
 import sys
@@ -113,26 +114,41 @@ def _column_code(name: str, kind: str, source: str) -> str:
 
 
 def _fix(owner: str, attribute: str, kind: str, element: str, keys: list[str], types: dict[str, str]) -> str:
-    lines = [f"# in {owner}.__init__, replace self.{attribute} ({kind}) by arrays that hold no Python object per row:", "import numpy as np"]
+    lines = [
+        f"# in {owner}.__init__, replace self.{attribute} ({kind}) by arrays that hold no Python object per row:",
+        "import numpy as np",
+    ]
     if kind.startswith("pandas"):
         column = kind.split("'")[1] if "'" in kind else attribute
-        return "\n".join([lines[0], f'self.{attribute}["{column}"] = self.{attribute}["{column}"].astype("string[pyarrow]")   # Arrow-backed: one buffer',
-                          f"# or: self.{column}_bytes, self.{column}_offsets = pack_strings(self.{attribute}['{column}'].tolist())"])
+        return "\n".join(
+            [
+                lines[0],
+                f'self.{attribute}["{column}"] = self.{attribute}["{column}"].astype("string[pyarrow]")   # Arrow-backed: one buffer',
+                f"# or: self.{column}_bytes, self.{column}_offsets = pack_strings(self.{attribute}['{column}'].tolist())",
+            ]
+        )
     src = f"self.{attribute}"
     if kind.startswith("dict"):
-        lines += [f"keys = sorted({src})", "self.keys_bytes, self.keys_offsets = pack_strings([str(k) for k in keys])  # or np.asarray(keys) for numbers",
-                  _column_code("values", element, f"[{src}[k] for k in keys]"),
-                  "# lookups: i = np.searchsorted(np.asarray(keys), key) with numeric keys, or keep a position per row instead of a key"]
+        lines += [
+            f"keys = sorted({src})",
+            "self.keys_bytes, self.keys_offsets = pack_strings([str(k) for k in keys])  # or np.asarray(keys) for numbers",
+            _column_code("values", element, f"[{src}[k] for k in keys]"),
+            "# lookups: i = np.searchsorted(np.asarray(keys), key) with numeric keys, or keep a position per row instead of a key",
+        ]
     elif element == "dict" and keys:
         for key in keys:
             lines.append(_column_code(key, types.get(key, "object"), f"[r[{key!r}] for r in {src}]"))
-        lines += [f"# (or all columns at once, as Arrow: self.table = pyarrow.Table.from_pylist({src}); "
-                  "row = self.table.slice(i, 1).to_pylist()[0])",
-                  f"del {src}",
-                  "# in __getitem__: read self.<column>[i] (strings: unpack_string(self.<name>_bytes, self.<name>_offsets, i))"]
+        lines += [
+            f"# (or all columns at once, as Arrow: self.table = pyarrow.Table.from_pylist({src}); "
+            "row = self.table.slice(i, 1).to_pylist()[0])",
+            f"del {src}",
+            "# in __getitem__: read self.<column>[i] (strings: unpack_string(self.<name>_bytes, self.<name>_offsets, i))",
+        ]
     else:
-        lines += [_column_code(attribute, element, src), f"# in __getitem__: self.{attribute}[i]"
-                  + ("  (strings: unpack_string(...))" if element == "str" else "")]
+        lines += [
+            _column_code(attribute, element, src),
+            f"# in __getitem__: self.{attribute}[i]" + ("  (strings: unpack_string(...))" if element == "str" else ""),
+        ]
     if any("pack_strings" in line for line in lines[2:]):
         lines[2:2] = [PACK_HELPERS, ""]
     return "\n".join(lines)
@@ -145,8 +161,9 @@ def _assess(value: Any, path: str, owner: str, attribute: str) -> list[Container
         found = []
         for column in value.columns:
             if value[column].dtype == object:
-                found += _assess_sequence(value[column].to_numpy(), f"{path}[{column!r}]", owner, attribute,
-                                          f"pandas object column '{column}'")
+                found += _assess_sequence(
+                    value[column].to_numpy(), f"{path}[{column!r}]", owner, attribute, f"pandas object column '{column}'"
+                )
         return found
     if pandas is not None and isinstance(value, pandas.Series) and value.dtype == object:
         return _assess_sequence(value.to_numpy(), path, owner, attribute, "pandas object Series")
@@ -182,9 +199,21 @@ def _assess_sequence(value: Any, path: str, owner: str, attribute: str, kind: st
     element, keys, types = _element_summary(elements)
     kind_text = f"{kind} of {element}" + (f" {{{', '.join(keys)}}}" if keys else "")
     nbytes = int(sum(sizes) / len(sizes) * length) + sys.getsizeof(value) * (not isinstance(value, np.ndarray))
-    return [Container(path=path, owner=owner, attribute=attribute, kind=kind_text, length=length, objects=objects, nbytes=nbytes,
-                      per_sample_objects=per_element, element=element, keys=keys,
-                      fix=_fix(owner, attribute, kind, element, keys, types))]
+    return [
+        Container(
+            path=path,
+            owner=owner,
+            attribute=attribute,
+            kind=kind_text,
+            length=length,
+            objects=objects,
+            nbytes=nbytes,
+            per_sample_objects=per_element,
+            element=element,
+            keys=keys,
+            fix=_fix(owner, attribute, kind, element, keys, types),
+        )
+    ]
 
 
 def _is_dataset_like(value: Any) -> bool:
@@ -254,19 +283,27 @@ class CopyOnReadFinding:
     """For each container, the growth per 1,000 samples it would remove (its share of the objects a sample touches)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"growth_per_1000_samples": self.growth_per_1000,
-                "containers": [{**c.to_dict(), "removes_per_1000_samples": r} for c, r in zip(self.containers, self.removed_per_1000)]}
+        return {
+            "growth_per_1000_samples": self.growth_per_1000,
+            "containers": [{**c.to_dict(), "removes_per_1000_samples": r} for c, r in zip(self.containers, self.removed_per_1000)],
+        }
 
     def lines(self) -> list[str]:
         if not self.containers:
-            return [f"workers' unique memory grows by {size_text(self.growth_per_1000)} per 1,000 samples, but no container of "
-                    f"{MIN_OBJECTS:,}+ Python objects was found in the dataset (look for one held outside it, e.g. in a global)"]
-        out = [f"copy-on-read: workers' unique memory grows by {size_text(self.growth_per_1000)} per 1,000 samples each, "
-               "copying Python objects the dataset holds:"]
+            return [
+                f"workers' unique memory grows by {size_text(self.growth_per_1000)} per 1,000 samples, but no container of "
+                f"{MIN_OBJECTS:,}+ Python objects was found in the dataset (look for one held outside it, e.g. in a global)"
+            ]
+        out = [
+            f"copy-on-read: workers' unique memory grows by {size_text(self.growth_per_1000)} per 1,000 samples each, "
+            "copying Python objects the dataset holds:"
+        ]
         for c, removed in zip(self.containers, self.removed_per_1000):
-            out.append(f"  {c.path}: {c.kind}, {c.length:,} entries, about {c.objects:,} objects, {size_text(c.nbytes)}; "
-                       f"{c.per_sample_objects:.1f} objects touched per sample. Packing it removes about {size_text(removed)} "
-                       f"per 1,000 samples per worker (up to {size_text(c.nbytes)} per worker over an epoch)")
+            out.append(
+                f"  {c.path}: {c.kind}, {c.length:,} entries, about {c.objects:,} objects, {size_text(c.nbytes)}; "
+                f"{c.per_sample_objects:.1f} objects touched per sample. Packing it removes about {size_text(removed)} "
+                f"per 1,000 samples per worker (up to {size_text(c.nbytes)} per worker over an epoch)"
+            )
         out += ["fix:", *("  " + line for c in self.containers[:1] for line in c.fix.splitlines())]
         return out
 

@@ -3,6 +3,7 @@
 Every measurement in fastpipe (diagnosis points, stage costs, the tuner) reads CPU use through
 :class:`CpuMonitor`, so "CPU" means the same thing in every report.
 """
+
 from __future__ import annotations
 
 import math

@@ -23,6 +23,7 @@ A training step with collectives of its own (DDP's gradient all-reduce) still wa
 other ranks as the job itself would: a rank that fails while another is inside such a step is
 seen once that step returns, or at the backend's timeout.
 """
+
 from __future__ import annotations
 
 import os

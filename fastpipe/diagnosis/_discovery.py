@@ -26,6 +26,7 @@ Declaring a custom ``__getitem__`` (see :class:`fastpipe.Stages`)::
     self.stages = fastpipe.Stages(load=self.read, transforms=[RandomResizedCrop(224), ToTensor()])  # __init__
     return self.stages(index), self.labels[index]                                                     # __getitem__
 """
+
 from __future__ import annotations
 
 import sys
@@ -142,14 +143,19 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
     joint = _own(obj, "transforms")
     if isinstance(joint, StandardTransform):
         if joint.transform is not None:
-            return TransformPipeline(path, "transforms", split_transform(joint.transform), kind="standard",
-                                     source=f"{source}.transforms (StandardTransform)")
+            return TransformPipeline(
+                path, "transforms", split_transform(joint.transform), kind="standard", source=f"{source}.transforms (StandardTransform)"
+            )
     elif joint is _ABSENT and not _has_property(obj, "transforms"):
         joint = getattr(type(obj), "transforms", None)  # a joint transform defined on the class is reported, never replaced
     if not isinstance(joint, StandardTransform) and joint is not _ABSENT and joint is not None and callable(joint):
-        return _Miss(obj, route, f"{name} uses joint `transforms(image, target)`, whose stages take two arguments; "
-                     "per-stage points need a `transform` of the image alone",
-                     f"pass the image part as `transform=` (and the target's as `target_transform=`), or {declaration_hint(name)}")
+        return _Miss(
+            obj,
+            route,
+            f"{name} uses joint `transforms(image, target)`, whose stages take two arguments; "
+            "per-stage points need a `transform` of the image alone",
+            f"pass the image part as `transform=` (and the target's as `target_transform=`), or {declaration_hint(name)}",
+        )
 
     parts = _own(obj, PARTS_NAME)
     if isinstance(parts, (list, tuple)) and parts and all(_is_dataset_like(p) for p in parts):
@@ -169,35 +175,57 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
         return misses[0]
     if len(held) > 1:
         attrs = ", ".join(f".{a}" for a, _ in held)
-        return _Miss(obj, route, f"it holds several datasets ({attrs}), so fastpipe cannot tell which one __getitem__ reads",
-                     f"keep the one it reads in `.dataset` (fastpipe looks there first), or {declaration_hint(name)}")
+        return _Miss(
+            obj,
+            route,
+            f"it holds several datasets ({attrs}), so fastpipe cannot tell which one __getitem__ reads",
+            f"keep the one it reads in `.dataset` (fastpipe looks there first), or {declaration_hint(name)}",
+        )
 
     if _has_property(obj, "transform"):
-        return _Miss(obj, route, "it exposes `transform` through a property, which fastpipe cannot replace on a copy, "
-                     "and holds no inner dataset it can see (in .dataset, .ds, .base, .datasets or one attribute holding a Dataset)",
-                     f"keep the inner dataset in an attribute such as `self.dataset = inner`, or {declaration_hint(name)}")
+        return _Miss(
+            obj,
+            route,
+            "it exposes `transform` through a property, which fastpipe cannot replace on a copy, "
+            "and holds no inner dataset it can see (in .dataset, .ds, .base, .datasets or one attribute holding a Dataset)",
+            f"keep the inner dataset in an attribute such as `self.dataset = inner`, or {declaration_hint(name)}",
+        )
     if transform is None:
-        return _Miss(obj, route, "its `transform` is None, so each sample is the raw load alone, with no stages to split",
-                     f"if {name}.__getitem__ transforms samples in its own code, {declaration_hint(name)}")
-    return _Miss(obj, route, "no stages found: fastpipe looks for `transform`, a torchvision `transforms` (StandardTransform), "
-                 "a Hugging Face set_transform, a fastpipe.Stages attribute, and inner datasets in .dataset, .ds, .base, .datasets "
-                 "or the one attribute holding a Dataset", declaration_hint(name))
+        return _Miss(
+            obj,
+            route,
+            "its `transform` is None, so each sample is the raw load alone, with no stages to split",
+            f"if {name}.__getitem__ transforms samples in its own code, {declaration_hint(name)}",
+        )
+    return _Miss(
+        obj,
+        route,
+        "no stages found: fastpipe looks for `transform`, a torchvision `transforms` (StandardTransform), "
+        "a Hugging Face set_transform, a fastpipe.Stages attribute, and inner datasets in .dataset, .ds, .base, .datasets "
+        "or the one attribute holding a Dataset",
+        declaration_hint(name),
+    )
 
 
 def _hf_pipeline(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], source: str) -> TransformPipeline | _Miss:
     fmt = obj.format
     transform = (fmt.get("format_kwargs") or {}).get("transform") if fmt.get("type") == "custom" else None
     if transform is None:
-        return _Miss(obj, route, f"a Hugging Face dataset formatted as {fmt.get('type')!r} with no set_transform / with_transform, "
-                     "so its transforms (if any) run outside it",
-                     "give it its transform: `dataset = dataset.with_transform(preprocess)` with `def preprocess(batch): ...` "
-                     "returning the batch dict; to split preprocess into stages, pass "
-                     "`fastpipe.Stages(transforms=[step1, step2])` of batch functions instead")
+        return _Miss(
+            obj,
+            route,
+            f"a Hugging Face dataset formatted as {fmt.get('type')!r} with no set_transform / with_transform, "
+            "so its transforms (if any) run outside it",
+            "give it its transform: `dataset = dataset.with_transform(preprocess)` with `def preprocess(batch): ...` "
+            "returning the batch dict; to split preprocess into stages, pass "
+            "`fastpipe.Stages(transforms=[step1, step2])` of batch functions instead",
+        )
     return TransformPipeline(path, "transform", split_transform(transform), kind="hf", source=f"{source}.with_transform")
 
 
-def _parts_pipeline(obj: Any, parts: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: frozenset[int],
-                    source: str) -> TransformPipeline | _Miss:
+def _parts_pipeline(
+    obj: Any, parts: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: frozenset[int], source: str
+) -> TransformPipeline | _Miss:
     name = type(obj).__name__
     leaves: list[TransformPipeline] = []
     for index, part in enumerate(parts):
@@ -209,8 +237,18 @@ def _parts_pipeline(obj: Any, parts: Any, path: tuple[Any, ...], route: tuple[st
     names = [leaf.names() for leaf in leaves]
     if any(n != names[0] for n in names):
         listed = "; ".join(f"part {i}: {n}" for i, n in enumerate(names))
-        return _Miss(obj, route, f"its parts' stages differ ({listed}), and a cache point must mean the same stage in every part",
-                     "give every part the same stages in the same order (e.g. the same Compose layout with its own settings)")
+        return _Miss(
+            obj,
+            route,
+            f"its parts' stages differ ({listed}), and a cache point must mean the same stage in every part",
+            "give every part the same stages in the same order (e.g. the same Compose layout with its own settings)",
+        )
     kinds = sorted({type(p).__name__ for p in parts})
-    return TransformPipeline(path, PARTS_NAME, list(leaves[0].stages), kind="parts", parts=tuple(leaves),
-                             source=f"{source} of {len(parts)} parts ({', '.join(kinds)}), stages matched by name")
+    return TransformPipeline(
+        path,
+        PARTS_NAME,
+        list(leaves[0].stages),
+        kind="parts",
+        parts=tuple(leaves),
+        source=f"{source} of {len(parts)} parts ({', '.join(kinds)}), stages matched by name",
+    )

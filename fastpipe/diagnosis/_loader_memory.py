@@ -23,14 +23,15 @@ they write to them, and reading a Python object writes its reference count: a wo
 held in lists and dicts slowly copies all of it (:mod:`~fastpipe.diagnosis._copy_on_read` names the container).
 A growth counts when the slope is beyond :data:`GROWTH_SIGNIFICANCE` standard errors and above :data:`GROWTH_FLOOR`.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -106,9 +107,18 @@ class WorkerMemory:
         return g is not None and se is not None and g >= GROWTH_FLOOR and g > GROWTH_SIGNIFICANCE * se
 
     def to_dict(self) -> dict[str, Any]:
-        return {"worker": self.worker, "pid": self.pid, "uss_start": self.uss_start, "pss_start": self.pss_start,
-                "uss_peak": self.uss_peak, "pss_peak": self.pss_peak, "samples": self.samples,
-                "growth_per_1000_samples": self.growth_per_1000, "growth_stderr": self.growth_stderr, "grows": self.grows}
+        return {
+            "worker": self.worker,
+            "pid": self.pid,
+            "uss_start": self.uss_start,
+            "pss_start": self.pss_start,
+            "uss_peak": self.uss_peak,
+            "pss_peak": self.pss_peak,
+            "samples": self.samples,
+            "growth_per_1000_samples": self.growth_per_1000,
+            "growth_stderr": self.growth_stderr,
+            "grows": self.grows,
+        }
 
 
 @dataclass
@@ -143,11 +153,23 @@ class LoaderMemory:
         return sum(known) / len(known) if known else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prediction": self.prediction.to_dict(), "workers": [w.to_dict() for w in self.workers], "samples": self.samples,
-                "shm_peak": self.shm_peak, "shm_fs_used_peak": self.shm_fs_used_peak, "shm_size": self.shm_size,
-                "shm_free": self.shm_free, "main_rss_start": self.main_rss_start, "main_rss_peak": self.main_rss_peak,
-                "pinned_peak": self.pinned_peak, "seconds": self.seconds, "grows": self.grows,
-                "growth_per_1000_samples": self.growth_per_1000, "budget_warning": self.budget_warning, "skipped": self.skipped}
+        return {
+            "prediction": self.prediction.to_dict(),
+            "workers": [w.to_dict() for w in self.workers],
+            "samples": self.samples,
+            "shm_peak": self.shm_peak,
+            "shm_fs_used_peak": self.shm_fs_used_peak,
+            "shm_size": self.shm_size,
+            "shm_free": self.shm_free,
+            "main_rss_start": self.main_rss_start,
+            "main_rss_peak": self.main_rss_peak,
+            "pinned_peak": self.pinned_peak,
+            "seconds": self.seconds,
+            "grows": self.grows,
+            "growth_per_1000_samples": self.growth_per_1000,
+            "budget_warning": self.budget_warning,
+            "skipped": self.skipped,
+        }
 
     def lines(self) -> list[str]:
         p = self.prediction
@@ -157,8 +179,10 @@ class LoaderMemory:
         measured = "not measured" if self.shm_peak is None else size_text(self.shm_peak)
         ratio = f" ({self.shm_peak / p.shm_bytes:.0%} of the prediction)" if self.shm_peak is not None and p.shm_bytes else ""
         out.append(f"shared memory: predicted peak {size_text(p.shm_bytes)} ({p.formula()}); measured {measured}{ratio}")
-        out.append(f"{SHM_PATH}: {size_text(self.shm_free)} free of {size_text(self.shm_size)}; its use rose by at most "
-                   f"{size_text(self.shm_fs_used_peak)} (all processes on the machine)")
+        out.append(
+            f"{SHM_PATH}: {size_text(self.shm_free)} free of {size_text(self.shm_size)}; its use rose by at most "
+            f"{size_text(self.shm_fs_used_peak)} (all processes on the machine)"
+        )
         pinned = f"{size_text(self.pinned_peak)} measured" if self.pinned_peak is not None else "not measured (no CUDA)"
         out.append(f"pinned host memory: predicted {size_text(p.pinned_bytes)}{'' if p.pin else ' (pin thread off)'}, {pinned}")
         out.append(f"training process RSS: {size_text(self.main_rss_start)} at the start, {size_text(self.main_rss_peak)} at the peak")
@@ -171,11 +195,29 @@ class LoaderMemory:
         return out
 
     def to_table(self) -> str:
-        rows = [(str(w.worker), str(w.pid), str(w.samples), size_text(w.uss_start), size_text(w.uss_peak),
-                 "n/a" if w.growth_per_1000 is None else f"{size_text(w.growth_per_1000)} ± {size_text(w.growth_stderr)}",
-                 size_text(w.pss_start), size_text(w.pss_peak)) for w in self.workers]
-        columns = [("worker", "right"), ("pid", "right"), ("samples read", "right"), ("USS start", "right"), ("USS peak", "right"),
-                   ("USS growth / 1k samples", "right"), ("PSS start", "right"), ("PSS peak", "right")]
+        rows = [
+            (
+                str(w.worker),
+                str(w.pid),
+                str(w.samples),
+                size_text(w.uss_start),
+                size_text(w.uss_peak),
+                "n/a" if w.growth_per_1000 is None else f"{size_text(w.growth_per_1000)} ± {size_text(w.growth_stderr)}",
+                size_text(w.pss_start),
+                size_text(w.pss_peak),
+            )
+            for w in self.workers
+        ]
+        columns = [
+            ("worker", "right"),
+            ("pid", "right"),
+            ("samples read", "right"),
+            ("USS start", "right"),
+            ("USS peak", "right"),
+            ("USS growth / 1k samples", "right"),
+            ("PSS start", "right"),
+            ("PSS peak", "right"),
+        ]
         return render_table(f"Loader memory ({self.samples} samples, {self.seconds:.1f} s)", columns, rows, self.lines())
 
 
@@ -190,7 +232,7 @@ def private_memory(pid: int, shm_path: str = SHM_PATH) -> tuple[int, int] | None
     try:
         with open(f"/proc/{pid}/smaps") as smaps:
             for line in smaps:
-                head = line[:line.find(" ")]
+                head = line[: line.find(" ")]
                 if "-" in head and not head.endswith(":"):
                     parts = line.split(None, 5)
                     skip = len(parts) == 6 and parts[5].startswith(shm_path)
@@ -296,10 +338,20 @@ def _workers(sampler: _Sampler, batch_size: int) -> list[WorkerMemory]:
         start = max(2 * batch_size, counts.get(pid, 0) // 4)  # past the first batches' one-off allocations
         warm = [(n, uss) for n, uss, _ in series if n >= start]
         growth, stderr = _slope(warm)
-        result.append(WorkerMemory(worker=rows[pid], pid=pid, uss_start=series[0][1], pss_start=series[0][2],
-                                   uss_peak=max(s[1] for s in series), pss_peak=max(s[2] for s in series),
-                                   samples=counts.get(pid, 0), growth_per_1000=growth, growth_stderr=stderr,
-                                   points=[(n, uss) for n, uss, _ in series]))
+        result.append(
+            WorkerMemory(
+                worker=rows[pid],
+                pid=pid,
+                uss_start=series[0][1],
+                pss_start=series[0][2],
+                uss_peak=max(s[1] for s in series),
+                pss_peak=max(s[2] for s in series),
+                samples=counts.get(pid, 0),
+                growth_per_1000=growth,
+                growth_stderr=stderr,
+                points=[(n, uss) for n, uss, _ in series],
+            )
+        )
     return sorted(result, key=lambda w: w.worker)
 
 
@@ -313,9 +365,17 @@ def first_batch(loader: Any) -> Any:
         del iterator
 
 
-def measure_loader_memory(loader: Any, *, samples: int | None = None, device: Any = None, interval_s: float = 0.1,
-                          stall_max_s: float = 300.0, check: bool = True, limits: Any = None,
-                          on_warning: Callable[[str], None] | None = None) -> LoaderMemory:
+def measure_loader_memory(
+    loader: Any,
+    *,
+    samples: int | None = None,
+    device: Any = None,
+    interval_s: float = 0.1,
+    stall_max_s: float = 300.0,
+    check: bool = True,
+    limits: Any = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> LoaderMemory:
     """Measure the memory a rebuilt copy of ``loader`` takes as it reads ``samples`` samples (see the module docstring).
 
     Args:
@@ -341,11 +401,24 @@ def measure_loader_memory(loader: Any, *, samples: int | None = None, device: An
     if warning and on_warning is not None:
         on_warning(warning)
     fs = shm_filesystem() if limits is None else (limits.shm_size, limits.shm_free)
-    shm_size, shm_free = (fs if fs else (None, None))
+    shm_size, shm_free = fs if fs else (None, None)
     rss = psutil.Process().memory_info().rss
     if warning:
-        return LoaderMemory(prediction, [], 0, None, None, shm_size, shm_free, rss, rss, None, 0.0, warning,
-                            skipped="the loader would not fit its shared memory; fix it first (see the warning)")
+        return LoaderMemory(
+            prediction,
+            [],
+            0,
+            None,
+            None,
+            shm_size,
+            shm_free,
+            rss,
+            rss,
+            None,
+            0.0,
+            warning,
+            skipped="the loader would not fit its shared memory; fix it first (see the warning)",
+        )
 
     batch_size = getattr(getattr(loader, "source", loader), "batch_size", None) or 1
     in_flight = max(prediction.batches, 1) + 2
@@ -383,9 +456,20 @@ def measure_loader_memory(loader: Any, *, samples: int | None = None, device: An
         if close is not None:
             close()
         del iterator
-    return LoaderMemory(prediction, _workers(sampler, batch_size), int(sum(sampler.counts().values())), sampler.shm_peak,
-                        sampler.fs_peak, shm_size, shm_free, sampler.rss_start, sampler.rss_peak, sampler.pinned_peak,
-                        time.perf_counter() - start, None)
+    return LoaderMemory(
+        prediction,
+        _workers(sampler, batch_size),
+        int(sum(sampler.counts().values())),
+        sampler.shm_peak,
+        sampler.fs_peak,
+        shm_size,
+        shm_free,
+        sampler.rss_start,
+        sampler.rss_peak,
+        sampler.pinned_peak,
+        time.perf_counter() - start,
+        None,
+    )
 
 
 def _stall(sampler: _Sampler, stall_max_s: float) -> None:

@@ -5,6 +5,7 @@ worker start-up and the first batches (toy_workload.md: "the mean of per-step ti
 the first step"). CPU utilisation of the whole process tree (the main process and its
 DataLoader workers) is sampled alongside, so a saturated CPU shows in every result.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from fastpipe.diagnosis._cpu import CpuMonitor
 from fastpipe.devices import Device
+from fastpipe.diagnosis._cpu import CpuMonitor
 from fastpipe.diagnosis._noise import rel_stderr
 from fastpipe.loading._pinning import forget_dead_iterator, pinned_iter, shutdown_iterator
 from fastpipe.workloads._workload import Workload
@@ -127,8 +128,18 @@ def measure_steps(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    return measure_until(next_batch, run_step, warmup=warmup, min_steps=steps, budget_s=math.inf, target=0.0, device=device,
-                         round_size=round_size, on_step=on_step, max_steps=steps)
+    return measure_until(
+        next_batch,
+        run_step,
+        warmup=warmup,
+        min_steps=steps,
+        budget_s=math.inf,
+        target=0.0,
+        device=device,
+        round_size=round_size,
+        on_step=on_step,
+        max_steps=steps,
+    )
 
 
 def measure_until(
@@ -237,8 +248,13 @@ def measure_workload(
     batches = device_batches(workload, device)
     try:
         return measure_steps(
-            lambda: next(batches), lambda batch: device.run_step(workload.step, batch), warmup=warmup, steps=steps, device=device,
-            on_step=on_step, round_size=max(1, workload.loader.num_workers),
+            lambda: next(batches),
+            lambda batch: device.run_step(workload.step, batch),
+            warmup=warmup,
+            steps=steps,
+            device=device,
+            on_step=on_step,
+            round_size=max(1, workload.loader.num_workers),
         )
     finally:
         batches.close()

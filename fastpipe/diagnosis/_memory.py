@@ -4,6 +4,7 @@ DataLoader workers hand every batch over through ``/dev/shm``; when it fills (64
 workers die with "Bus error". The estimate lets a sweep skip a setting that would not fit, and the watch
 records what each run really took.
 """
+
 from __future__ import annotations
 
 import os
@@ -107,7 +108,7 @@ def shm_segments(pids: Iterable[int], path: str = SHM_PATH) -> dict[int, int]:
     seen: dict[int, int] = {}
 
     def keep(name: str) -> bool:
-        return name.startswith(prefix) and not name[len(prefix):].startswith("sem.")
+        return name.startswith(prefix) and not name[len(prefix) :].startswith("sem.")
 
     for pid in pids:
         try:

@@ -2,6 +2,7 @@
 
 A bad value raises :class:`~fastpipe.errors.ConfigError` naming the knob (and its flag), before anything runs.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -12,6 +12,7 @@ Points run from the device upwards (most cached first)::
 ``components[i]`` is what runs between ``points[i]`` and ``points[i + 1]``: the time a step
 gains between those two points is that component's cost.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ class Plan:
 
     def between(self, upper: str, lower: str) -> list[str]:
         """The components between two points (several when points between them were not measured)."""
-        return self.components[self.points.index(upper):self.points.index(lower)]
+        return self.components[self.points.index(upper) : self.points.index(lower)]
 
     def drop(self, point: str, reason: str) -> None:
         """Take ``point`` out (it cannot be built): its two neighbouring components merge into one span."""
@@ -49,7 +50,7 @@ class Plan:
             return
         i = self.points.index(point)
         merged = f"{self.components[i]} + {self.components[i - 1]}" if i > 0 else self.components[i]
-        self.components[i - 1:i + 1] = [merged]
+        self.components[i - 1 : i + 1] = [merged]
         self.points.remove(point)
         self.unavailable.append(Unavailable(point, reason))
 

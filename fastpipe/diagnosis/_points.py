@@ -8,6 +8,7 @@ every point, pooled. Under DDP each run is gathered from all ranks and the slowe
 :func:`measure_points` and :func:`measure_device_bound` serve the experiments (``compare``, ``tune``) that
 measure chosen points of several workloads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,19 +16,19 @@ import math
 import statistics
 from typing import Any, Callable, Iterator
 
-from fastpipe.loading._protocols import stages_outside_workers
-from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
+from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, stage_of_error
-from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
 from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.errors import ConfigError, PipelineError
-from fastpipe.diagnosis._noise import pool
-from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
+from fastpipe.diagnosis._noise import pool
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.loading._protocols import stages_outside_workers
+from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.stages import StageError
 from fastpipe.workloads._workload import Workload
 
@@ -76,8 +77,19 @@ class Progress:
 class PointRunner:
     """Measures cache points of one workload on one device; keeps every measurement it made."""
 
-    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, pool: int, budget_s: float, target: float,
-                 progress: bool, worker_timeout: float) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        device: Device,
+        *,
+        steps: int,
+        warmup: int,
+        pool: int,
+        budget_s: float,
+        target: float,
+        progress: bool,
+        worker_timeout: float,
+    ) -> None:
         self.workload, self.device = workload, device
         loader = workload.loader
         self.workers = loader.num_workers
@@ -141,7 +153,11 @@ class PointRunner:
                 from fastpipe.loading._prefetch import make_prefetcher
 
                 transform = self.workload.device_transform if self.device.runs_model else None
-                prefetched = LoaderCycle(make_prefetcher(repeat, self.device, depth=self.workload.prefetch_depth, transform=transform, kind=self.workload.prefetcher))
+                prefetched = LoaderCycle(
+                    make_prefetcher(
+                        repeat, self.device, depth=self.workload.prefetch_depth, transform=transform, kind=self.workload.prefetcher
+                    )
+                )
                 return (lambda: next(prefetched)), prefetched.close, None
             cycle = iter(repeat)
             return (lambda: self._device_transform(self.device.to_device(next(cycle), non_blocking=non_blocking))), (lambda: None), None
@@ -182,16 +198,22 @@ class PointRunner:
         self.results[point] = pooled(self.runs[point])
         return run
 
-    def _measure_once(self, point: str, budget_s: float | None,
-                      agree: Callable[[bool], bool] | None) -> tuple[Measurement, float]:
+    def _measure_once(self, point: str, budget_s: float | None, agree: Callable[[bool], bool] | None) -> tuple[Measurement, float]:
         """One measurement of ``point`` and the cache's copy time per sample (ms); failures as PipelineError."""
         close, dataset = None, None
         try:
             next_batch, close, dataset = self._batch_source(point)
             measurement = measure_until(
-                next_batch, self._run_step, warmup=self.warmup, min_steps=self.steps,
-                budget_s=self.budget_s if budget_s is None else budget_s, target=self.target, device=self.device,
-                round_size=self.round, on_step=self.progress.step, agree=agree,
+                next_batch,
+                self._run_step,
+                warmup=self.warmup,
+                min_steps=self.steps,
+                budget_s=self.budget_s if budget_s is None else budget_s,
+                target=self.target,
+                device=self.device,
+                round_size=self.round,
+                on_step=self.progress.step,
+                agree=agree,
             )
         except (PipelineError, KeyboardInterrupt, _PeerFailed):
             raise
@@ -210,6 +232,7 @@ class PointRunner:
         its last round. Then the first failing rank's error is raised on every rank, so all of
         them drop the point (or stop) alike and their plans never diverge.
         """
+
         def agree(stop: bool) -> bool:
             outcome = ddp.vote(stop)
             if outcome.failed:
@@ -236,10 +259,18 @@ class PointRunner:
 
     def _result(self, point: str, measurement: Measurement, copy_ms: float) -> ExperimentResult:
         return ExperimentResult(
-            name=point_label(point), cache_point=point, steps_per_s=measurement.steps_per_s, fraction_of_bound=math.nan,
-            spread=measurement.spread, noise=measurement.rel_stderr, cpu_util=measurement.cpu_util,
-            system_cpu_util=measurement.system_cpu_util, pool_spread=self._pool_spread(point, measurement),
-            step_times=measurement.step_times, steps_measured=len(measurement.step_times), copy_ms_per_sample=copy_ms,
+            name=point_label(point),
+            cache_point=point,
+            steps_per_s=measurement.steps_per_s,
+            fraction_of_bound=math.nan,
+            spread=measurement.spread,
+            noise=measurement.rel_stderr,
+            cpu_util=measurement.cpu_util,
+            system_cpu_util=measurement.system_cpu_util,
+            pool_spread=self._pool_spread(point, measurement),
+            step_times=measurement.step_times,
+            steps_measured=len(measurement.step_times),
+            copy_ms_per_sample=copy_ms,
             round_size=self.round,
         )
 
@@ -278,9 +309,15 @@ def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
     weights = [len(run.step_times) for run in runs]
     steps_per_s, noise = pool(runs, runs[0].round_size)
     return dataclasses.replace(
-        runs[-1], steps_per_s=steps_per_s, spread=Measurement(times, 0.0, 0.0).spread, noise=noise,
-        cpu_util=_weighted([r.cpu_util for r in runs], weights), system_cpu_util=_weighted([r.system_cpu_util for r in runs], weights),
-        step_times=times, steps_measured=len(times), copy_ms_per_sample=_weighted([r.copy_ms_per_sample for r in runs], weights),
+        runs[-1],
+        steps_per_s=steps_per_s,
+        spread=Measurement(times, 0.0, 0.0).spread,
+        noise=noise,
+        cpu_util=_weighted([r.cpu_util for r in runs], weights),
+        system_cpu_util=_weighted([r.system_cpu_util for r in runs], weights),
+        step_times=times,
+        steps_measured=len(times),
+        copy_ms_per_sample=_weighted([r.copy_ms_per_sample for r in runs], weights),
     )
 
 
@@ -303,7 +340,7 @@ def pipeline_error(exc: BaseException, during: str) -> PipelineError:
     message = str(exc)
     stage = stage_of_error(exc)
     if stage is not None:
-        detail = message[message.find(StageError.PREFIX):].splitlines()[0].split("] ", 1)[-1]
+        detail = message[message.find(StageError.PREFIX) :].splitlines()[0].split("] ", 1)[-1]
         return PipelineError(f"stage '{stage}' raised {detail} (during {during})", stage=stage)
     first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
     return PipelineError(f"the data pipeline failed during {during}: {type(exc).__name__}: {first_line}", stage=None)
@@ -317,15 +354,30 @@ def as_pipeline_error(exc: BaseException, point: str) -> PipelineError:
 
 
 def measure_device_bound(
-    workload: Workload, device: "str | Device | None", *, steps: int = 10, warmup: int = 3, worker_timeout: float = 300.0,
-    budget: float = 20.0, precision: float = 0.03,
+    workload: Workload,
+    device: "str | Device | None",
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    worker_timeout: float = 300.0,
+    budget: float = 20.0,
+    precision: float = 0.03,
 ) -> tuple[ExperimentResult, int]:
     """The device point alone, and the bytes of its cached batch (what one batch weighs in shared memory)."""
     from fastpipe._tree import tree_nbytes
 
     device = parse_device(device)
-    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=1, budget_s=budget, target=precision, progress=False,
-                     worker_timeout=worker_timeout)
+    runner = PointRunner(
+        workload,
+        device,
+        steps=steps,
+        warmup=warmup,
+        pool=1,
+        budget_s=budget,
+        target=precision,
+        progress=False,
+        worker_timeout=worker_timeout,
+    )
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             runner.measure(DEVICE)
@@ -353,8 +405,17 @@ def measure_points(
     ``fraction_of_bound`` is left unset (NaN): the caller decides which bound it is measured against.
     """
     device = parse_device(device)
-    runner = PointRunner(workload, device, steps=steps, warmup=warmup, pool=pool, budget_s=budget, target=precision,
-                     progress=progress, worker_timeout=worker_timeout)
+    runner = PointRunner(
+        workload,
+        device,
+        steps=steps,
+        warmup=warmup,
+        pool=pool,
+        budget_s=budget,
+        target=precision,
+        progress=progress,
+        worker_timeout=worker_timeout,
+    )
     unknown = [p for p in points if p not in runner.plan.points]
     if unknown:
         raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {runner.plan.points}")
@@ -365,4 +426,3 @@ def measure_points(
         finally:
             runner.close()  # the progress line, and the loader behind the cached host batches
     return dict(runner.results)
-

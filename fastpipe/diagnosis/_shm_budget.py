@@ -17,6 +17,7 @@ Docker container), and its pages count towards the container's memory limit (cgr
 v1 ``memory.limit_in_bytes``), where the OOM killer ends the job instead. :func:`check_shm_budget`
 compares the prediction with both and words the fixes, before any worker starts.
 """
+
 from __future__ import annotations
 
 import math
@@ -83,10 +84,15 @@ def cgroup_memory(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> tu
         candidates += [(os.path.join(root, path.lstrip("/")), "memory.max", "memory.current"), (root, "memory.max", "memory.current")]
     for path in v1:
         base = os.path.join(root, "memory")
-        candidates += [(os.path.join(base, path.lstrip("/")), "memory.limit_in_bytes", "memory.usage_in_bytes"),
-                       (base, "memory.limit_in_bytes", "memory.usage_in_bytes")]
+        candidates += [
+            (os.path.join(base, path.lstrip("/")), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+            (base, "memory.limit_in_bytes", "memory.usage_in_bytes"),
+        ]
     if not lines:
-        candidates += [(root, "memory.max", "memory.current"), (os.path.join(root, "memory"), "memory.limit_in_bytes", "memory.usage_in_bytes")]
+        candidates += [
+            (root, "memory.max", "memory.current"),
+            (os.path.join(root, "memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+        ]
     for folder, limit_name, usage_name in candidates:
         limit_file = os.path.join(folder, limit_name)
         if not os.path.exists(limit_file):
@@ -99,8 +105,9 @@ def read_limits(shm_path: str = SHM_PATH, cgroup_root: str = CGROUP_ROOT, proc_c
     """The shared-memory filesystem's size and free bytes, and the memory cgroup's limit and usage."""
     fs = shm_filesystem(shm_path)
     limit, usage, where = cgroup_memory(cgroup_root, proc_cgroup)
-    return MemoryLimits(shm_size=fs[0] if fs else None, shm_free=fs[1] if fs else None, cgroup_limit=limit,
-                        cgroup_usage=usage, cgroup_file=where)
+    return MemoryLimits(
+        shm_size=fs[0] if fs else None, shm_free=fs[1] if fs else None, cgroup_limit=limit, cgroup_usage=usage, cgroup_file=where
+    )
 
 
 def pin_active(loader: Any) -> bool:
@@ -134,8 +141,10 @@ class ShmPrediction:
             return f"{max(1, self.num_workers)} worker ring(s) x {self.ring_slots} slots x {size_text(self.batch_bytes)}"
         if self.num_workers == 0:
             return "no workers: batches stay in the training process"
-        return (f"{size_text(self.batch_bytes)} per batch x ({self.num_workers} workers x prefetch_factor {self.prefetch_factor} + 1 "
-                f"{'being pinned' if self.pin else 'held by the loop'})")
+        return (
+            f"{size_text(self.batch_bytes)} per batch x ({self.num_workers} workers x prefetch_factor {self.prefetch_factor} + 1 "
+            f"{'being pinned' if self.pin else 'held by the loop'})"
+        )
 
 
 def loader_settings(loader: Any) -> tuple[int, int, int | None]:
@@ -159,8 +168,16 @@ def predict_shm(loader: Any, batch_bytes: int, *, pin: bool | None = None) -> Sh
     else:
         batches = workers * prefetch + 1
         pinned = batches * batch_bytes if pin else 0
-    return ShmPrediction(batch_bytes=batch_bytes, num_workers=workers, prefetch_factor=prefetch, pin=pin, ring_slots=slots,
-                         batches=batches, shm_bytes=batches * batch_bytes, pinned_bytes=pinned)
+    return ShmPrediction(
+        batch_bytes=batch_bytes,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        pin=pin,
+        ring_slots=slots,
+        batches=batches,
+        shm_bytes=batches * batch_bytes,
+        pinned_bytes=pinned,
+    )
 
 
 def _fixes(prediction: ShmPrediction, room: int, float32_bytes: int | None) -> list[str]:
@@ -169,29 +186,46 @@ def _fixes(prediction: ShmPrediction, room: int, float32_bytes: int | None) -> l
     if prediction.ring_slots is None and w:
         fitting = [f for f in range(p - 1, 0, -1) if b * (w * f + 1) <= room]
         if fitting:
-            fixes.append(f"a smaller prefetch_factor: DataLoader(..., prefetch_factor={fitting[0]}) holds about {size_text(b * (w * fitting[0] + 1))}")
+            fixes.append(
+                f"a smaller prefetch_factor: DataLoader(..., prefetch_factor={fitting[0]}) holds about {size_text(b * (w * fitting[0] + 1))}"
+            )
         else:
             fitting_w = [n for n in range(w - 1, 0, -1) if b * (n + 1) <= room]
-            fixes.append("prefetch_factor=1 is not enough (" + size_text(b * (w + 1)) + "); "
-                         + (f"also num_workers={fitting_w[0]}" if fitting_w else "a smaller batch_size too"))
+            fixes.append(
+                "prefetch_factor=1 is not enough ("
+                + size_text(b * (w + 1))
+                + "); "
+                + (f"also num_workers={fitting_w[0]}" if fitting_w else "a smaller batch_size too")
+            )
     if float32_bytes:
         smaller = prediction.shm_bytes - prediction.batches * float32_bytes * 3 // 4
-        fixes.append(f"uint8 batches: keep images uint8 through collate and convert on the device (fastpipe.transforms.device.Normalize); "
-                     f"about {size_text(smaller)} instead")
+        fixes.append(
+            f"uint8 batches: keep images uint8 through collate and convert on the device (fastpipe.transforms.device.Normalize); "
+            f"about {size_text(smaller)} instead"
+        )
     if prediction.ring_slots is None and w:
         slots = max(1, p)
-        fixes.append(f"recycled memory: fastpipe.recycled(loader, slots={slots}) writes into a fixed ring of {w} x {slots} buffers "
-                     f"({size_text(w * slots * b)}), sized once"
-                     + (f", and pins it in place instead of copying each batch into pinned memory ({size_text(prediction.pinned_bytes)} "
-                        "of host memory saved)" if prediction.pinned_bytes else ""))
+        fixes.append(
+            f"recycled memory: fastpipe.recycled(loader, slots={slots}) writes into a fixed ring of {w} x {slots} buffers "
+            f"({size_text(w * slots * b)}), sized once"
+            + (
+                f", and pins it in place instead of copying each batch into pinned memory ({size_text(prediction.pinned_bytes)} "
+                "of host memory saved)"
+                if prediction.pinned_bytes
+                else ""
+            )
+        )
     need = math.ceil(prediction.shm_bytes * SHM_SIZE_MARGIN / 2**30 * 4) / 4
-    fixes.append(f"in a container, a larger shared-memory filesystem: docker run --shm-size={need:g}g (or Kubernetes: an emptyDir "
-                 f"with medium: Memory mounted at {SHM_PATH})")
+    fixes.append(
+        f"in a container, a larger shared-memory filesystem: docker run --shm-size={need:g}g (or Kubernetes: an emptyDir "
+        f"with medium: Memory mounted at {SHM_PATH})"
+    )
     return fixes
 
 
-def check_shm_budget(loader: Any, batch_bytes: int, *, float32_bytes: int | None = None, limits: MemoryLimits | None = None,
-                     pin: bool | None = None) -> str | None:
+def check_shm_budget(
+    loader: Any, batch_bytes: int, *, float32_bytes: int | None = None, limits: MemoryLimits | None = None, pin: bool | None = None
+) -> str | None:
     """A warning when ``loader`` would not fit its shared memory (or its cgroup's memory), with the fixes; None when it fits.
 
     Args:
@@ -207,22 +241,29 @@ def check_shm_budget(loader: Any, batch_bytes: int, *, float32_bytes: int | None
     limits = read_limits() if limits is None else limits
     problems, room = [], None
     if limits.shm_free is not None and prediction.shm_bytes > limits.shm_free:
-        problems.append(f"{SHM_PATH} has {size_text(limits.shm_free)} free (of {size_text(limits.shm_size)}): workers would die "
-                        "with 'Bus error' (DataLoader worker killed by signal: Bus error)")
+        problems.append(
+            f"{SHM_PATH} has {size_text(limits.shm_free)} free (of {size_text(limits.shm_size)}): workers would die "
+            "with 'Bus error' (DataLoader worker killed by signal: Bus error)"
+        )
         room = limits.shm_free
     if limits.cgroup_limit is not None:
         headroom = limits.cgroup_limit - (limits.cgroup_usage or 0)
         held = prediction.shm_bytes + prediction.pinned_bytes
         if held > headroom:
-            problems.append(f"the memory cgroup ({limits.cgroup_file}) allows {size_text(limits.cgroup_limit)}, {size_text(headroom)} "
-                            f"of it unused, and shared pages{' plus pinned copies' if prediction.pinned_bytes else ''} "
-                            f"({size_text(held)}) count towards it: the OOM killer would end the job")
+            problems.append(
+                f"the memory cgroup ({limits.cgroup_file}) allows {size_text(limits.cgroup_limit)}, {size_text(headroom)} "
+                f"of it unused, and shared pages{' plus pinned copies' if prediction.pinned_bytes else ''} "
+                f"({size_text(held)}) count towards it: the OOM killer would end the job"
+            )
             room = headroom - prediction.pinned_bytes if room is None else min(room, headroom - prediction.pinned_bytes)
     if not problems:
         return None
     fixes = _fixes(prediction, max(0, room or 0), float32_bytes)
-    return "\n".join([
-        f"shared memory will not fit: the loader may hold {size_text(prediction.shm_bytes)} of batches in {SHM_PATH} "
-        f"({prediction.formula()}), but " + "; and ".join(problems) + ".",
-        "fixes:", *(f"  - {fix}" for fix in fixes),
-    ])
+    return "\n".join(
+        [
+            f"shared memory will not fit: the loader may hold {size_text(prediction.shm_bytes)} of batches in {SHM_PATH} "
+            f"({prediction.formula()}), but " + "; and ".join(problems) + ".",
+            "fixes:",
+            *(f"  - {fix}" for fix in fixes),
+        ]
+    )

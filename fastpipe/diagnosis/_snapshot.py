@@ -20,6 +20,7 @@ and are kept as they are. The dataset is not snapshotted: fastpipe never modifie
 on shallow copies, see :mod:`fastpipe.stages`), and the loaders it builds get copies of the
 sampler (:func:`fastpipe.loading._rebuild.rebuild_loader`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,15 @@ class _ModelState:
 class UserState:
     """A snapshot of everything listed in the module docstring, in host memory; :meth:`restore` puts it back."""
 
-    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 loader: Any = None, *, schedulers: Iterable[Any] | Any = (), scaler: Any = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        loader: Any = None,
+        *,
+        schedulers: Iterable[Any] | Any = (),
+        scaler: Any = None,
+    ) -> None:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.schedulers = [schedulers] if hasattr(schedulers, "state_dict") else list(schedulers or ())
         self.model_state = _ModelState(model) if model is not None else None

@@ -14,6 +14,7 @@ seeds stay put, and a persistent loader starts no workers), and everything the d
 moves is restored afterwards (:func:`fastpipe.diagnosis._snapshot.preserve_user_state`: the model,
 optimizer, schedulers, and the torch, CUDA, NumPy and ``random`` generators), so the check trains nothing.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,8 @@ import torch
 
 from fastpipe._tree import iter_tensors, map_tensors
 from fastpipe.devices import Device, parse_device
-from fastpipe.errors import PipelineError
 from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.errors import PipelineError
 from fastpipe.loading._pinning import forget_dead_iterator, shutdown_iterator
 from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.workloads._workload import Workload
@@ -53,8 +54,7 @@ def _model_device(workload: Workload) -> torch.device | None:
 
 def _where(exc: BaseException) -> str:
     """The innermost frame of the traceback outside torch and fastpipe: the user's line that raised."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in f.filename and "/fastpipe/" not in f.filename]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename and "/fastpipe/" not in f.filename]
     return f" (at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
@@ -116,8 +116,11 @@ def _run_once(workload: Workload, batch: Any, device: Device, target: torch.devi
         raise PipelineError(
             f"step check: your step raised {_first_line(exc)}{_where(exc)}, run once on the first real batch "
             f"on {target} (batch tensors: {shapes or 'none'}). On {device.spec} the step "
-            + ("is never run, so the diagnosis would not have shown this; fix the step, then rerun"
-               if not device.runs_model else "would fail the same way during the diagnosis; fix it, then rerun"),
+            + (
+                "is never run, so the diagnosis would not have shown this; fix the step, then rerun"
+                if not device.runs_model
+                else "would fail the same way during the diagnosis; fix it, then rerun"
+            ),
             stage="step",
         ) from exc
     return StepCheck(device=str(target), seconds=time.perf_counter() - began)

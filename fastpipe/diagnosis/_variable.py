@@ -3,6 +3,7 @@
 Only the raw load runs, in the main process: the probe transform stops each sample before any
 transform, so a slow or hanging transform cannot hold the diagnosis up.
 """
+
 from __future__ import annotations
 
 from typing import Any

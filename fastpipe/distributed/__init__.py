@@ -14,6 +14,7 @@ Moving an existing pipeline onto a cluster is one line::
 Nothing in this package imports Ray until a loader needs it, so importing it (and registering
 ``toy:ray``) works without the extra installed.
 """
+
 from fastpipe.distributed.loader import SUPPORTED_CACHE_POINTS, UNSUPPORTED_POINT_REASON, RayEpoch, RayLoader
 from fastpipe.distributed.stats import OperatorStats, RayStats, parse_stats, ray_stats_notes
 

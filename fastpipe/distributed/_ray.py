@@ -3,6 +3,7 @@
 fastpipe's core never needs Ray, and ``fastpipe.workloads.toy`` registers ``toy:ray`` at import time, so
 nothing here may import Ray until a Ray loader is actually built or iterated.
 """
+
 from __future__ import annotations
 
 from types import ModuleType

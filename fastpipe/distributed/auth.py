@@ -19,6 +19,7 @@ Ray 2.60 does (``ray/_private/authentication/authentication_token_setup.py``,
 Once ``RAY_AUTH_MODE=token``, Ray reads the token from ``RAY_AUTH_TOKEN``, else the file named by
 ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``; ``ray get-auth-token`` prints it.
 """
+
 from __future__ import annotations
 
 import os
@@ -96,7 +97,8 @@ def auth_failure_message(address: str, environ: Mapping[str, str] | None = None,
     elif source is None:
         unreadable = environ.get(TOKEN_PATH_VAR, "")
         state = f"{AUTH_MODE_VAR}=token is set but this process has no token " + (
-            f"({TOKEN_PATH_VAR}={unreadable} is missing or empty)" if unreadable
+            f"({TOKEN_PATH_VAR}={unreadable} is missing or empty)"
+            if unreadable
             else f"({TOKEN_VAR}, {TOKEN_PATH_VAR} and {DEFAULT_TOKEN_FILE} are all empty)"
         )
         fix = "give this process the head's token"

@@ -19,6 +19,7 @@ iterator, which Python closes while the exception unwinds the loop, sees the mar
 cluster down. Nothing Ray-related runs inside the signal handler itself, where Ray's own locks
 could be held by the interrupted code.
 """
+
 from __future__ import annotations
 
 import logging

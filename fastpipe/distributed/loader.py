@@ -21,6 +21,7 @@ epoch is one. On this project's 2-core machine that cost ~8 s per epoch (new pro
 torch), against ~0.2 s for tasks, whose worker processes Ray keeps warm. The one thing actors give,
 building the dataset once per process, the tasks get from :mod:`fastpipe.distributed.worker`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -273,8 +274,10 @@ class RayLoader:
         info = self._connect()
         tasks = max(1, int(self._cpus(info) // self.cpus_per_task))
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-        rows = [{"batch": number, "seed": base_seed, "indices": np.asarray(list(indices), dtype=np.int64)}
-                for number, indices in enumerate(self.batch_sampler)]
+        rows = [
+            {"batch": number, "seed": base_seed, "indices": np.asarray(list(indices), dtype=np.int64)}
+            for number, indices in enumerate(self.batch_sampler)
+        ]
         if not rows:
             return None, iter(())
         with _data_context(ray, preserve_order=self.preserve_order):
@@ -418,7 +421,7 @@ def _collate_class() -> Any:
             rows = len(batch[SPEC_COLUMN])
             size = self.batch_size or rows
             if rows > size:  # Ray gave a task several batches: split them again, zero-copy
-                pieces = [pytree.tree_unflatten([leaf[s:s + size] for leaf in leaves], spec) for s in range(0, rows, size)]
+                pieces = [pytree.tree_unflatten([leaf[s : s + size] for leaf in leaves], spec) for s in range(0, rows, size)]
             else:
                 pieces = [pytree.tree_unflatten(leaves, spec)]
             if self.pin is not None:
@@ -502,18 +505,21 @@ def as_pipeline_error(exc: BaseException) -> PipelineError:
     text = str(exc)
     line = next((raw.strip() for raw in text.splitlines() if ERROR_PREFIX in raw), None)
     if line is not None:
-        where, _, what = line[line.index(ERROR_PREFIX) + len(ERROR_PREFIX):].partition("] ")
+        where, _, what = line[line.index(ERROR_PREFIX) + len(ERROR_PREFIX) :].partition("] ")
         stage = StageError.stage_of(what)
         if stage is not None:
             detail = what.split("] ", 1)[-1]
             message = f"stage '{stage}' raised {detail} in {where}, inside a Ray data task"
         else:
             message = f"{where} raised {what}, inside a Ray data task"
-        return PipelineError(message + "; the same code runs there as in a DataLoader worker, so fix it in the dataset, "
-                             "its transform or the collate_fn", stage=stage)
+        return PipelineError(
+            message + "; the same code runs there as in a DataLoader worker, so fix it in the dataset, its transform or the collate_fn",
+            stage=stage,
+        )
     lines = [raw.strip() for raw in text.splitlines() if raw.strip() and not raw.strip().startswith(("File ", "ray::", "\x1b"))]
     first = lines[0][:300] if lines else type(exc).__name__
     return PipelineError(
         f"the Ray data pipeline failed: {type(exc).__name__}: {first}; check the cluster (`ray status`) and the task "
-        "logs under /tmp/ray/session_latest/logs", stage=None,
+        "logs under /tmp/ray/session_latest/logs",
+        stage=None,
     )

@@ -6,13 +6,16 @@ epoch's ``Dataset.stats()`` text is kept on the loader and parsed into per-opera
 and CPU times. The text format is Ray's and not a stable API: parsing is best-effort, and the raw
 text is always kept.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_OPERATOR = re.compile(r"^Operator \d+ (?P<name>.+?): (?P<tasks>\d+) tasks executed, (?P<blocks>\d+) blocks produced in (?P<wall>[\d.]+)(?P<unit>us|ms|s)\b")
+_OPERATOR = re.compile(
+    r"^Operator \d+ (?P<name>.+?): (?P<tasks>\d+) tasks executed, (?P<blocks>\d+) blocks produced in (?P<wall>[\d.]+)(?P<unit>us|ms|s)\b"
+)
 _TOTAL = re.compile(r"^\* Remote (?P<kind>wall|cpu) time: .*?(?P<value>[\d.]+)(?P<unit>us|ms|s) total")
 _NODES = re.compile(r"^\* Tasks per node: .*?; (?P<nodes>\d+) nodes? used")
 _SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0}

@@ -15,6 +15,7 @@ Random transforms are seeded per batch from a per-epoch base seed, which the dri
 torch's generator as a DataLoader does: batches differ from each other and between epochs, and
 ``torch.manual_seed`` in the training script makes a run repeatable, wherever the tasks run.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -94,9 +95,7 @@ def to_columns(batch: Any, rows: int) -> dict[str, Any]:
     return columns
 
 
-def load_batches(
-    rows: dict[str, np.ndarray], *, token: str, dataset: Any, collate_fn: Callable[[list[Any]], Any]
-) -> dict[str, Any]:
+def load_batches(rows: dict[str, np.ndarray], *, token: str, dataset: Any, collate_fn: Callable[[list[Any]], Any]) -> dict[str, Any]:
     """The Ray Data UDF: one input row (a batch's indices) in, that batch's columns out."""
     source = dataset_for(token, dataset)
     outputs = []

@@ -4,6 +4,7 @@ Lives here: whatever runs the engine's point measurement several times and weigh
 other. It may import everything below it (``diagnosis``, ``workloads``, ``loading`` and the base modules);
 only the CLI and the top-level package import it.
 """
+
 from fastpipe.experiments._compare import Comparison, compare
 from fastpipe.experiments._tune import TuneResult, tune
 

@@ -24,6 +24,7 @@ use of ``/dev/shm``, where DataLoader workers put every batch they hand over. A 
 estimated shared memory exceeds what is free is not run; it gets a warning instead of the
 "Bus error" that kills workers when ``/dev/shm`` fills (common in containers with a 64 MB one).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,16 +33,16 @@ from typing import Any, Callable, Iterable
 
 from torch.utils.data import DataLoader
 
-from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.errors import ConfigError, PipelineError
-from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.diagnosis._attribute import SATURATED_CPU
-from fastpipe.diagnosis._options import MeasureOptions
-from fastpipe.diagnosis._noise import SIGNIFICANCE, difference_noise, pool
-from fastpipe.diagnosis.stagecost import coerce_workload, loader_with
+from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe.diagnosis._memory import SHM_PATH, MemoryWatch, shm_estimate, shm_free
+from fastpipe.diagnosis._noise import SIGNIFICANCE, difference_noise, pool
+from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.stagecost import coerce_workload, loader_with
+from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.experiments._tune_result import Trial, TuneResult, size_text, workers_text
 from fastpipe.workloads._workload import Workload
 
@@ -52,11 +53,15 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
     """A clear message when a worker died of memory (a full /dev/shm, or the OOM killer); None for other failures."""
     text = str(exc).lower()
     if any(sign in text for sign in _SHM_FAILURE_SIGNS):
-        return (f"{setting} crashed ({exc}): {SHM_PATH} filled up. Enlarge it (docker run --shm-size=8g), or lower "
-                "num_workers, prefetch_factor or the batch size")
+        return (
+            f"{setting} crashed ({exc}): {SHM_PATH} filled up. Enlarge it (docker run --shm-size=8g), or lower "
+            "num_workers, prefetch_factor or the batch size"
+        )
     if "killed by signal" in text:
-        return (f"{setting} crashed ({exc}): a worker was killed, most likely for memory (the OOM killer). Lower num_workers, "
-                "prefetch_factor or the batch size")
+        return (
+            f"{setting} crashed ({exc}): a worker was killed, most likely for memory (the OOM killer). Lower num_workers, "
+            "prefetch_factor or the batch size"
+        )
     return None
 
 
@@ -79,9 +84,21 @@ def _measure_setting(workload: Workload, device: Device, **options: Any) -> Any:
 
 
 class _Sweep:
-    def __init__(self, workload: Workload, device: Device, *, steps: int, warmup: int, tolerance: float, extensions: int,
-                 shm_budget: int | None, worker_timeout: float, on_trial: Callable[[Trial], None] | None,
-                 budget: float = 20.0, precision: float = 0.03) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        device: Device,
+        *,
+        steps: int,
+        warmup: int,
+        tolerance: float,
+        extensions: int,
+        shm_budget: int | None,
+        worker_timeout: float,
+        on_trial: Callable[[Trial], None] | None,
+        budget: float = 20.0,
+        precision: float = 0.03,
+    ) -> None:
         self.workload, self.device = workload, device
         self.budget, self.precision = budget, precision
         self.steps, self.warmup, self.tolerance, self.extensions = steps, warmup, tolerance, extensions
@@ -96,8 +113,13 @@ class _Sweep:
     def measure_bound(self) -> None:
         """One batch cached on the device, the step repeated: the diagnosis's device point."""
         result, self.batch_bytes = _measure_bound(
-            self.workload, self.device, steps=self.steps, warmup=self.warmup, worker_timeout=self.worker_timeout,
-            budget=self.budget, precision=self.precision,
+            self.workload,
+            self.device,
+            steps=self.steps,
+            warmup=self.warmup,
+            worker_timeout=self.worker_timeout,
+            budget=self.budget,
+            precision=self.precision,
         )
         self.bound = result.steps_per_s
         self.bound_noise = result.noise
@@ -124,8 +146,17 @@ class _Sweep:
         try:
             with MemoryWatch() as memory:
                 for _ in range(1 + self.extensions):
-                    results.append(_measure_setting(workload, self.device, steps=self.steps, warmup=max(self.warmup, workers),
-                                                    worker_timeout=self.worker_timeout, budget=self.budget, precision=self.precision))
+                    results.append(
+                        _measure_setting(
+                            workload,
+                            self.device,
+                            steps=self.steps,
+                            warmup=max(self.warmup, workers),
+                            worker_timeout=self.worker_timeout,
+                            budget=self.budget,
+                            precision=self.precision,
+                        )
+                    )
                     if not self.noisy(*pool(results, workers)):
                         break
         except PipelineError as exc:
@@ -148,8 +179,10 @@ class _Sweep:
             )
         trial.rss_peak_bytes, trial.shm_peak_bytes = memory.rss_peak, memory.shm_peak
         if free is not None and estimate > 0.5 * free:
-            self.warnings.append(f"{workers_text(workers)} with prefetch_factor {prefetch} need about {size_text(estimate)} of the "
-                                 f"{size_text(free)} free in {SHM_PATH}: close to the limit where workers die with 'Bus error'")
+            self.warnings.append(
+                f"{workers_text(workers)} with prefetch_factor {prefetch} need about {size_text(estimate)} of the "
+                f"{size_text(free)} free in {SHM_PATH}: close to the limit where workers die with 'Bus error'"
+            )
         return self._done(trial)
 
     def _done(self, trial: Trial) -> Trial:
@@ -225,11 +258,15 @@ def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[s
             stops.append(f"worker sweep at {workers_text(workers)}: {trial.status} (see the warning)")
             return
         if sweep.at_bound(trial):
-            stops.append(f"worker sweep at {workers_text(workers)}: it reached the device bound within noise, so more workers were not tried")
+            stops.append(
+                f"worker sweep at {workers_text(workers)}: it reached the device bound within noise, so more workers were not tried"
+            )
             return
         if best is not None and not sweep.better(trial, best):
-            stops.append(f"worker sweep at {workers_text(workers)}: no gain beyond noise over {workers_text(best.num_workers)} "
-                         f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step), so more workers were not tried")
+            stops.append(
+                f"worker sweep at {workers_text(workers)}: no gain beyond noise over {workers_text(best.num_workers)} "
+                f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step), so more workers were not tried"
+            )
             return
         best = trial  # the first, or better than the best beyond noise
     stops.append(f"worker sweep: tried every count up to {counts[-1]}")
@@ -243,17 +280,23 @@ def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list
     current = min(tried) if tried else 0
     for factor in sorted(set(factors) - tried):
         if reached and factor > current:
-            stops.append(f"prefetch sweep at {workers_text(workers)}: the bound is already reached, so prefetch_factor {factor} (more memory) was not tried")
+            stops.append(
+                f"prefetch sweep at {workers_text(workers)}: the bound is already reached, so prefetch_factor {factor} (more memory) was not tried"
+            )
             return
         trial = sweep.run_trial(workers, factor, "prefetch")
         if not trial.measured:
             stops.append(f"prefetch sweep at prefetch_factor {factor}: {trial.status} (see the warning)")
             return
         if factor > current and best is not None and not sweep.better(trial, best):
-            stops.append(f"prefetch sweep at prefetch_factor {factor}: no gain beyond noise over {best.prefetch_factor}, so deeper queues were not tried")
+            stops.append(
+                f"prefetch sweep at prefetch_factor {factor}: no gain beyond noise over {best.prefetch_factor}, so deeper queues were not tried"
+            )
             return
         if factor > current and sweep.at_bound(trial):
-            stops.append(f"prefetch sweep at prefetch_factor {factor}: it reached the device bound within noise, so deeper queues were not tried")
+            stops.append(
+                f"prefetch sweep at prefetch_factor {factor}: it reached the device bound within noise, so deeper queues were not tried"
+            )
             return
         best = trial if best is None or trial.steps_per_s > best.steps_per_s else best  # type: ignore[operator]
 
@@ -261,8 +304,10 @@ def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list
 def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
     reaches = sweep.at_bound(chosen)
     setting = f"num_workers={chosen.num_workers}, prefetch_factor={chosen.prefetch_factor}"
-    rate = (f"{chosen.step_ms:.1f} ms per step against the device's {sweep.bound_ms:.1f} ms; {chosen.steps_per_s:.3f} of "
-            f"{sweep.bound:.3f} steps/s, {chosen.fraction_of_bound:.0%} of the device bound")
+    rate = (
+        f"{chosen.step_ms:.1f} ms per step against the device's {sweep.bound_ms:.1f} ms; {chosen.steps_per_s:.3f} of "
+        f"{sweep.bound:.3f} steps/s, {chosen.fraction_of_bound:.0%} of the device bound"
+    )
     fewer = [t for t in sweep.measured() if t.num_workers < chosen.num_workers]
     if reaches:
         verb = "reaches" if chosen.num_workers == 1 else "reach"
@@ -278,12 +323,15 @@ def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
     if cpu >= SATURATED_CPU:
         why = f"the pipeline saturates the CPU ({cpu:.0%} of the cores): cut the per-sample work (fastpipe costs shows where it goes)"
     elif machine >= SATURATED_CPU:
-        why = (f"the machine's CPU is saturated ({machine:.0%}), {machine - cpu:.0%} of it by other processes: "
-               "measure on a quieter machine before trusting this")
+        why = (
+            f"the machine's CPU is saturated ({machine:.0%}), {machine - cpu:.0%} of it by other processes: "
+            "measure on a quieter machine before trusting this"
+        )
     else:
         why = "the CPU has room, so the limit is not the worker count: run fastpipe diagnose to find it"
-    text = (f"Recommended: {setting}, the cheapest setting within noise of the best ({rate}). No setting tried reaches the "
-            f"device bound: {why}.")
+    text = (
+        f"Recommended: {setting}, the cheapest setting within noise of the best ({rate}). No setting tried reaches the device bound: {why}."
+    )
     return text, False
 
 
@@ -346,8 +394,19 @@ def tune(
     device = parse_device(device)
     loader = workload.loader
     base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
-    sweep = _Sweep(workload, device, steps=steps, warmup=warmup, tolerance=tolerance, extensions=extensions, shm_budget=shm_budget_bytes,
-                   worker_timeout=worker_timeout, on_trial=on_trial, budget=budget, precision=precision)
+    sweep = _Sweep(
+        workload,
+        device,
+        steps=steps,
+        warmup=warmup,
+        tolerance=tolerance,
+        extensions=extensions,
+        shm_budget=shm_budget_bytes,
+        worker_timeout=worker_timeout,
+        on_trial=on_trial,
+        budget=budget,
+        precision=precision,
+    )
     stops: list[str] = []
     interrupted = False
     try:
@@ -360,18 +419,29 @@ def tune(
     except KeyboardInterrupt:
         interrupted = True  # keep what was measured: the partial table is worth printing
     result = TuneResult(
-        workload=workload.name, device=device.spec, batch_size=loader.batch_size, cores=cores,
+        workload=workload.name,
+        device=device.spec,
+        batch_size=loader.batch_size,
+        cores=cores,
         current=(loader.num_workers, loader.prefetch_factor if loader.num_workers > 0 else None),
-        bound_steps_per_s=sweep.bound, bound_noise=sweep.bound_noise, batch_bytes=sweep.batch_bytes,
-        shm_budget_bytes=shm_budget_bytes if shm_budget_bytes is not None else shm_free(), tolerance=tolerance,
-        trials=sweep.trials, stops=stops, warnings=sweep.warnings, interrupted=interrupted,
+        bound_steps_per_s=sweep.bound,
+        bound_noise=sweep.bound_noise,
+        batch_bytes=sweep.batch_bytes,
+        shm_budget_bytes=shm_budget_bytes if shm_budget_bytes is not None else shm_free(),
+        tolerance=tolerance,
+        trials=sweep.trials,
+        stops=stops,
+        warnings=sweep.warnings,
+        interrupted=interrupted,
     )
     if math.isnan(sweep.bound):
         result.summary = "Interrupted while measuring the device bound: no setting was measured."
         return result
     result.recommended = sweep.recommend(sweep.measured())
     if result.recommended is None:
-        result.summary = "No setting was measured before the interruption." if interrupted else "No setting could be measured: see the warnings."
+        result.summary = (
+            "No setting was measured before the interruption." if interrupted else "No setting could be measured: see the warnings."
+        )
     elif interrupted:
         text, result.reaches_bound = _summary(sweep, result.recommended)
         result.summary = "Of the settings measured so far: " + text[0].lower() + text[1:]

@@ -1,5 +1,6 @@
 """What ``tune`` found: each setting tried (:class:`Trial`), and the sweep with its recommendation (:class:`TuneResult`)
 as a table and as JSON. Kept apart from the sweep so that the figures and their renderings can be read alone."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -85,11 +86,17 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": SCHEMA, **dataclasses.asdict(self)}
         data["current"] = {"num_workers": self.current[0], "prefetch_factor": self.current[1]}
-        data["recommended"] = None if self.recommended is None else {
-            "num_workers": self.recommended.num_workers, "prefetch_factor": self.recommended.prefetch_factor,
-            "steps_per_s": self.recommended.steps_per_s, "step_ms": self.recommended.step_ms,
-            "fraction_of_bound": self.recommended.fraction_of_bound,
-        }
+        data["recommended"] = (
+            None
+            if self.recommended is None
+            else {
+                "num_workers": self.recommended.num_workers,
+                "prefetch_factor": self.recommended.prefetch_factor,
+                "steps_per_s": self.recommended.steps_per_s,
+                "step_ms": self.recommended.step_ms,
+                "fraction_of_bound": self.recommended.fraction_of_bound,
+            }
+        )
         data["bound_step_ms"] = self.bound_step_ms
         for trial, row in zip(self.trials, data["trials"]):
             row["step_ms"] = trial.step_ms
@@ -98,8 +105,20 @@ class TuneResult:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    HEADERS = ("workers", "prefetch", "ms/step", "steps/s", "of bound", "noise", "runs", "CPU", "RSS (tree)", "/dev/shm peak",
-               "shm estimate", "")
+    HEADERS = (
+        "workers",
+        "prefetch",
+        "ms/step",
+        "steps/s",
+        "of bound",
+        "noise",
+        "runs",
+        "CPU",
+        "RSS (tree)",
+        "/dev/shm peak",
+        "shm estimate",
+        "",
+    )
 
     def rows(self) -> list[tuple[str, ...]]:
         bound_ms = "-" if not self.bound_steps_per_s > 0 else f"{self.bound_step_ms:.1f}"
@@ -107,27 +126,38 @@ class TuneResult:
         rows = [("device bound", "", bound_ms, bound_rate, "100.0%", f"±{self.bound_noise:.1%}", "1", "", "", "", "", "")]
         for t in self.trials:
             mark = "<- recommended" if t is self.recommended else ("" if t.status == "measured" else t.status.upper())
-            rows.append((
-                str(t.num_workers), str(t.prefetch_factor),
-                "-" if t.step_ms is None else f"{t.step_ms:.1f}",
-                "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
-                "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
-                "-" if t.noise is None else f"±{t.noise:.1%}", str(t.runs),
-                "-" if t.cpu_util is None else f"{t.cpu_util:.0%}",
-                size_text(t.rss_peak_bytes), size_text(t.shm_peak_bytes), size_text(t.shm_estimate_bytes), mark,
-            ))
+            rows.append(
+                (
+                    str(t.num_workers),
+                    str(t.prefetch_factor),
+                    "-" if t.step_ms is None else f"{t.step_ms:.1f}",
+                    "-" if t.steps_per_s is None else f"{t.steps_per_s:.3f}",
+                    "-" if t.fraction_of_bound is None else f"{t.fraction_of_bound:.1%}",
+                    "-" if t.noise is None else f"±{t.noise:.1%}",
+                    str(t.runs),
+                    "-" if t.cpu_util is None else f"{t.cpu_util:.0%}",
+                    size_text(t.rss_peak_bytes),
+                    size_text(t.shm_peak_bytes),
+                    size_text(t.shm_estimate_bytes),
+                    mark,
+                )
+            )
         return rows
 
     def title(self) -> str:
         workers, prefetch = self.current
-        return (f"fastpipe tune: {self.workload} on {self.device} (batch {self.batch_size}, {size_text(self.batch_bytes)} a batch, "
-                f"{self.cores} usable cores; the loader has {workers_text(workers)}, prefetch_factor {prefetch})")
+        return (
+            f"fastpipe tune: {self.workload} on {self.device} (batch {self.batch_size}, {size_text(self.batch_bytes)} a batch, "
+            f"{self.cores} usable cores; the loader has {workers_text(workers)}, prefetch_factor {prefetch})"
+        )
 
     def summary_lines(self) -> list[str]:
         lines = []
         if self.interrupted:
-            lines.append(f"Interrupted (Ctrl-C) after {len(self.trials)} setting(s): the sweep is incomplete; "
-                         "the table holds what was measured before it.")
+            lines.append(
+                f"Interrupted (Ctrl-C) after {len(self.trials)} setting(s): the sweep is incomplete; "
+                "the table holds what was measured before it."
+            )
         lines += [self.summary] if self.summary else []
         lines += [f"Stopped: {stop}" for stop in self.stops]
         lines += [f"Warning: {warning}" for warning in self.warnings]

@@ -1,4 +1,5 @@
 """What the framework integrations share: importing a framework with a clear error, and steps that really train."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,9 @@ def require(module: str, extra: str, package: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise OptionalDependencyError(f"this needs the {package} package: pip install 'fastpipe[{extra}]' "
-                                      f"(or pip install {package})") from exc
+        raise OptionalDependencyError(
+            f"this needs the {package} package: pip install 'fastpipe[{extra}]' (or pip install {package})"
+        ) from exc
 
 
 def autocast_for(precision: str, device_type: str) -> "contextlib.AbstractContextManager[Any]":
@@ -29,8 +31,10 @@ def autocast_for(precision: str, device_type: str) -> "contextlib.AbstractContex
         return torch.autocast(device_type, dtype=torch.bfloat16)
     if text in ("32-true", "32", "64-true", "64", "no", "None"):
         return contextlib.nullcontext()
-    raise ConfigError(f"precision {precision!r} is not one the diagnosis can reproduce; use '32-true', '16-mixed' or "
-                      "'bf16-mixed' (a module already cast to a true half precision runs as it is with '32-true')")
+    raise ConfigError(
+        f"precision {precision!r} is not one the diagnosis can reproduce; use '32-true', '16-mixed' or "
+        "'bf16-mixed' (a module already cast to a true half precision runs as it is with '32-true')"
+    )
 
 
 @contextlib.contextmanager

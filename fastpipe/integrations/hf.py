@@ -20,6 +20,7 @@ W&B...) and into ``trainer.state.log_history``.
 scheduler are the trainer's, created as ``train()`` would create them when it has none yet, and put back as
 they were afterwards (None again, or the state they had); the model's weights and modes are restored.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -27,7 +28,8 @@ from typing import Any, Callable
 import torch
 
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis import Report, diagnose as _diagnose
+from fastpipe.diagnosis import Report
+from fastpipe.diagnosis import diagnose as _diagnose
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import require
 from fastpipe.monitor import Watch, tap_dataloaders
@@ -150,8 +152,10 @@ def diagnose(trainer: Any, device: "str | Device | None" = None, **options: Any)
         raise ConfigError(f"diagnose needs a transformers.Trainer, not {type(trainer).__name__}")
     dev = parse_device(str(trainer.args.device) if device is None else device)
     if dev.runs_model and dev.torch_device.type != torch.device(trainer.args.device).type:
-        raise ConfigError(f"the trainer runs on {trainer.args.device} and its step moves inputs there; pass "
-                          f"device={str(trainer.args.device)!r} (or a sim: device), or build the trainer for {dev.spec}")
+        raise ConfigError(
+            f"the trainer runs on {trainer.args.device} and its step moves inputs there; pass "
+            f"device={str(trainer.args.device)!r} (or a sim: device), or build the trainer for {dev.spec}"
+        )
     loader = trainer.get_train_dataloader()
     # accelerate's wrapper adds device placement and RNG synchronisation across processes; the ladder copies to the
     # device itself, so it runs on the DataLoader inside (one process: the same batches)
@@ -166,8 +170,9 @@ def diagnose(trainer: Any, device: "str | Device | None" = None, **options: Any)
     try:
         options.setdefault("name", f"{type(trainer.model).__name__} (Hugging Face Trainer)")
         schedulers = [trainer.lr_scheduler] if trainer.lr_scheduler is not None else []
-        return _diagnose(loader, trainer_step(trainer), dev, model=trainer.model, optimizer=trainer.optimizer,
-                         schedulers=schedulers, **options)
+        return _diagnose(
+            loader, trainer_step(trainer), dev, model=trainer.model, optimizer=trainer.optimizer, schedulers=schedulers, **options
+        )
     finally:
         if created[0]:
             trainer.optimizer = None

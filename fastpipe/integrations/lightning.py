@@ -18,6 +18,7 @@ per-step schedulers from ``configure_optimizers``; ``on_after_batch_transfer`` r
 runs it. ``self.log`` calls are dropped while it runs (no trainer is attached). Everything is restored after:
 the parameters, buffers, modes (by :func:`fastpipe.diagnose`), the module's device, and its ``log``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -25,7 +26,8 @@ from typing import Any, Callable
 import torch
 
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis import Report, diagnose as _diagnose
+from fastpipe.diagnosis import Report
+from fastpipe.diagnosis import diagnose as _diagnose
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import autocast_for, on_device, require
 from fastpipe.monitor import Watch, tap_dataloaders
@@ -70,8 +72,9 @@ def _make_callback_class(base: type) -> type:
             self._tap: Any = None
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            suggest = (f'report = fastpipe.integrations.lightning.diagnose(module, datamodule, device="{_device_of(pl_module)}"); '
-                       "print(report)")
+            suggest = (
+                f'report = fastpipe.integrations.lightning.diagnose(module, datamodule, device="{_device_of(pl_module)}"); print(report)'
+            )
             self.watch = Watch([], ends_epochs=False, suggest=suggest, **self.options)
             self._tap = tap_dataloaders(lambda loader: self.watch if trainer.training and not trainer.sanity_checking else None)
             self._tap.__enter__()
@@ -144,13 +147,16 @@ def optimizers_of(module: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
                 schedulers.append(scheduler["scheduler"])
         # a scheduler stepped per epoch does not step within the few hundred steps a diagnosis runs
     if len(optimizers) != 1 or not getattr(module, "automatic_optimization", True):
-        raise ConfigError(f"diagnose supports one optimizer with automatic optimization; configure_optimizers gave "
-                          f"{len(optimizers)} (for manual optimization, call fastpipe.diagnose(loader, step) with your own step)")
+        raise ConfigError(
+            f"diagnose supports one optimizer with automatic optimization; configure_optimizers gave "
+            f"{len(optimizers)} (for manual optimization, call fastpipe.diagnose(loader, step) with your own step)"
+        )
     return optimizers[0], schedulers
 
 
-def lightning_step(module: Any, optimizer: torch.optim.Optimizer, schedulers: list[Any], precision: str,
-                   device: torch.device) -> Callable[[Any], None]:
+def lightning_step(
+    module: Any, optimizer: torch.optim.Optimizer, schedulers: list[Any], precision: str, device: torch.device
+) -> Callable[[Any], None]:
     """One automatic-optimization step as Lightning runs it, on a batch already on the device."""
     autocast_for(precision, device.type)  # an unsupported precision fails here, before any worker starts
     autocast = lambda: autocast_for(precision, device.type)  # noqa: E731 -- a fresh context per step
@@ -179,8 +185,9 @@ def lightning_step(module: Any, optimizer: torch.optim.Optimizer, schedulers: li
     return step
 
 
-def diagnose(module: Any, datamodule_or_loader: Any, device: "str | Device | None" = None, *,
-             precision: str | None = None, **options: Any) -> Report:
+def diagnose(
+    module: Any, datamodule_or_loader: Any, device: "str | Device | None" = None, *, precision: str | None = None, **options: Any
+) -> Report:
     """The cache ladder on a LightningModule's own training step, optimizer, schedulers and precision.
 
     Args:

@@ -4,6 +4,7 @@ Lives here: the hooks a loader may declare (``_protocols``), ``DevicePrefetcher`
 workers down cleanly, and ``recycle`` (shared-memory rings). It may import only the base modules
 (``errors``, ``devices``, ``_tree``, ``_system``); the diagnosis and the workloads import it, never the reverse.
 """
+
 from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.loading._protocols import LoaderStats, PinsForDevice, RebuildsAroundDataset, ReportsStats, StagesOutsideWorkers
 from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing

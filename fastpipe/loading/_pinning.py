@@ -7,6 +7,7 @@ thread. To keep the simulated accelerator honest there, :class:`PinningIterator`
 the DataLoader's pin thread would: in a background thread it copies each batch into the sim
 device's modelled pinned memory (a real memcpy, so the host pays what pinning costs).
 """
+
 from __future__ import annotations
 
 import queue
@@ -16,8 +17,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from fastpipe.loading._protocols import PinsForDevice
 from fastpipe.devices import Device
+from fastpipe.loading._protocols import PinsForDevice
 
 _DONE = object()
 

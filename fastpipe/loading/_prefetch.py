@@ -27,6 +27,7 @@ is done: when the copy's event completes on ``cuda``, at the modelled copy's rea
 ``make_prefetcher(kind="tnt")`` returns torchtnt's prefetcher behind the same interface
 (:mod:`fastpipe.loading._tnt`), so the two can be measured side by side.
 """
+
 from __future__ import annotations
 
 import weakref

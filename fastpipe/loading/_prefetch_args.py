@@ -4,6 +4,7 @@ Shared by fastpipe's :class:`~fastpipe.loading._prefetch.DevicePrefetcher` and t
 (:mod:`fastpipe.loading._tnt`), so that neither imports the other: ``prefetch`` builds a torchtnt
 prefetcher on request, and ``tnt`` needs only these checks.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Union

@@ -5,6 +5,7 @@ A plain ``torch.utils.data.DataLoader`` needs none of these. A loader of another
 diagnosis checks them with ``isinstance`` against these runtime-checkable protocols (as torchtnt declares its
 ``Callback`` hooks and SPDL its ``TaskHook``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Protocol, TypedDict, runtime_checkable

@@ -9,6 +9,7 @@ Two callers need it, with one difference between them, chosen by ``share_sampler
   stead: the user's own sampler and generator drive it, so ``loader.sampler.set_epoch(epoch)``
   (DistributedSampler) and a seeded generator behave exactly as they do on the loader it wraps.
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,8 +50,7 @@ def _extra_arguments(cls: type, loader: Any) -> dict[str, Any]:
     return extra
 
 
-def rebuild_loader(loader: Any, dataset: Any, *, share_sampler: bool = False, timeout: float | None = None,
-                   **overrides: Any) -> Any:
+def rebuild_loader(loader: Any, dataset: Any, *, share_sampler: bool = False, timeout: float | None = None, **overrides: Any) -> Any:
     """A new loader over ``dataset`` with every setting of ``loader`` kept, except ``overrides`` (e.g. ``num_workers=3``).
 
     Args:

@@ -12,6 +12,7 @@ import failures into errors that say what to install. A ``pkg_resources`` shim w
 rejected: it would be process-global, and other libraries test for ``pkg_resources`` to choose
 code paths, so a fake one could change their behaviour behind the user's back.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -46,7 +47,9 @@ def import_cuda_data_prefetcher() -> type:
             f"install the package that provides it (fastpipe is tested with torchtnt {TESTED_TORCHTNT})"
         ) from exc
     except ImportError as exc:
-        raise OptionalDependencyError(f"torchtnt is installed but failed to import ({exc}); fastpipe is tested with torchtnt {TESTED_TORCHTNT}") from exc
+        raise OptionalDependencyError(
+            f"torchtnt is installed but failed to import ({exc}); fastpipe is tested with torchtnt {TESTED_TORCHTNT}"
+        ) from exc
     return CudaDataPrefetcher
 
 

@@ -5,6 +5,7 @@ frameworks and ``fastpipe watch`` use to time loaders they do not iterate themse
 figures. Same layer as ``loading``: it may import only the base modules; the integrations, the CLI and the
 diagnosis build on it, never the reverse.
 """
+
 from typing import Any, Callable, Iterable
 
 from fastpipe.monitor._ledger import BANDS, WaitLedger, Window, band_for
@@ -13,8 +14,16 @@ from fastpipe.monitor._tap import tap_dataloaders
 from fastpipe.monitor._watch import HINT_SHARE, Watch, WatchIterator, diagnose_hint
 
 
-def watch(loader: Iterable[Any], *, every: int | None = None, log: Any = None, echo: "bool | Callable[[str], None]" = True,
-          name: str = "loader", device: Any = None, memory: bool = True) -> Watch:
+def watch(
+    loader: Iterable[Any],
+    *,
+    every: int | None = None,
+    log: Any = None,
+    echo: "bool | Callable[[str], None]" = True,
+    name: str = "loader",
+    device: Any = None,
+    memory: bool = True,
+) -> Watch:
     """Wrap ``loader`` so the loop around it reports how much of its time it waits for batches.
 
     ``for batch in fastpipe.watch(loader): ...`` in place of ``for batch in loader: ...``. Make it once, outside
@@ -25,5 +34,17 @@ def watch(loader: Iterable[Any], *, every: int | None = None, log: Any = None, e
     return Watch(loader, every=every, log=log, echo=echo, name=name, device=device, memory=memory)
 
 
-__all__ = ["BANDS", "HINT_SHARE", "MemorySnapshot", "WaitLedger", "Watch", "WatchIterator", "Window", "band_for", "diagnose_hint",
-           "memory_snapshot", "tap_dataloaders", "watch"]
+__all__ = [
+    "BANDS",
+    "HINT_SHARE",
+    "MemorySnapshot",
+    "WaitLedger",
+    "Watch",
+    "WatchIterator",
+    "Window",
+    "band_for",
+    "diagnose_hint",
+    "memory_snapshot",
+    "tap_dataloaders",
+    "watch",
+]

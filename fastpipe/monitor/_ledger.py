@@ -13,6 +13,7 @@ exactly the accelerator's idle share when the step ends with a synchronization (
 which most loops do; a loop that never synchronizes lets kernels queued earlier run while the host waits, so the
 share is then an upper bound on the accelerator's idle time.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ it holds, so growth from copy-on-read shows there and shared pages do not) needs
 process's ``smaps``, a few milliseconds for a large process, so it is read on request, per summary line, never
 per step. The diagnosis can call :func:`memory_snapshot` as well; nothing here starts or stops a process.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ Declared by the type of what the user passes, never by trying calls: a ``logging
 line; a TensorBoard ``SummaryWriter`` (or its bound ``add_scalar``) gets one scalar per metric at the step
 count; any other callable gets the metrics as one dict (``wandb.log`` takes exactly that).
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,10 @@ def make_sink(log: Any) -> Sink | None:
         return lambda metrics, step, line: _scalars(log, metrics, step)
     if callable(log):
         return lambda metrics, step, line: log(dict(metrics))
-    raise ConfigError(f"log must be a logging.Logger, a SummaryWriter (or its add_scalar) or a callable taking a dict "
-                      f"such as wandb.log; got {type(log).__name__}")
+    raise ConfigError(
+        f"log must be a logging.Logger, a SummaryWriter (or its add_scalar) or a callable taking a dict "
+        f"such as wandb.log; got {type(log).__name__}"
+    )
 
 
 def _scalars(add_scalar: Callable[..., Any], metrics: dict[str, float], step: int) -> None:

@@ -7,6 +7,7 @@ and, when it gets one, hands out that watch's timed iterator. Subclasses that ca
 (accelerate's ``DataLoaderShard``, torchdata's loaders) are caught too. The patch is process-wide and restored
 on exit, in the order the blocks were entered, so blocks nest.
 """
+
 from __future__ import annotations
 
 import contextlib

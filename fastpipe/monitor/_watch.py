@@ -11,6 +11,7 @@ At the end of each epoch (or every ``every`` steps) it prints one line, sends th
 the loop waits 5% of its time or more, prints the exact ``fastpipe.diagnose`` call that finds which stage of the
 pipeline is slow. Per step it costs two clock reads and a few additions (``benchmarks/bench_watch.py``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -48,9 +49,20 @@ class Watch:
         suggest: the call to suggest instead of ``fastpipe.diagnose(loader, step, ...)`` (an integration's own).
     """
 
-    def __init__(self, loader: Iterable[Any], *, every: int | None = None, log: Any = None,
-                 echo: "bool | Callable[[str], None]" = True, name: str = "loader", device: Any = None,
-                 memory: bool = True, ends_epochs: bool = True, hint: bool = True, suggest: str | None = None) -> None:
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        *,
+        every: int | None = None,
+        log: Any = None,
+        echo: "bool | Callable[[str], None]" = True,
+        name: str = "loader",
+        device: Any = None,
+        memory: bool = True,
+        ends_epochs: bool = True,
+        hint: bool = True,
+        suggest: str | None = None,
+    ) -> None:
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ConfigError(f"every must be a positive number of steps or None. Got {every!r}.")
         if not hasattr(loader, "__iter__"):
@@ -60,7 +72,9 @@ class Watch:
         self.ledger = WaitLedger()
         self.lines: deque[str] = deque(maxlen=MAX_LINES)
         self._sink = make_sink(log)
-        self._echo: Callable[[str], None] | None = (lambda line: print(line, file=sys.stdout, flush=True)) if echo is True else (echo or None)
+        self._echo: Callable[[str], None] | None = (
+            (lambda line: print(line, file=sys.stdout, flush=True)) if echo is True else (echo or None)
+        )
         self._hinted = False
         self._last_memory: MemorySnapshot | None = None
 
@@ -118,9 +132,11 @@ class Watch:
 
     def metrics(self, window: Window) -> dict[str, float]:
         """The figures sent to ``log`` for a window, under ``fastpipe/`` names."""
-        out = {"fastpipe/input_bound_share": window.share,
-               "fastpipe/wait_ms_per_step": 1000 * window.wait_s / max(1, window.steps),
-               "fastpipe/ms_per_step": 1000 * window.elapsed_s / max(1, window.steps)}
+        out = {
+            "fastpipe/input_bound_share": window.share,
+            "fastpipe/wait_ms_per_step": 1000 * window.wait_s / max(1, window.steps),
+            "fastpipe/ms_per_step": 1000 * window.elapsed_s / max(1, window.steps),
+        }
         if self._last_memory is not None:
             m = self._last_memory
             if m.rss_bytes is not None:
@@ -148,8 +164,10 @@ class Watch:
     def line(self, label: str, window: Window, *, p50: float | None = None, p90: float | None = None) -> str:
         """One summary line: share and band, wait and time per step, first batch, memory."""
         n = max(1, window.steps)
-        text = (f"{PREFIX}: {label}: {window.steps} steps, waiting for batches {window.share:.1%} of the time "
-                f"({band_for(window.share)}); wait {1000 * window.wait_s / n:.1f} ms/step")
+        text = (
+            f"{PREFIX}: {label}: {window.steps} steps, waiting for batches {window.share:.1%} of the time "
+            f"({band_for(window.share)}); wait {1000 * window.wait_s / n:.1f} ms/step"
+        )
         if p50 is not None and p90 is not None:
             text += f" (median {1000 * p50:.1f}, P90 {1000 * p90:.1f})"
         else:
@@ -173,8 +191,16 @@ class Watch:
             "wait_ms_per_step": 1000 * total.wait_s / max(1, total.steps),
             "ms_per_step": 1000 * total.elapsed_s / max(1, total.steps),
             "first_batch_s": total.first_wait_s,
-            "per_epoch": [{"steps": e.steps, "input_bound_share": e.share, "wait_s": e.wait_s, "elapsed_s": e.elapsed_s,
-                           "first_batch_s": e.first_wait_s} for e in self.ledger.epochs],
+            "per_epoch": [
+                {
+                    "steps": e.steps,
+                    "input_bound_share": e.share,
+                    "wait_s": e.wait_s,
+                    "elapsed_s": e.elapsed_s,
+                    "first_batch_s": e.first_wait_s,
+                }
+                for e in self.ledger.epochs
+            ],
             "next_step": self.next_step() if total.share >= HINT_SHARE else None,
         }
         if self.memory:
@@ -239,15 +265,21 @@ def diagnose_hint(loader: Any, name: str = "loader", device: Any = None) -> str:
     spec = getattr(device, "spec", None) or str(device)
     what = _describe(inner)
     args = ", ".join([name, "step", f'device="{spec}"', *extra])
-    return (f"{PREFIX}: next step: find the slow stage with the cache ladder:\n"
-            f"    report = fastpipe.diagnose({args}); print(report)\n"
-            f"  where {name} is {what} and step(batch) runs one training step on a batch already on the device "
-            f"(pass model=, optimizer= to have them restored); from a shell: fastpipe diagnose your_module:make_workload "
-            f"--device {spec}, make_workload returning (loader, step)")
+    return (
+        f"{PREFIX}: next step: find the slow stage with the cache ladder:\n"
+        f"    report = fastpipe.diagnose({args}); print(report)\n"
+        f"  where {name} is {what} and step(batch) runs one training step on a batch already on the device "
+        f"(pass model=, optimizer= to have them restored); from a shell: fastpipe diagnose your_module:make_workload "
+        f"--device {spec}, make_workload returning (loader, step)"
+    )
 
 
 def _describe(loader: Any) -> str:
     source = getattr(loader, "source", loader)  # fastpipe.recycled keeps the user's DataLoader as .source
     settings = [f"{key}={getattr(source, key)}" for key in ("batch_size", "num_workers", "pin_memory") if hasattr(source, key)]
     kind = type(loader).__name__
-    return f"the {kind}({', '.join(settings)}) you watched" if settings else f"the {kind} you watched (diagnose needs the DataLoader behind it)"
+    return (
+        f"the {kind}({', '.join(settings)}) you watched"
+        if settings
+        else f"the {kind} you watched (diagnose needs the DataLoader behind it)"
+    )

@@ -5,6 +5,7 @@ Like torchvision's ``extension.py``: a missing or broken library sets
 an op raises, with a message that says how to rebuild. The typed wrappers and fake kernels
 live in :mod:`fastpipe.ops.mask`.
 """
+
 from __future__ import annotations
 
 from fastpipe.errors import ExtensionUnavailableError
@@ -38,7 +39,6 @@ def require_extension() -> None:
         )
 
 
-from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_, random_mask_out  # noqa: E402  (needs the flags above)
 from fastpipe.ops.jpeg import (  # noqa: E402  (its own library and load flag, fastpipe._jpeg)
     JPEG_OP_AVAILABLE,
     CorruptImageError,
@@ -50,6 +50,7 @@ from fastpipe.ops.jpeg import (  # noqa: E402  (its own library and load flag, f
     set_max_image_pixels,
     which_decoder,
 )
+from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_, random_mask_out  # noqa: E402  (needs the flags above)
 
 __all__ = [
     "EXTENSION_AVAILABLE",

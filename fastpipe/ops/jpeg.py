@@ -40,6 +40,7 @@ Cost: the decoder must still entropy-decode every row above the box and, for pro
 files, the whole image; that, not the pixels, is most of what is left (see
 ``benchmarks/bench_jpeg.py``, which splits baseline and progressive files).
 """
+
 from __future__ import annotations
 
 import io
@@ -218,7 +219,9 @@ def _check_geometry(box: tuple[int, int, int, int], size: tuple[int, int], name:
     if height <= 0 or width <= 0 or top < 0 or left < 0:
         raise ConfigError(f"{name}: crop box (top, left, height, width) must have top, left >= 0 and a positive size, got {box}")
     if top + height > _MAX_COORDINATE or left + width > _MAX_COORDINATE:  # Python ints: no overflow here
-        raise ConfigError(f"{name}: crop box {box} (top, left, height, width) reaches past row or column {_MAX_COORDINATE}, outside any image")
+        raise ConfigError(
+            f"{name}: crop box {box} (top, left, height, width) reaches past row or column {_MAX_COORDINATE}, outside any image"
+        )
     if size[0] <= 0 or size[1] <= 0 or size[0] > 65535 or size[1] > 65535:
         raise ConfigError(f"{name}: output size (height, width) must be positive and at most 65535, got {size}")
     limit = max_image_pixels()
@@ -317,7 +320,9 @@ def decode_jpeg_crop(source: Source, box: tuple[int, int, int, int], size: tuple
     data = read_bytes(source)
     if JPEG_OP_AVAILABLE and is_jpeg(data):
         try:
-            return torch.ops.fastpipe.decode_jpeg_crop(data, box[0], box[1], box[2], box[3], size[0], size[1], bool(hflip), max_image_pixels())
+            return torch.ops.fastpipe.decode_jpeg_crop(
+                data, box[0], box[1], box[2], box[3], size[0], size[1], bool(hflip), max_image_pixels()
+            )
         except RuntimeError as exc:
             raise _op_error(str(exc).split("\n")[0], name) from None
     return _decode_pil(data, box, size, bool(hflip), name)

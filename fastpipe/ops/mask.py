@@ -5,6 +5,7 @@ each op mutates; the fake kernels here tell torch.compile and ``torch.library.op
 what the ops return without running them. Every op is deterministic given its seed: the
 randomness is drawn by the caller (see :mod:`fastpipe.transforms.mask`).
 """
+
 from __future__ import annotations
 
 import torch

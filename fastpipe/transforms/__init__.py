@@ -11,6 +11,7 @@
   the article's toy step, which also changes the colour space (RGB -> YCbCr).
 * :mod:`fastpipe.transforms.jpeg`: JPEG decoding at reduced DCT scale when the crop allows.
 """
+
 from fastpipe.transforms.convert import Contiguous, ToCHWTensor
 from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, ConvertColorScale, Normalize
 from fastpipe.transforms.mask import BACKENDS, RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend

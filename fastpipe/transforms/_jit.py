@@ -6,6 +6,7 @@ fastpipe and the kernels stay plain Python (slow, but steppable in a debugger an
 Numba's typing rules). The compiled kernels keep their Python source as ``.py_func``, which
 is how the tests exercise the plain path without a subprocess.
 """
+
 from __future__ import annotations
 
 import os

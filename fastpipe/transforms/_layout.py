@@ -5,6 +5,7 @@ NumPy arrays are channels-last, ``(H, W, C)`` or ``(H, W)``, as from PIL, OpenCV
 ``torchvision.io``'s HWC decoders. Either way the kernels get a view of the same memory, so
 masking in place writes through to the caller's image.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -20,7 +21,9 @@ def check_image(img: Any, inplace: bool) -> None:
     """Raise a ConfigError that says what to pass instead, for anything the kernels cannot take."""
     if isinstance(img, torch.Tensor):
         if img.dim() not in (2, 3):
-            raise ConfigError(f"RandomMask takes one image, a (C, H, W) or (H, W) tensor; got shape {tuple(img.shape)} (mask batches per sample)")
+            raise ConfigError(
+                f"RandomMask takes one image, a (C, H, W) or (H, W) tensor; got shape {tuple(img.shape)} (mask batches per sample)"
+            )
         if img.device.type != "cpu":
             raise ConfigError(f"RandomMask runs on CPU tensors in the DataLoader workers; got a tensor on {img.device}")
         if inplace and img.requires_grad:
@@ -31,7 +34,9 @@ def check_image(img: Any, inplace: bool) -> None:
         if inplace and not img.flags.writeable:
             raise ConfigError("RandomMask got a read-only array (np.asarray of a PIL image is one); pass inplace=False or np.array(img)")
     else:
-        raise ConfigError(f"RandomMask takes a torch.Tensor (C, H, W) or a numpy array (H, W, C), not {type(img).__name__}; for PIL images apply PILToTensor first")
+        raise ConfigError(
+            f"RandomMask takes a torch.Tensor (C, H, W) or a numpy array (H, W, C), not {type(img).__name__}; for PIL images apply PILToTensor first"
+        )
 
 
 def empty_compact(img: Any) -> Any:
@@ -51,7 +56,9 @@ def planar_numpy(img: Any) -> np.ndarray:
         try:
             array = img.detach().numpy()
         except TypeError as exc:  # e.g. bfloat16, which NumPy cannot represent
-            raise ConfigError(f"the numpy and numba backends cannot read {img.dtype} tensors ({exc}); use backend='cpp' or mask before the cast") from exc
+            raise ConfigError(
+                f"the numpy and numba backends cannot read {img.dtype} tensors ({exc}); use backend='cpp' or mask before the cast"
+            ) from exc
         return array if array.ndim == 3 else array[None]
     return img.transpose(2, 0, 1) if img.ndim == 3 else img[None]
 

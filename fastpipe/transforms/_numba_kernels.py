@@ -16,6 +16,7 @@ that fails when they are the same array.
 Integer arithmetic is kept in uint64 on purpose: Numba types a mix of signed and unsigned
 64-bit integers as float64, which would silently break the stream.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -211,7 +212,15 @@ def copy_planar_row(src: np.ndarray, dst: np.ndarray, y: int, hit: np.ndarray, i
 
 @jit
 def interleaved_row(
-    src: np.ndarray, src_step: int, dst: np.ndarray, dst_step: int, y: int, hit: np.ndarray, spread: np.ndarray, integer: bool, inplace: bool
+    src: np.ndarray,
+    src_step: int,
+    dst: np.ndarray,
+    dst_step: int,
+    y: int,
+    hit: np.ndarray,
+    spread: np.ndarray,
+    integer: bool,
+    inplace: bool,
 ) -> None:
     """Row y of an interleaved ``dst`` = row y of ``src`` zeroed where ``hit`` is set.
 
@@ -277,7 +286,9 @@ def rgb_to_planar_row(src: np.ndarray, src_step: int, dst: np.ndarray, y: int, h
 
 
 @jit
-def mask_planar(src: np.ndarray, dst: np.ndarray, inplace: bool, integer: bool, seed: int, bits: int, threshold: int, mask: np.ndarray) -> None:
+def mask_planar(
+    src: np.ndarray, dst: np.ndarray, inplace: bool, integer: bool, seed: int, bits: int, threshold: int, mask: np.ndarray
+) -> None:
     """Draw (or copy ``mask``), dilate and zero a (C, H, W) image, into ``dst`` or in place in ``src``.
 
     An empty ``mask`` means draw from (seed, bits, threshold): the fused fast path. ``integer``:

@@ -4,6 +4,7 @@ Vectorised and short enough to check by eye; no loops in Python. The draw is the
 SplitMix64 stream (``_prng.draw_bits_numpy``), so this backend agrees with the compiled
 ones bit for bit.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -13,6 +13,7 @@ Seeds come from NumPy's global RNG (:func:`draw_seed`), exactly where the articl
 ``np.random.uniform`` draws; the DataLoader seeds that RNG differently in each worker, so
 workers get independent streams, as they did with the naive transform.
 """
+
 from __future__ import annotations
 
 import functools

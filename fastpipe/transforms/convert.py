@@ -5,6 +5,7 @@ pixels as arrays; going through a PIL image and ``PILToTensor`` costs two full-s
 :class:`ToCHWTensor` makes a zero-copy CHW view instead, so a following ``RandomCrop`` is
 free and only the crop is ever copied (by :class:`Contiguous`).
 """
+
 from __future__ import annotations
 
 import numpy as np

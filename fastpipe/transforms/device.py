@@ -8,6 +8,7 @@ for the ImageNet recipe), so the model sees the same input as before. :class:`Co
 is the article's toy step: it changes the colour space (RGB -> YCbCr by default) as well as
 the scale, so use it only where the model was trained on that.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -85,7 +86,9 @@ class Normalize:
         """Normalize one uint8 image batch (N, C, H, W) or image (C, H, W)."""
         channels = self.scale.shape[0]
         if images.dim() not in (3, 4) or images.shape[-3] != channels:
-            raise ConfigError(f"Normalize({channels} channels) needs (N, {channels}, H, W) or ({channels}, H, W) images, got shape {tuple(images.shape)}")
+            raise ConfigError(
+                f"Normalize({channels} channels) needs (N, {channels}, H, W) or ({channels}, H, W) images, got shape {tuple(images.shape)}"
+            )
         if images.dtype != torch.uint8:
             raise ConfigError(
                 f"Normalize takes uint8 images (0..255) and does ToTensor's /255 itself, got {images.dtype}; "

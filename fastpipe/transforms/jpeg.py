@@ -7,6 +7,7 @@ at least twice its output size, or a Resize to a shorter side of at most half th
 So the crop is chosen first, from the header's size alone, and the decoder is told how much
 it may shrink. The toy dataset's crop-first generation stands in for this.
 """
+
 from __future__ import annotations
 
 from os import PathLike
@@ -113,4 +114,3 @@ class JpegRandomResizedCrop:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
-

@@ -13,6 +13,7 @@ one pass. ``random_mask(img, seed=s)`` equals ``apply_mask(img, draw_mask(h, w, 
 every backend, which is how the tests compare each backend bit for bit with the naive scipy
 path on the same draw.
 """
+
 from __future__ import annotations
 
 import functools
@@ -108,7 +109,9 @@ def apply_mask(img: Image, mask: np.ndarray | torch.Tensor, backend: str = "auto
     return out
 
 
-def random_mask(img: Image, ratio: float = ARTICLE_MASK_RATIO, seed: int | None = None, backend: str = "auto", inplace: bool = True) -> Image:
+def random_mask(
+    img: Image, ratio: float = ARTICLE_MASK_RATIO, seed: int | None = None, backend: str = "auto", inplace: bool = True
+) -> Image:
     """Draw, dilate and zero: ``apply_mask(img, draw_mask(H, W, ratio, seed))``, in one pass on numba and cpp.
 
     ``inplace=False`` leaves ``img`` alone and returns a compact (C-contiguous) masked copy,

@@ -7,6 +7,7 @@ words gives the same distribution (independent uniform bytes) in ~0.2 ms: the Nu
 counter-based, so LLVM vectorises it. Seeds come from ``np.random`` as the article's draws do,
 so DataLoader workers still get independent streams.
 """
+
 from __future__ import annotations
 
 import math

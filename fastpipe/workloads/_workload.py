@@ -17,6 +17,7 @@ both of these arguments, by name:
 * ``fastpipe_device``: fastpipe's own :class:`~fastpipe.devices.Device`, for a factory that wants
   to know more, e.g. ``fastpipe_device.runs_model`` is False on ``sim`` (skip building a large model).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,9 +30,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils.data import DataLoader
 
-from fastpipe.loading._protocols import RebuildsAroundDataset
 from fastpipe.devices import Device, default_device_spec, parse_device
 from fastpipe.errors import ConfigError, FastpipeError
+from fastpipe.loading._protocols import RebuildsAroundDataset
 
 #: Built-in workload families: the SPEC prefix, and the module whose ``make_workload(variant, device, **options)`` builds one.
 #: A family module may set ``DEFAULT_SIM_SPEC`` (e.g. ``"sim:222"``): the device its SPECs get when none is given and no GPU is present.
@@ -87,8 +88,10 @@ def _family_module(family: str) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and name.startswith(exc.name):
-            raise ConfigError(f"the '{family}:' workloads need {name}, which this fastpipe does not include; "
-                              "update fastpipe, or use toy:naive or your own package.module:function") from exc
+            raise ConfigError(
+                f"the '{family}:' workloads need {name}, which this fastpipe does not include; "
+                "update fastpipe, or use toy:naive or your own package.module:function"
+            ) from exc
         raise
 
 
@@ -178,8 +181,9 @@ def load_workload(spec: str, device: "str | Device | None" = None, **options: An
             raise ConfigError(f"bad SPEC '{spec}': name a variant, e.g. {family}:naive")
         return module.make_workload(variant, device, **options)
     if options:
-        raise ConfigError(f"options {sorted(options)} only apply to the built-in workloads ({', '.join(FAMILIES)}); "
-                          "size your own workload in its factory")
+        raise ConfigError(
+            f"options {sorted(options)} only apply to the built-in workloads ({', '.join(FAMILIES)}); size your own workload in its factory"
+        )
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"bad SPEC '{spec}': use toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function")

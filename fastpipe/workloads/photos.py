@@ -10,6 +10,7 @@ JPEGs at qualities 75-95 with mixed chroma subsampling, some progressive, a few 
 and exactly one CMYK, in torchvision's ImageFolder layout. The result is deterministic for
 a seed and cached: a marker file written last says that a build is complete.
 """
+
 from __future__ import annotations
 
 import json
@@ -229,7 +230,9 @@ def build_corpus(
         ConfigError: bad sizes, or ``root`` holds something else.
     """
     if classes < 1 or n < max(classes, 2):
-        raise ConfigError(f"build_corpus needs classes >= 1 and n >= max(classes, 2) so that no class folder is empty, got n={n}, classes={classes}")
+        raise ConfigError(
+            f"build_corpus needs classes >= 1 and n >= max(classes, 2) so that no class folder is empty, got n={n}, classes={classes}"
+        )
     root = Path(root) if root is not None else default_root(n, seed, classes)
     config = {"version": CORPUS_VERSION, "n": n, "seed": seed, "classes": classes}
     if _claim(root, config):

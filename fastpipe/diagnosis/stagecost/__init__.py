@@ -30,6 +30,7 @@ renderings), :mod:`~fastpipe.diagnosis.stagecost._measure` (the pass itself) and
 :mod:`~fastpipe.diagnosis.stagecost._saturation` (the saturation caveat of a diagnosis, settled).
 Every name below is re-exported so ``from fastpipe.diagnosis.stagecost import X`` keeps working.
 """
+
 from fastpipe.diagnosis.stagecost._measure import coerce_workload, measure_stage_costs, round_noise, summarize, timing_cost_us
 from fastpipe.diagnosis.stagecost._result import SCHEMA, StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._saturation import SATURATED_CPU, explain_saturation

@@ -4,6 +4,7 @@ Part of :mod:`fastpipe.diagnosis.stagecost`. A diagnosis by caching can only say
 throughput while the CPU is saturated; :func:`explain_saturation` reads the measured stage
 costs against the device bound to say which it is, and which stages consume the CPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,6 @@ from fastpipe.diagnosis._attribute import SATURATED_CPU
 from fastpipe.diagnosis._report import Report
 from fastpipe.diagnosis.stagecost._result import StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._timing import COLLATE_STAGE
-
 
 
 # ----- the saturation caveat, settled -------------------------------------------------------
@@ -50,8 +50,9 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
     margin = max(2 * costs.noise, 0.05) if not math.isnan(costs.noise) else 0.05
     ranked = [s for s in costs.ranked("cpu_ms_per_sample") if s.cpu_ms_per_sample > 0]
     consumers = ", ".join(f"{s.name} {s.cpu_ms_per_sample:.2f} ms ({s.cpu_share:.0%})" for s in ranked)
-    consumers = (f"CPU per sample, largest first: {consumers}" if consumers else
-                 "the stages themselves used almost no CPU (they wait, e.g. on I/O)")
+    consumers = (
+        f"CPU per sample, largest first: {consumers}" if consumers else "the stages themselves used almost no CPU (they wait, e.g. on I/O)"
+    )
     cores_needed = costs.total_cpu_ms_per_sample / 1000.0 * needed
     lines = []
     for b in report.bottlenecks:
@@ -65,28 +66,40 @@ def explain_saturation(report: Report, costs: StageCosts, *, saturated: float = 
             lines.append(head + "it runs in the training process, not in the workers.")
             continue
         own_cpu = sum(s.cpu_ms_per_sample for s in own)
-        budget = (f"the {budget_ms:.2f} ms of CPU per sample that {min(workers, costs.cores)} workers have at the device bound "
-                  f"({needed:,.0f} samples/s = {bound:.2f} steps/s x {batch})")
+        budget = (
+            f"the {budget_ms:.2f} ms of CPU per sample that {min(workers, costs.cores)} workers have at the device bound "
+            f"({needed:,.0f} samples/s = {bound:.2f} steps/s x {batch})"
+        )
         if own_cpu > budget_ms * (1 + margin):
-            lines.append(head + f"slow by itself: its CPU time alone, {own_cpu:.2f} ms per sample, exceeds {budget} by more than "
-                         f"the noise (±{margin:.0%}); make this stage cheaper.")
+            lines.append(
+                head + f"slow by itself: its CPU time alone, {own_cpu:.2f} ms per sample, exceeds {budget} by more than "
+                f"the noise (±{margin:.0%}); make this stage cheaper."
+            )
         elif own_cpu > budget_ms * (1 - margin):
-            lines.append(head + f"borderline: its CPU time alone, {own_cpu:.2f} ms per sample, is within the noise (±{margin:.0%}) of "
-                         f"{budget}; it can tip the pipeline over by itself or nearly.")
+            lines.append(
+                head + f"borderline: its CPU time alone, {own_cpu:.2f} ms per sample, is within the noise (±{margin:.0%}) of "
+                f"{budget}; it can tip the pipeline over by itself or nearly."
+            )
         elif (own_wall := sum(s.ms_per_sample for s in own)) > budget_ms * (1 + margin) and own_cpu < own_wall / 2:
-            lines.append(head + f"slow by itself, but not on the CPU: {own_wall:.2f} ms of wall time per sample for {own_cpu:.2f} ms "
-                         f"of CPU, against {budget}; it waits (I/O, a lock, a remote call), so more workers or prefetching "
-                         "overlap the waits.")
+            lines.append(
+                head + f"slow by itself, but not on the CPU: {own_wall:.2f} ms of wall time per sample for {own_cpu:.2f} ms "
+                f"of CPU, against {budget}; it waits (I/O, a lock, a remote call), so more workers or prefetching "
+                "overlap the waits."
+            )
         elif costs.total_cpu_ms_per_sample <= budget_ms:
-            lines.append(head + f"the workers' stages together fit the budget ({costs.total_cpu_ms_per_sample:.2f} ms of CPU per sample "
-                         f"against {budget_ms:.2f}), so the CPU went elsewhere: the training process (pinning, copies, a step on "
-                         f"the CPU) or other processes (the machine was {point.system_cpu_util if point else math.nan:.0%} busy).")
+            lines.append(
+                head + f"the workers' stages together fit the budget ({costs.total_cpu_ms_per_sample:.2f} ms of CPU per sample "
+                f"against {budget_ms:.2f}), so the CPU went elsewhere: the training process (pinning, copies, a step on "
+                f"the CPU) or other processes (the machine was {point.system_cpu_util if point else math.nan:.0%} busy)."
+            )
         else:
-            scope = (f"all stages together need {cores_needed:.1f} cores at the device bound and this machine gives {costs.cores}, "
-                     "so the pipeline's CPU as a whole must shrink"
-                     if cores_needed > costs.cores else
-                     f"all stages together need {cores_needed:.1f} of the {costs.cores} cores at the device bound, more than "
-                     f"{workers} workers give, so more workers may carry it (try fastpipe tune)")
+            scope = (
+                f"all stages together need {cores_needed:.1f} cores at the device bound and this machine gives {costs.cores}, "
+                "so the pipeline's CPU as a whole must shrink"
+                if cores_needed > costs.cores
+                else f"all stages together need {cores_needed:.1f} of the {costs.cores} cores at the device bound, more than "
+                f"{workers} workers give, so more workers may carry it (try fastpipe tune)"
+            )
             lines.append(head + f"not slow by itself ({own_cpu:.2f} ms of CPU per sample against {budget}), but {scope}.")
     if lines:
         lines[-1] += f" {consumers}."  # once, after the last explanation, not on every line

@@ -21,6 +21,7 @@ which become yours. Buffers are shared through file descriptors already unlinked
 :meth:`RecycledLoader.stats` counts reuses, new buffers (first use, growth for larger batches,
 kept batches) and fallbacks.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -15,6 +15,7 @@ needs it (a later ``next()``, ``close()`` of an epoch), when the loader is close
 and when the diagnosis discards a point's loader. How buffers are registered is a
 :class:`Registrar` (CUDA's by default), so tests count registrations without a GPU.
 """
+
 from __future__ import annotations
 
 import warnings

@@ -11,6 +11,7 @@ The default collate path never materialises a stacked tensor of its own: it runs
 ``default_collate`` in a worker stacks into a freshly allocated shared-memory segment, and
 touching 48 MB of new pages costs far more than the copy itself.
 """
+
 from __future__ import annotations
 
 import copy

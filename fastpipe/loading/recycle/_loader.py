@@ -18,6 +18,7 @@ a slot is released at its modelled copy's ready time, the sim batch may show a l
 values. The sim step never reads them; check values on ``cpu``, where the step reads the host
 batch itself and it is released only once unused.
 """
+
 from __future__ import annotations
 
 import threading
@@ -83,12 +84,15 @@ class RecycledLoader:
     ``batch_size``, ``pin_memory``, ...), so ``fastpipe diagnose`` accepts it.
     """
 
-    def __init__(self, loader: DataLoader, slots: int | None = None, *, poison: int | None = None,
-                 registrar: hostpin.Registrar | None = None) -> None:
+    def __init__(
+        self, loader: DataLoader, slots: int | None = None, *, poison: int | None = None, registrar: hostpin.Registrar | None = None
+    ) -> None:
         if not isinstance(loader, DataLoader):
             raise ConfigError(f"fastpipe.recycled wraps a torch.utils.data.DataLoader, not a {type(loader).__name__}")
         if loader.batch_size is None and loader.batch_sampler is None:
-            raise ConfigError("fastpipe.recycled needs a batching DataLoader (batch_size or batch_sampler set); this one yields single samples")
+            raise ConfigError(
+                "fastpipe.recycled needs a batching DataLoader (batch_size or batch_sampler set); this one yields single samples"
+            )
         slots = default_slots(loader) if slots is None else slots
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ConfigError(f"slots must be a whole number >= 1 (buffers per worker), got {slots!r}; the default is prefetch_factor + 2")
@@ -146,8 +150,7 @@ class RecycledLoader:
 
         The copy iterates a copy of the sampler and generator, so measuring it never moves the user's.
         """
-        return RecycledLoader(rebuild_loader(self.source, dataset, **overrides), self.slots, poison=self.poison,
-                              registrar=self.registrar)
+        return RecycledLoader(rebuild_loader(self.source, dataset, **overrides), self.slots, poison=self.poison, registrar=self.registrar)
 
     def __iter__(self) -> "RecycledIterator":
         return self.iter_for_device(None)
@@ -176,8 +179,15 @@ class RecycledLoader:
         pinning = "none" if self._pinner is None else self._pinner.mode
         if self._pinner is not None and self._pinner.failed:
             pinning = f"copied ({self._pinner.failed})"
-        return {**totals, "kept": self._events["kept"], "released": self._events["released"], "slots": self.slots,
-                "workers": self.num_workers, "ring_bytes": ring_bytes, "pinning": pinning}
+        return {
+            **totals,
+            "kept": self._events["kept"],
+            "released": self._events["released"],
+            "slots": self.slots,
+            "workers": self.num_workers,
+            "ring_bytes": ring_bytes,
+            "pinning": pinning,
+        }
 
     def close(self) -> None:
         """Stop persistent workers now, drop every mapped buffer and unregister every registered one.

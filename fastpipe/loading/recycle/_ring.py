@@ -14,6 +14,7 @@ nothing behind); later batches in the same slot send only the layout. When no sl
 the worker never waits: it writes into a fresh buffer, as the stock DataLoader would, and
 counts a fallback.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -58,8 +59,17 @@ class RingBatch:
     slot is handed back, so the ring does not shrink.
     """
 
-    def __init__(self, token: int, worker: int, slot: int, generation: int, buffer: torch.Tensor | None,
-                 skeleton: Any, specs: list[LeafSpec], in_worker: bool) -> None:
+    def __init__(
+        self,
+        token: int,
+        worker: int,
+        slot: int,
+        generation: int,
+        buffer: torch.Tensor | None,
+        skeleton: Any,
+        specs: list[LeafSpec],
+        in_worker: bool,
+    ) -> None:
         self.token, self.worker, self.slot, self.generation = token, worker, slot, generation
         self.buffer, self.skeleton, self.specs = buffer, skeleton, specs
         self._received = not in_worker  # made in the training process itself when num_workers=0
@@ -119,8 +129,14 @@ class RingCollate:
     def _local(self) -> dict[str, Any]:
         if self._ring is None or self._ring["token"] != self.token:
             assert self.states is not None and self.counters is not None, "RingCollate.start() was not called"
-            self._ring = {"token": self.token, "buffers": [None] * self.slots, "generations": [0] * self.slots, "next": 0,
-                          "states": self.states.numpy(), "counters": self.counters.numpy()}
+            self._ring = {
+                "token": self.token,
+                "buffers": [None] * self.slots,
+                "generations": [0] * self.slots,
+                "next": 0,
+                "states": self.states.numpy(),
+                "counters": self.counters.numpy(),
+            }
         return self._ring
 
     def __call__(self, samples: list[Any]) -> RingBatch:

@@ -19,6 +19,7 @@ in the order ``fastpipe compare jpeg`` climbs them (:data:`LADDER`):
 All read the real-photo corpus of :func:`fastpipe.workloads.photos.build_corpus` (built on first use,
 then cached) and take the same options.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,11 +34,11 @@ from fastpipe._system import usable_cores
 from fastpipe.datasets import DecodeCropOnDevice, EncodedImageFolder, ImageFolder, collate_encoded
 from fastpipe.devices import DEFAULT_SIM_STEP_MS, Device
 from fastpipe.errors import ConfigError
+from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from fastpipe.workloads._workload import Workload
 from fastpipe.workloads.photos import DEFAULT_N, build_corpus
 from fastpipe.workloads.toy.training import ARTICLE_MODEL
 from fastpipe.workloads.toy.workloads import toy_training
-from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from fastpipe.workloads._workload import Workload
 
 IMG_SIZE = 224
 BATCH_SIZE = 256
@@ -73,8 +74,9 @@ def training_loader(dataset: Dataset, batch_size: int, num_workers: int | None, 
     # workers are not restarted every few steps (ImageNet's epoch is 5,000 steps of 256), and every
     # sample is still drawn once per pass.
     sampler = RandomSampler(dataset, num_samples=len(dataset) * EPOCH_PASSES, generator=generator)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=False, **kwargs)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin_memory, persistent_workers=False, **kwargs
+    )
 
 
 def _corpus(root: "str | os.PathLike[str] | None", n: int, seed: int) -> str:
@@ -127,7 +129,9 @@ def make_jpeg_variant(
     num_classes = len(dataset.classes)  # type: ignore[attr-defined]
     training = toy_training(device, model, num_classes, name, notes)
     if device_transform is not None and not device.runs_model:
-        notes.append(f"{name}: the device-side {type(device_transform).__name__} is not run on {device.spec}; its time is taken as part of the simulated step")
+        notes.append(
+            f"{name}: the device-side {type(device_transform).__name__} is not run on {device.spec}; its time is taken as part of the simulated step"
+        )
     return Workload(
         loader=training_loader(dataset, batch_size, num_workers, pin_memory, seed, **loader_kwargs),
         device_transform=device_transform,
@@ -148,7 +152,9 @@ def _builder(variant: str) -> Callable[..., Workload]:
 
 
 #: Variant name -> builder(device, **options), in ladder order.
-VARIANTS: dict[str, Callable[..., Workload]] = {v: _builder(v) for v in ("naive", "decode-crop", "uint8-host", "optimized", "device-decode")}
+VARIANTS: dict[str, Callable[..., Workload]] = {
+    v: _builder(v) for v in ("naive", "decode-crop", "uint8-host", "optimized", "device-decode")
+}
 
 #: ``fastpipe compare jpeg``: each rung adds one fix to the one before; the prefetcher last, as in the toy ladder.
 LADDER: list[tuple[str, str]] = [

@@ -1,8 +1,7 @@
 """The article's toy image-classification workload: dataset, naive transforms, training, variants."""
+
 from fastpipe.workloads.toy.dataset import FakeDataset, FastFakeDataset
 from fastpipe.workloads.toy.naive import ConvertColor, RandomMask, Scale, naive_transform
-from fastpipe.workloads.toy.training import build_model, build_training, make_train_step
-from fastpipe.workloads.toy.workloads import VARIANTS, make_naive, make_workload, register_variant
 from fastpipe.workloads.toy.optimized import (  # noqa: E402  (importing registers the optimized variants)
     VARIANT_OPTIMIZATIONS,
     Optimizations,
@@ -10,6 +9,8 @@ from fastpipe.workloads.toy.optimized import (  # noqa: E402  (importing registe
     make_toy_variant,
     optimized_transform,
 )
+from fastpipe.workloads.toy.training import build_model, build_training, make_train_step
+from fastpipe.workloads.toy.workloads import VARIANTS, make_naive, make_workload, register_variant
 
 __all__ = [
     "FakeDataset",

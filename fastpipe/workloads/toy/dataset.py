@@ -5,6 +5,7 @@ the pipeline's "raw load" stage. ``raw_size`` shrinks it; the article's last exp
 (a 256x256 raw image) is the stand-in for a decode-and-crop operator, which
 :class:`FastFakeDataset` models properly with ``crop_size``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -4,6 +4,7 @@ Stage order, shapes, dtypes and maths are the article's (see toy_workload.md). T
 liberty: RandomMask draws its mask at the image's own height and width, where the article
 reads a global ``img_size`` that always equals them.
 """
+
 from __future__ import annotations
 
 import numpy as np

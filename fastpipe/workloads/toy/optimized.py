@@ -21,6 +21,7 @@ Each variant adds one fix to the one before, so ``fastpipe compare`` can show wh
 All take the same options as ``toy:naive`` (batch size, workers, sizes, model), plus
 ``mask_backend`` and ``dtype`` (the device-side output dtype, float32 or bfloat16).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -32,15 +33,15 @@ from torchvision.transforms import Compose
 
 from fastpipe.devices import Device
 from fastpipe.errors import ConfigError
-from fastpipe.workloads.toy.dataset import ARTICLE_LENGTH, ARTICLE_NUM_CLASSES, FakeDataset, FastFakeDataset
-from fastpipe.workloads.toy.naive import ARTICLE_IMG_SIZE, ARTICLE_MASK_RATIO, ConvertColor, Scale
-from fastpipe.workloads.toy.training import ARTICLE_MODEL
-from fastpipe.workloads.toy.workloads import ARTICLE_BATCH_SIZE, ARTICLE_RAW_SIDE, register_variant, toy_loader, toy_training
 from fastpipe.transforms.convert import Contiguous, ToCHWTensor
 from fastpipe.transforms.device import ConvertColorScale
 from fastpipe.transforms.mask import RandomMask
 from fastpipe.transforms.noise import uniform_noise
 from fastpipe.workloads._workload import Workload
+from fastpipe.workloads.toy.dataset import ARTICLE_LENGTH, ARTICLE_NUM_CLASSES, FakeDataset, FastFakeDataset
+from fastpipe.workloads.toy.naive import ARTICLE_IMG_SIZE, ARTICLE_MASK_RATIO, ConvertColor, Scale
+from fastpipe.workloads.toy.training import ARTICLE_MODEL
+from fastpipe.workloads.toy.workloads import ARTICLE_BATCH_SIZE, ARTICLE_RAW_SIDE, register_variant, toy_loader, toy_training
 
 PREFETCH_DEPTH = 2
 

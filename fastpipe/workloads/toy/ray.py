@@ -11,6 +11,7 @@ a local cluster that fastpipe starts and stops.
 
 Importing this module registers the variant and does not import Ray.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,8 @@ from typing import Any, Sequence
 
 from fastpipe.devices import Device
 from fastpipe.distributed.loader import RayLoader
-from fastpipe.workloads.toy.workloads import register_variant
 from fastpipe.workloads._workload import Workload
+from fastpipe.workloads.toy.workloads import register_variant
 
 
 @register_variant("ray")

@@ -1,4 +1,5 @@
 """The article's model, loss, optimizer and training step."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -19,9 +20,7 @@ def build_model(name: str = ARTICLE_MODEL, num_classes: int = 10) -> torch.nn.Mo
         raise ConfigError(f"unknown torchvision model '{name}'; try resnet50, resnet18 or mobilenet_v3_small") from exc
 
 
-def make_train_step(
-    model: torch.nn.Module, criterion: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> Callable[[Any], None]:
+def make_train_step(model: torch.nn.Module, criterion: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Any], None]:
     """The article's ``train_step``: forward, loss, zero_grad(set_to_none=True), backward, step."""
 
     def train_step(batch: Any) -> None:

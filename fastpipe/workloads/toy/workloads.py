@@ -4,6 +4,7 @@ Every variant shares the article's defaults (batch 256, 1024x1024 raw images, 25
 crops, pin_memory) and takes them as parameters so tests can run small. ``num_workers``
 defaults to the article's 4, capped at the cores this process may use.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -13,10 +14,10 @@ from torch.utils.data import DataLoader
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device
 from fastpipe.errors import ConfigError
+from fastpipe.workloads._workload import Workload
 from fastpipe.workloads.toy.dataset import ARTICLE_LENGTH, ARTICLE_NUM_CLASSES, FakeDataset
 from fastpipe.workloads.toy.naive import ARTICLE_IMG_SIZE, naive_transform
 from fastpipe.workloads.toy.training import ARTICLE_MODEL, build_training
-from fastpipe.workloads._workload import Workload
 
 ARTICLE_BATCH_SIZE = 256
 ARTICLE_NUM_WORKERS = 4
