@@ -206,7 +206,8 @@ class Attribution:
         return excess <= max(difference_noise_s(self.results[point], reference), self.threshold_s)
 
     def saturated(self, point: str) -> bool:
-        """The CPU was saturated at the point: by the diagnosed process tree, or by it and other processes together."""
+        """The CPU was saturated at the point: by the diagnosed process tree, or by it and other processes together
+        (either way the stages competed for cores, and their ladder steps stop adding up one by one)."""
         result = self.results[point]
         return max(result.cpu_util, result.system_cpu_util) >= SATURATED_CPU
 
@@ -240,7 +241,7 @@ class Attribution:
             component = Bottleneck(
                 stage=stage, kind=kind_of(between), added_ms=added * 1000, noise_ms=noise * 1000,
                 share_of_baseline=math.nan, between=(upper, lower),
-                cpu_saturated=self.saturated(lower), at_least=self.at_bound(upper), ladder_ms=added * 1000,
+                cpu_saturated=self.results[lower].cpu_util >= SATURATED_CPU, at_least=self.at_bound(upper), ladder_ms=added * 1000,
             )
             costs = self.cost_of(stage) if self._worker_side(component) else None
             if costs:
