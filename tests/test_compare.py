@@ -54,3 +54,14 @@ def test_cli_compare_bad_input(argv, fix, capsys) -> None:
     assert main([*argv, "--device", DEVICE, "--steps", "2", "--warmup", "0"]) == 2
     err = capsys.readouterr().err
     assert fix in err and "Traceback" not in err
+
+
+def test_the_order_of_the_variants_does_not_change_the_verdicts() -> None:
+    """Interleaved rounds after a warm-up pass: a real saving is found in either order, an equal pair in neither."""
+    forward = compare([f"{M}:slow", f"{M}:fastest"], DEVICE, steps=4, warmup=1, budget=3)
+    backward = compare([f"{M}:fastest", f"{M}:slow"], DEVICE, steps=4, warmup=1, budget=3)
+    assert forward.variants[1].improved is True and backward.variants[1].improved is False
+    for pair in ([f"{M}:faster", f"{M}:same_as_faster"], [f"{M}:same_as_faster", f"{M}:faster"]):
+        result = compare(pair, DEVICE, steps=4, warmup=1, budget=3)
+        assert result.variants[1].improved is False, result.to_table()
+

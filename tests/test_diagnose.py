@@ -341,3 +341,24 @@ def test_cli_run_rejects_zero_steps(capsys) -> None:
 
     assert main(["run", "toy:naive", "--steps", "0", "--device", STEP]) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+def test_a_point_that_fails_when_remeasured_is_dropped_as_in_the_first_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastpipe.diagnosis import _diagnose
+    from fastpipe.diagnosis._points import PointRunner
+
+    calls: dict[str, int] = {}
+    real = PointRunner.measure
+
+    def measure(self, point, **kwargs):
+        calls[point] = calls.get(point, 0) + 1
+        if point == "raw" and calls[point] == 2:
+            raise PipelineError("planted failure on the second measurement", stage="Slow")
+        return real(self, point, **kwargs)
+
+    monkeypatch.setattr(PointRunner, "measure", measure)
+    monkeypatch.setattr(_diagnose._Diagnosis, "_suspects", lambda self: [("after:Slow", "raw"), ("raw", "baseline")])
+    report = run(loader_for(PlantedDataset(transform=T.Compose([Slow(PLANTED_MS), Fast()]))), stage_costs=False)
+    assert calls["raw"] == 2 and not report.interrupted
+    assert [u.cache_point for u in report.unavailable if "planted failure" in u.reason] == ["raw"], report.to_table()
+    assert "raw" not in {e.cache_point for e in report.experiments} and report.baseline_step_ms

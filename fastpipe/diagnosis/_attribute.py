@@ -19,7 +19,7 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
 3. **Veto.** A stage inside the workers whose in-worker cost per step (cost per sample x batch /
    :attr:`Attribution.parallelism`) is below the threshold is never named, whatever the ladder says.
 4. **A noisy ladder still points somewhere.** Where the ladder cannot decide (the pair did not hold when
-   remeasured, or its noise exceeds the threshold) and the in-worker cost is above the threshold, the stage
+   remeasured, or its noise exceeds the threshold; a split share is decided by its span's total alone) and the in-worker cost is above the threshold, the stage
    is named by its in-worker cost, labelled as such (``basis="in-worker cost"``), with the reason.
 5. **Waiting or computing.** A named stage's in-worker CPU time over its wall time says which: a stage
    *waits* when more than half its cost is waiting (I/O, sleeps, locks), else it *computes*.
@@ -99,23 +99,28 @@ class WorkerCost:
         return self.wait_ms > self.cpu_ms
 
 
-def worker_costs(stages: dict[str, tuple[float, float]]) -> dict[str, WorkerCost]:
-    """Per-stage costs from ``{name: (wall ms, CPU ms) per sample}`` as the in-worker timing measured them.
+def worker_costs(stages: dict[str, tuple[float, ...]]) -> dict[str, WorkerCost]:
+    """Per-stage costs from ``{name: (wall ms, CPU ms[, run-queue ms]) per sample}`` as the in-worker timing measured them.
 
-    On a busy machine a stage that only computes still shows more wall than CPU time: it waits for a core.
-    The pipeline's own stages tell how much: the highest CPU/wall ratio among the stages that hold a fair share
-    (10%) of the CPU is the contention every computing stage saw. A stage's wait is its wall time beyond its
-    CPU time so stretched, counted only where it is more than its CPU time and at least
-    :data:`WAIT_SHARE` of the pipeline's wall time per sample: a cheap stage caught by a preemption on a loaded
-    machine does not turn into a waiting one.
+    On a busy machine a stage that only computes still shows more wall than CPU time: it waits for a core. Where
+    the OS counts that (run-queue time, Linux), a stage's own wait is ``wall - CPU - run-queue``. Elsewhere the
+    pipeline's stages tell it: the highest CPU/wall ratio among the stages that hold a fair share (10%) of the CPU
+    is the contention every computing stage saw, and a stage's wait is its wall time beyond its CPU time so
+    stretched. Either way a wait counts only where it is more than the stage's CPU time and at least
+    :data:`WAIT_SHARE` of the pipeline's wall time per sample: a cheap stage caught by a preemption does not turn
+    into a waiting one.
     """
-    total_cpu = sum(cpu for _, cpu in stages.values())
-    total_wall = sum(wall for wall, _ in stages.values())
-    ratios = [cpu / wall for wall, cpu in stages.values() if wall > 0 and cpu >= 0.1 * total_cpu > 0]
+    # one thread cannot spend more CPU than wall time inside a stage: CPU beyond it is the timing's own work between
+    # stages, charged to the next one (stagecost's ledger), which would make a stage that does nothing look busy
+    rows = {name: (float(v[0]), min(float(v[1]), float(v[0])), float(v[2]) if len(v) > 2 else 0.0) for name, v in stages.items()}
+    total_cpu = sum(cpu for _, cpu, _ in rows.values())
+    total_wall = sum(wall for wall, _, _ in rows.values())
+    counted = any(q > 0 for _, _, q in rows.values())
+    ratios = [cpu / wall for wall, cpu, _ in rows.values() if wall > 0 and cpu >= 0.1 * total_cpu > 0]
     contention = min(1.0, max(ratios)) if ratios else 1.0
     out = {}
-    for name, (wall, cpu) in stages.items():
-        wait = max(0.0, wall - cpu / contention)
+    for name, (wall, cpu, runq) in rows.items():
+        wait = max(0.0, wall - cpu - runq) if counted else max(0.0, wall - cpu / contention)
         out[name] = WorkerCost(wall, cpu, wait if wait > cpu and wait >= WAIT_SHARE * total_wall else 0.0)
     return out
 
@@ -296,7 +301,7 @@ class Attribution:
         """Rule 4: why the ladder could not decide this component, when its in-worker cost names it instead (else None)."""
         if component.in_worker_ms is None or self.vetoed(component) or self.named(component):
             return None
-        why = self.unresolved.get(component.between)
+        why = self.unresolved.get(component.between) if component.basis == LADDER else None  # a split share stands on its span
         if why is None and component.noise_ms > self.threshold_s * 1000:
             why = (f"the ladder could not resolve it: ±{component.noise_ms:.0f} ms of noise against a threshold of "
                    f"{self.threshold_s * 1000:.0f} ms")

@@ -96,13 +96,19 @@ def cpu_device(facts: Facts) -> str | None:
             "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them")
 
 
-def busy_machine(facts: Facts) -> str | None:
-    busy = [(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments if r.system_cpu_util - r.cpu_util > BUSY_MACHINE]
+def busy_machine_line(others: list[tuple[str, float]], handled: str) -> str | None:
+    """The interference check, one wording for ``diagnose`` and ``compare``: ``others`` are (what was measured, share of
+    the CPU other processes used meanwhile); ``handled`` says what the command did about it."""
+    busy = [(name, other) for name, other in others if other > BUSY_MACHINE]
     if not busy:
         return None
     name, other = max(busy, key=lambda item: item[1])
-    return (f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): "
-            "pairs measured then were remeasured back to back; rerun on a quieter machine to be sure")
+    return f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): {handled}; rerun on a quieter machine to be sure"
+
+
+def busy_machine(facts: Facts) -> str | None:
+    return busy_machine_line([(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments],
+                             "pairs measured then were remeasured back to back")
 
 
 def imprecise(facts: Facts) -> str | None:
@@ -153,8 +159,11 @@ def split_spans(facts: Facts) -> str | None:
     for (top, bottom), members in spans.items():
         total = sum(c.added_ms for c in members)
         results = facts.attribution.results
-        why = ("the CPU was saturated" if any(c.cpu_saturated for c in members) else "")
-        hidden = "its upper point ran at the device bound" if facts.attribution.at_bound(top) else ""
+        att = facts.attribution
+        busy = max(max(results[c.between[1]].cpu_util, results[c.between[1]].system_cpu_util) for c in members)
+        why = (f"the CPU was saturated ({busy:.0%} of the cores busy, these processes and others)"
+               if any(att.saturated(c.between[1]) for c in members) else "")
+        hidden = "its top point ran at the device bound" if att.at_bound(top) else ""
         reason = " and ".join(r for r in (why, hidden) if r)
         shares = ", ".join(f"{c.stage} {c.added_ms:.0f}" for c in sorted(members, key=lambda c: c.added_ms, reverse=True))
         lines.append(f"from '{_label(top)}' ({results[top].ms_per_step:.0f} ms a step) to '{_label(bottom)}' "
@@ -214,8 +223,12 @@ def apply(rules: list[Rule], facts: Facts) -> list[str]:
     return [line for line in (rule(facts) for rule in rules) if line]
 
 
-def waiting_text(b: Bottleneck, costs: Any, device_ms: float, batch: int | None, cores: int) -> str | None:
-    """Rule 5's wording: whether the stage waits or computes, and for one that waits, the workers that would hide it."""
+def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, batch: int | None, cores: int) -> str | None:
+    """Rule 5's wording: whether the stage waits or computes, and for one that waits, the workers that would hide it.
+
+    ``costs`` are every stage's :class:`~fastpipe.diagnosis._attribute.WorkerCost` (collate included): a worker spends
+    their sum on each sample, so ``batch x that / device step`` workers deliver a batch every device step.
+    """
     if b.cpu_ratio is None or b.waits is None:
         return None
     if not b.waits:
@@ -224,12 +237,12 @@ def waiting_text(b: Bottleneck, costs: Any, device_ms: float, batch: int | None,
     text = (f"{b.stage} waits: its CPU time is only {b.cpu_ratio:.0%} of its wall time in the workers (I/O, a sleep, a lock or "
             "a remote call), so making its code faster will not help; overlap the waits instead: more DataLoader workers, a "
             "deeper prefetch_factor, faster or local storage.")
-    if costs is not None and batch and device_ms > 0:
-        per_sample = costs.total_ms_per_sample
+    if costs and batch and device_ms > 0:
+        per_sample = sum(c.own_ms for c in costs.values())
         needed = math.ceil(batch * per_sample / device_ms)
-        cores_needed = batch * costs.total_cpu_ms_per_sample / device_ms
-        text += (f" At the measured {per_sample:.1f} ms per sample in a worker, about {needed} workers would keep up with the "
-                 f"{device_ms:.0f} ms device step ({batch} samples a step)")
+        cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
+        text += (f" At the measured {per_sample:.1f} ms per sample in a worker ({sum(c.wait_ms for c in costs.values()):.1f} of "
+                 f"it waiting), about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step)")
         text += (f"; their CPU needs {cores_needed:.1f} cores of the {cores} here, so the cores, not the waits, would then set the pace"
                  if cores_needed > cores else f", and their CPU fits the {cores} cores here ({cores_needed:.1f} needed)")
         text += (". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "

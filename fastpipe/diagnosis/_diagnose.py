@@ -22,7 +22,7 @@ from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._attribute import IN_WORKER, SATURATED_CPU, Attribution, verdict_for, worker_costs
+from fastpipe.diagnosis._attribute import IN_WORKER, LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
 from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
 from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
 from fastpipe.devices import Device, parse_device
@@ -64,7 +64,7 @@ class _Diagnosis:
 
     def attribution(self, costs: Any = None) -> Attribution:
         """The attribution of what was measured; with the in-worker ``costs`` (StageCosts), rules 2-5 apply."""
-        stages = None if costs is None else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample) for s in costs.stages})
+        stages = None if costs is None else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample, s.runq_ms_per_sample) for s in costs.stages})
         return Attribution(self.plan, self.runner.results, self.threshold, loader_batch_size(self.workload.loader), self.runner.workers,
                            costs=stages, unresolved=dict(self.unresolved))
 
@@ -237,13 +237,13 @@ class _Diagnosis:
             if why_by_cost is not None:
                 named = dataclasses.replace(component, added_ms=component.in_worker_ms, basis=IN_WORKER, why=why_by_cost)
                 report.bottlenecks.append(named)
-            elif component.between in self.unresolved and not attribution.vetoed(component):
+            elif component.basis == LADDER and component.between in self.unresolved and not attribution.vetoed(component):
                 report.unresolved.append(component)
                 report.caveats.append(f"{component.stage}: {self.unresolved[component.between]}")
             elif attribution.named(component):
                 report.bottlenecks.append(component)
         for b in report.bottlenecks + report.unresolved:
-            _advise(b, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers, costs, report)
+            _advise(b, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers, attribution.costs, report)
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
         if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.verdict = TOO_NOISY
@@ -272,7 +272,7 @@ def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
-def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: Any, report: Report) -> None:
+def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: dict[str, Any] | None, report: Report) -> None:
     """Fill in the component's recommendation (and snippet) for its own stage.
 
     A stage that mostly waits gets advice about workers, prefetching and storage, with the workers that would hide it
