@@ -209,3 +209,17 @@ def test_waiting_is_told_from_waiting_for_a_core() -> None:
     # without it, the contention the computing stages show stands in
     costs = worker_costs({"raw load": (12.5, 0.2), "Busy": (20.0, 5.0), "collate": (0.3, 0.1)})
     assert costs["raw load"].waits and not costs["Busy"].waits
+
+
+def test_a_run_that_names_nothing_still_names_the_largest_in_worker_costs() -> None:
+    from fastpipe.diagnosis._attribute import worker_costs
+
+    # only the device and the baseline were measured, and their difference did not beat the noise
+    plan, results = _plan_and_results({"device": 40, "baseline": 70})
+    results["baseline"].noise = 0.3
+    costs = worker_costs({"raw load": (9.0, 8.5), "A": (0.01, 0.01), "B": (3.0, 2.9), "C": (0.02, 0.02)})
+    attribution = Attribution(plan, results, 0.05, 4, 2, costs=costs, cores=2)
+    components = attribution.components(0.070)
+    assert not any(attribution.named(c) for c in components)
+    named = sorted(attribution.unnamed_costs(components), key=lambda b: -b.added_ms)
+    assert [b.stage for b in named] == ["raw load", "B"] and all(b.basis == "in-worker cost" and b.why for b in named)

@@ -289,6 +289,35 @@ class Attribution:
             c.span = (top, bottom)
             c.at_least = self.at_bound(top)  # the span's total itself can hide under the device step
 
+    def by_cost_parts(self, component: Bottleneck, why: str) -> list[Bottleneck]:
+        """Rule 4's entries for a component the ladder could not decide: one per stage in it whose in-worker cost is
+        above the threshold (a span of stages the ladder measured as one is named stage by stage)."""
+        out = []
+        for part in parts_of(component.stage):
+            costs = self.cost_of(part)
+            ms = self.per_step_ms(costs) if costs else None
+            if ms is None or ms < self.threshold_s * 1000:
+                continue
+            wall, cpu, wait = (sum(getattr(c, f) for c in costs) for f in ("wall_ms", "cpu_ms", "wait_ms"))
+            out.append(Bottleneck(
+                stage=part, kind=kind_of([part]), added_ms=ms, noise_ms=component.noise_ms, share_of_baseline=component.share_of_baseline
+                * (ms / component.added_ms) if component.added_ms > 0 else math.nan, between=component.between,
+                cpu_saturated=component.cpu_saturated, basis=IN_WORKER, why=why, in_worker_ms=ms, ladder_ms=component.ladder_ms,
+                cpu_ratio=cpu / wall if wall > 0 else None, waits=wait > cpu,
+            ))
+        return out
+
+    def unnamed_costs(self, components: list[Bottleneck]) -> list[Bottleneck]:
+        """Rule 4 for a run that would name nothing although it is input-bound: every stage inside the workers whose
+        in-worker cost is above the threshold, by that cost, with the reason."""
+        out = []
+        for c in components:
+            if all(kind_of([part]) in WORKER_KINDS or part in ("collate/IPC", "host-to-device copy") for part in parts_of(c.stage)):
+                why = (f"the ladder could not resolve any stage (the span from '{CachePoint(c.between[0]).label}' to "
+                       f"'{CachePoint(c.between[1]).label}' adds {c.ladder_ms or c.added_ms:.0f} ms ±{c.noise_ms:.0f})")
+                out += self.by_cost_parts(c, why)
+        return out
+
     def vetoed(self, component: Bottleneck) -> bool:
         """Rule 3: a worker-side stage whose in-worker cost per step is below the threshold is never named."""
         return component.in_worker_ms is not None and component.in_worker_ms < self.threshold_s * 1000

@@ -22,7 +22,7 @@ from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._attribute import IN_WORKER, LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
+from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
 from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
 from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
 from fastpipe.devices import Device, parse_device
@@ -235,13 +235,14 @@ class _Diagnosis:
                 component.calls_per_sample = self.calls_per_sample
             why_by_cost = attribution.by_cost(component)
             if why_by_cost is not None:
-                named = dataclasses.replace(component, added_ms=component.in_worker_ms, basis=IN_WORKER, why=why_by_cost)
-                report.bottlenecks.append(named)
+                report.bottlenecks += attribution.by_cost_parts(component, why_by_cost)
             elif component.basis == LADDER and component.between in self.unresolved and not attribution.vetoed(component):
                 report.unresolved.append(component)
                 report.caveats.append(f"{component.stage}: {self.unresolved[component.between]}")
             elif attribution.named(component):
                 report.bottlenecks.append(component)
+        if attribution.costs and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
+            report.bottlenecks += attribution.unnamed_costs(report.components)  # rule 4: never end with the costs unmentioned
         for b in report.bottlenecks + report.unresolved:
             _advise(b, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers, attribution.costs, report)
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)

@@ -232,7 +232,6 @@ def compare(
             if close is not None:
                 close()
     results = [(name, spec, _pooled(variant_runs, workloads[i])) for i, ((name, spec), variant_runs) in enumerate(zip(variants, runs))]
-    del workloads
     comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
     device_ms = 1000.0 / bound
     previous = None
