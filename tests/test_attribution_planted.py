@@ -122,7 +122,7 @@ def three_stages(position: int, ms: float) -> T.Compose:
 
 FREE = ("FreeA", "FreeB")
 CASES = [(position, need, seed) for seed in (0, 1, 2) for need in (1.3, 3.0) for position in (0, 1, 2)]
-FAST = [(0, 1.3, 0), (1, 1.3, 0), (2, 3.0, 0)]
+FAST = [(0, 1.3, 0), (2, 3.0, 0)]  # the rest of CASES run under the slow marker
 
 
 def planted_ms(seed: int) -> float:
