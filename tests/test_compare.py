@@ -16,7 +16,8 @@ def test_ladder_closes_the_gap_and_flags_a_rung_that_does_not() -> None:
     assert slow.fraction_of_bound < 0.45 and fastest.fraction_of_bound > 0.85
     assert faster.improved and fastest.improved and same.improved is False
     assert 0.3 < faster.gap_closed < 0.9 and fastest.gap_closed > 0.6
-    assert [f for f in result.flags if "same_as_faster" in f] and not [f for f in result.flags if "'faster'" in f or "fastest" in f]
+    verdicts = [f for f in result.flags if not f.startswith("other processes used")]  # the interference check may name any rung
+    assert [f for f in verdicts if "same_as_faster" in f] and not [f for f in verdicts if "'faster'" in f or "fastest" in f]
     # time, not throughput differences: the saving is the step shortened, and the gain is what it buys
     assert faster.saved_ms == pytest.approx(slow.ms_per_step - faster.ms_per_step)
     assert faster.throughput_gain == pytest.approx(slow.ms_per_step / faster.ms_per_step - 1)
