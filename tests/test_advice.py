@@ -185,5 +185,8 @@ def test_fastpipes_own_parts_get_workers_tune_or_device_decode_never_compile(mak
     advice = recommend(make, TRANSFORM, transform=T.Compose([stage(224)]))
     assert "tune" in advice.summary and "device" in advice.summary and "workers" in advice.summary, advice.summary
     assert not any(word in advice.summary for word in COMPILED_KERNEL_WORDS), advice.summary
-    # the user's own transform of the same name still gets the compile advice
+    # the user's own transform of the same name still gets the compile advice, and so do the toy's naive stages
     assert "Numba" in recommend(make, TRANSFORM).summary
+    from fastpipe.workloads.toy.naive import naive_transform
+
+    assert "Numba" in recommend("ConvertColor", TRANSFORM, transform=naive_transform()).summary

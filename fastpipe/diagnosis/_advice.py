@@ -366,9 +366,14 @@ def _head(transform: object | None, stop: str) -> str:
     return text + (f"  # and your {', '.join(unknown)}\n    " if unknown else "")
 
 
+_DROP_IN_PACKAGES = ("fastpipe.datasets", "fastpipe.transforms", "fastpipe.ops", "fastpipe.loading")
+"""Where fastpipe's drop-in parts live (not ``fastpipe.workloads``, whose naive pipelines are deliberately slow user code)."""
+
+
 def _is_fastpipe_part(stage: object | None) -> bool:
     """One of fastpipe's own compiled parts (DecodeCrop, JpegRandomResizedCrop, ...): compiling it again cannot help."""
-    return stage is not None and type(stage).__module__.split(".")[0] == "fastpipe"
+    module = type(stage).__module__ if stage is not None else ""
+    return any(module == package or module.startswith(package + ".") for package in _DROP_IN_PACKAGES)
 
 
 def _fastpipe_part(name: str) -> Advice:
