@@ -31,3 +31,4 @@ def fastest() -> Workload:
 
 def raises() -> Workload:
     raise RuntimeError("factory exploded")
+

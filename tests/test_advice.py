@@ -174,3 +174,19 @@ def test_too_few_workers_points_at_tune() -> None:
     advice = recommend("raw load", WORKERS)
     assert "fastpipe tune SPEC" in advice.summary and callable(fastpipe.tune)
     compile(advice.snippet, "<tune>", "exec")
+
+
+@pytest.mark.parametrize("make", ["DecodeCrop", "JpegRandomResizedCrop"])
+def test_fastpipes_own_parts_get_workers_tune_or_device_decode_never_compile(make: str) -> None:
+    import fastpipe.datasets as datasets
+    import fastpipe.transforms.jpeg as jpeg
+
+    stage = getattr(datasets, make, None) or getattr(jpeg, make)
+    advice = recommend(make, TRANSFORM, transform=T.Compose([stage(224)]))
+    assert "tune" in advice.summary and "device" in advice.summary and "workers" in advice.summary, advice.summary
+    assert not any(word in advice.summary for word in COMPILED_KERNEL_WORDS), advice.summary
+    # the user's own transform of the same name still gets the compile advice, and so do the toy's naive stages
+    assert "Numba" in recommend(make, TRANSFORM).summary
+    from fastpipe.workloads.toy.naive import naive_transform
+
+    assert "Numba" in recommend("ConvertColor", TRANSFORM, transform=naive_transform()).summary

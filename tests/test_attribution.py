@@ -123,3 +123,106 @@ def test_attribution_ranks_time_not_throughput_differences() -> None:
     assert components["raw load"].added_ms > components["RandomMask"].added_ms
     assert attribution.significant("raw", "baseline") and not attribution.significant("device", "host")
     assert components["host-to-device copy"].at_least  # the upper point is the device itself
+
+
+# ----- the rules of _attribute on fake measurements (no measuring) ---------------------------------
+def _plan_and_results(ms: dict[str, float], copy_ms: float = 0.0):
+    from fastpipe.stages import Stage, TransformPipeline
+
+    pipeline = TransformPipeline((), "transform", [Stage("A", lambda x: x), Stage("B", lambda x: x), Stage("C", lambda x: x)])
+    plan = make_plan(pipeline, None)
+    results = {p: _result(p, v) for p, v in ms.items()}
+    for p, r in results.items():
+        if p.startswith("after:") or p == "raw":
+            r.copy_ms_per_sample = copy_ms
+    return plan, results
+
+
+def test_the_copy_discount_is_taken_only_where_the_workers_set_the_pace_over_the_workers_the_cores_run() -> None:
+    # 8 workers on 2 cores: the copy (2 ms a sample, batch 8) costs 8 x 2 / min(8, 2) = 8 ms a step, not 8 x 2 / 8
+    paced = {"device": 40, "host": 41, "sample": 42, "after:B": 80, "after:A": 81, "raw": 82, "baseline": 83}
+    plan, results = _plan_and_results(paced, copy_ms=2.0)
+    attribution = Attribution(plan, results, 0.05, 8, 8, cores=2)
+    assert attribution.parallelism == 2
+    assert attribution.corrected_s("after:B") * 1000 == pytest.approx(80 - 8)
+    assert attribution.corrected_s("baseline") * 1000 == pytest.approx(83)  # no copy there
+    # main-process-limited: every point from the sample point down runs at 60 ms, the workers idle part of the time,
+    # so their copy costs nothing: the step stays as measured and no stage gains or loses time by the discount
+    limited = {"device": 40, "host": 41, "sample": 60, "after:B": 61, "after:A": 60.5, "raw": 61, "baseline": 61}
+    plan, results = _plan_and_results(limited, copy_ms=2.0)
+    attribution = Attribution(plan, results, 0.05, 8, 8, cores=2)
+    for point in ("after:B", "after:A", "raw"):
+        assert attribution.corrected_s(point) * 1000 == pytest.approx(max(60, limited[point] - 8)), point
+        assert attribution.corrected_s(point) * 1000 >= 60
+    assert not any(attribution.significant(u, l) for u, l in zip(plan.points[2:], plan.points[3:]))
+
+
+def _costed(ms: dict[str, float], costs: dict[str, tuple[float, float]], saturated: bool = True, **kwargs):
+    from fastpipe.diagnosis._attribute import worker_costs
+
+    plan, results = _plan_and_results(ms)
+    for r in results.values():
+        r.cpu_util = 0.97 if saturated and r.cache_point not in ("device", "host") else 0.3
+    return Attribution(plan, results, 0.05, 4, 2, costs=worker_costs(costs), cores=2, **kwargs)
+
+
+def test_a_saturated_span_is_split_by_in_worker_cost_and_a_free_stage_is_vetoed() -> None:
+    # the shape: the point below the expensive stage B runs at the device step, the free stage A tips the
+    # saturated CPU over and takes the whole ladder step; the split gives the span's 60 ms to B by its cost
+    ms = {"device": 40, "host": 40, "sample": 40, "after:B": 41, "after:A": 40.5, "raw": 100, "baseline": 101}
+    costs = {"raw load": (0.05, 0.05), "A": (0.01, 0.01), "B": (15.0, 14.0), "C": (0.02, 0.02), "collate": (0.1, 0.1)}
+    attribution = _costed(ms, costs)
+    components = {c.stage: c for c in attribution.components(0.101)}
+    named = sorted((c for c in components.values() if attribution.named(c)), key=lambda c: -c.added_ms)
+    assert [c.stage for c in named] == ["B"]
+    assert components["A"].ladder_ms == pytest.approx(59.5) and attribution.vetoed(components["A"])
+    assert components["B"].basis == "saturated split" and components["B"].added_ms > 55
+    # the split keeps the times adding up to the baseline step
+    assert 40 + sum(c.added_ms for c in components.values()) == pytest.approx(101)
+
+
+def test_without_in_worker_costs_the_ladder_alone_decides() -> None:
+    ms = {"device": 40, "host": 40, "sample": 40, "after:B": 41, "after:A": 40.5, "raw": 100, "baseline": 101}
+    plan, results = _plan_and_results(ms)
+    attribution = Attribution(plan, results, 0.05, 4, 2, cores=2)
+    named = [c.stage for c in attribution.components(0.101) if attribution.named(c)]
+    assert named == ["A"]  # today's rule, which the report caveats and says it fell back to
+
+
+def test_a_noisy_ladder_names_by_in_worker_cost_with_the_reason() -> None:
+    ms = {"device": 40, "host": 40, "sample": 40, "after:B": 60, "after:A": 61, "raw": 62, "baseline": 63}
+    costs = {"raw load": (0.05, 0.05), "A": (0.01, 0.01), "B": (15.0, 14.0), "C": (0.02, 0.02)}
+    # B's own step (after:B -> after:A) did not hold when remeasured: B is named by its in-worker cost (its CPU time,
+    # 14 ms a sample: the 1 ms of wall beyond it is too small to count as waiting), x 4 samples / 2 workers
+    noisy = _costed(ms, costs, saturated=False, unresolved={("after:B", "after:A"): "it did not hold"})
+    components = {c.stage: c for c in noisy.components(0.063)}
+    assert noisy.by_cost(components["B"]) == "it did not hold" and components["B"].in_worker_ms == pytest.approx(14.0 * 4 / 2)
+    # a stage that costs nothing in the workers is not named by cost, however unsure the ladder was
+    quiet = _costed(ms, costs, saturated=False, unresolved={("after:A", "raw"): "it did not hold"})
+    assert quiet.by_cost({c.stage: c for c in quiet.components(0.063)}["A"]) is None
+
+
+def test_waiting_is_told_from_waiting_for_a_core() -> None:
+    from fastpipe.diagnosis._attribute import worker_costs
+
+    # run-queue time counted by the OS: a stage that is only preempted does not wait; one that sleeps does
+    costs = worker_costs({"raw load": (12.5, 0.2, 0.1), "Busy": (20.0, 5.0, 15.0), "collate": (0.3, 0.1, 0.1)})
+    assert costs["raw load"].waits and costs["raw load"].own_ms == pytest.approx(12.4)
+    assert not costs["Busy"].waits and costs["Busy"].own_ms == pytest.approx(5.0)
+    # without it, the contention the computing stages show stands in
+    costs = worker_costs({"raw load": (12.5, 0.2), "Busy": (20.0, 5.0), "collate": (0.3, 0.1)})
+    assert costs["raw load"].waits and not costs["Busy"].waits
+
+
+def test_a_run_that_names_nothing_still_names_the_largest_in_worker_costs() -> None:
+    from fastpipe.diagnosis._attribute import worker_costs
+
+    # only the device and the baseline were measured, and their difference did not beat the noise
+    plan, results = _plan_and_results({"device": 40, "baseline": 70})
+    results["baseline"].noise = 0.3
+    costs = worker_costs({"raw load": (9.0, 8.5), "A": (0.01, 0.01), "B": (3.0, 2.9), "C": (0.02, 0.02)})
+    attribution = Attribution(plan, results, 0.05, 4, 2, costs=costs, cores=2)
+    components = attribution.components(0.070)
+    assert not any(attribution.named(c) for c in components)
+    named = sorted(attribution.unnamed_costs(components), key=lambda b: -b.added_ms)
+    assert [b.stage for b in named] == ["raw load", "B"] and all(b.basis == "in-worker cost" and b.why for b in named)

@@ -1,6 +1,7 @@
 """Cache points (fastpipe.diagnosis._cache): unavailable points, repeated transforms, the copy ledger, rebuilt loaders."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
@@ -282,3 +283,51 @@ def test_a_hanging_probe_times_out_instead_of_hanging() -> None:
     finally:
         release.set()
     assert check_point(dataset, pipeline, "raw", timeout=10) is None
+
+
+class _Layout:
+    """Records what it is given: type, dtype, shape, strides, storage offset, shared memory."""
+
+    seen: list[tuple] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        _Layout.seen.append((type(x).__name__, x.dtype, tuple(x.shape), x.stride(), x.storage_offset(), x.is_shared()))
+        return x.mul_(1)  # in place, so the cache must hand out copies
+
+
+class _PilImages(torch.utils.data.Dataset):
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        return self.transform(Image.fromarray(np.full((48, 40, 3), index, dtype=np.uint8))), 0
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_cached_copy_hands_the_next_stage_what_the_pipeline_gives_it(version: str) -> None:
+    """After a PIL-to-tensor conversion (channels-last strides) and a crop (a view into the larger image), the next
+    stage must see the same layout from the cache as from the pipeline, or the cache point changes the work below it."""
+    import torchvision.transforms as v1
+    import torchvision.transforms.v2 as v2
+
+    from fastpipe.diagnosis._discovery import find_pipeline
+
+    if version == "v1":
+        transform = v1.Compose([v1.PILToTensor(), v1.CenterCrop(24), _Layout()])
+    else:
+        transform = v2.Compose([v2.ToImage(), v2.CenterCrop(24), _Layout()])
+    dataset = _PilImages(transform)
+    pipeline, _ = find_pipeline(dataset)
+    for point in ("after:" + pipeline.names()[0], "after:CenterCrop"):
+        _Layout.seen.clear()
+        dataset[3]
+        expected = _Layout.seen[-1]
+        cached = CachePointDataset(dataset, pipeline, point)
+        cached[3], cached[3], cached[3]  # the capture, then two samples served from copies
+        assert cached.copy_stats().copied >= 2
+        assert _Layout.seen[-1] == expected, (point, _Layout.seen[-1], expected)

@@ -313,6 +313,8 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
 
 def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
     stage, before = _find(transform, name)
+    if _is_fastpipe_part(stage) and not (name == "RandomMask"):
+        return _fastpipe_part(name)
     converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage")), None)
     if name in _CROPS:
         return _decode_box(name, stage, transform, dataset, image_size, converted, name)
@@ -362,6 +364,25 @@ def _head(transform: object | None, stop: str) -> str:
             unknown.append(name)
     text = "".join(c + ", " for c in code)
     return text + (f"  # and your {', '.join(unknown)}\n    " if unknown else "")
+
+
+_DROP_IN_PACKAGES = ("fastpipe.datasets", "fastpipe.transforms", "fastpipe.ops", "fastpipe.loading")
+"""Where fastpipe's drop-in parts live (not ``fastpipe.workloads``, whose naive pipelines are deliberately slow user code)."""
+
+
+def _is_fastpipe_part(stage: object | None) -> bool:
+    """One of fastpipe's own compiled parts (DecodeCrop, JpegRandomResizedCrop, ...): compiling it again cannot help."""
+    module = type(stage).__module__ if stage is not None else ""
+    return any(module == package or module.startswith(package + ".") for package in _DROP_IN_PACKAGES)
+
+
+def _fastpipe_part(name: str) -> Advice:
+    return Advice(
+        summary=(f"{name}: fastpipe's own part, already native code, so rewriting it will not help. Give it more CPU: "
+                 "more workers where cores are idle (`fastpipe tune SPEC`, or fastpipe.tune, finds the fewest that keep up and "
+                 "watches shared memory), or take its work off the CPU: decode on the device (fastpipe.datasets.EncodedImageFolder "
+                 "with DecodeCropOnDevice, as the jpeg:device workload does) where a GPU decoder is available."),
+        snippet=_TUNE_SNIPPET)
 
 
 def _is_fastpipe_mask(stage: object | None) -> bool:

@@ -1,25 +1,43 @@
-"""Time attribution: what each stage adds to the step, from the step times of neighbouring points.
+"""Time attribution: what each stage adds to the step. Every rule that decides a figure or a name lives here.
 
-A point's step time is ``1 / steps/s``. Between an upper point (more cached) and the lower one
-below it, the stage in between adds ``t_lower - t_upper`` to every step. Times add up: the device
-step plus every stage's added time is the baseline step. A stage is *named* when its added time
-beats both the noise (two standard errors of the difference) and a threshold in time (a fraction
-of the device step).
+A point's step time is ``1 / steps/s``. The rules, in the order they apply:
 
-Two corrections keep the figures about the pipeline, not the measurement:
+1. **Ladder.** Between an upper point (more cached) and the lower one below it, the stage in between adds
+   ``t_lower - t_upper`` to every step. Times add up: the device step plus every stage's added time is the
+   baseline step. A stage is *named* when its added time beats both the noise (two standard errors of the
+   difference, :func:`~fastpipe.diagnosis._noise.difference_noise`) and the threshold (a fraction of the
+   device step).
+2. **Saturated or hidden spans are split by measured cost.** A ladder step is the stage's own cost only
+   where the step time grows with the work: not where its upper point already runs at the device bound
+   (part of the stage hides under the step, and the stage that tips the pipeline over is charged for what
+   it un-hides), nor where its lower point has the CPU saturated (stages then slow each other, and the one
+   that tips the CPU over is charged for the others). Consecutive stages inside the workers (below the
+   ``sample`` point) in either case form a *span*. The ladder measures the span's total reliably
+   (``t_bottom - t_top``); it is split among the span's stages in proportion to their in-worker cost per
+   sample (:class:`WorkerCost`: CPU time, plus the time the stage waits beyond what contention explains).
+   A stage whose cost is above the threshold is named even when its own ladder step is zero.
+3. **Veto.** A stage inside the workers whose in-worker cost per step (cost per sample x batch /
+   :attr:`Attribution.parallelism`) is below the threshold is never named, whatever the ladder says.
+4. **A noisy ladder still points somewhere.** Where the ladder cannot decide (the pair did not hold when
+   remeasured, or its noise exceeds the threshold; a split share is decided by its span's total alone) and the in-worker cost is above the threshold, the stage
+   is named by its in-worker cost, labelled as such (``basis="in-worker cost"``), with the reason.
+5. **Waiting or computing.** A named stage's in-worker CPU time over its wall time says which: a stage
+   *waits* when more than half its cost is waiting (I/O, sleeps, locks), else it *computes*.
+6. **The cache's own copy** (timed inside the workers, :mod:`fastpipe.diagnosis._cache`) is taken out of a
+   point's step only where the workers set the pace: ``batch x copy / min(workers, usable cores)``, never
+   taking the step below the pace the rest of the loop allows (the ``sample`` point, where the workers do
+   nothing but hand out a finished sample; else the host or device point). A loop limited by the main
+   process keeps its step as measured.
 
-* the cache's own per-sample copy (timed inside the workers, :mod:`fastpipe.diagnosis._cache`) is taken out
-  of each point's step: ``batch x copy / workers`` when the workers set the pace, never below the
-  device step;
-* where the upper point already runs at the device bound, part of the stage can hide under the
-  device step: its added time is a lower bound ("at least").
+Where the in-worker timing could not run, rules 2-5 do not apply and the report says so (rule 1 alone).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fastpipe.diagnosis._cachepoint import DEVICE, HOST, CachePoint
+from fastpipe._system import usable_cores
+from fastpipe.diagnosis._cachepoint import DEVICE, HOST, SAMPLE, CachePoint
 from fastpipe.diagnosis._noise import difference_noise
 from fastpipe.diagnosis._plan import Plan, kind_of
 from fastpipe.diagnosis._report import Bottleneck, ExperimentResult
@@ -27,6 +45,12 @@ from fastpipe.diagnosis._report import Bottleneck, ExperimentResult
 VERDICT_BANDS = ((0.05, "not input-bound"), (0.20, "moderately input-bound"), (math.inf, "highly input-bound"))
 SATURATED_CPU = 0.9
 """CPU utilisation (0..1 of usable cores) at which a point counts as saturated."""
+LADDER, SPLIT, IN_WORKER = "ladder", "saturated split", "in-worker cost"
+"""What a named stage's figure comes from (``Bottleneck.basis``)."""
+WAIT_SHARE = 0.2
+"""A stage's waiting counts (rule 5) only when it is at least this share of the pipeline's wall time per sample."""
+WORKER_KINDS = ("transform", "raw load")
+"""Kinds of component that run entirely inside the workers, where the in-worker timing sees all of their cost."""
 
 
 def verdict_for(gap: float) -> str:
@@ -46,9 +70,64 @@ def difference_noise_s(a: ExperimentResult, b: ExperimentResult) -> float:
     return difference_noise(step_s(a), a.noise, step_s(b), b.noise)
 
 
+def parts_of(stage: str) -> list[str]:
+    """The stage names in a component's name (``"raw load + PILToTensor"`` -> both)."""
+    return [part.strip() for part in stage.split(" + ") if part.strip()]
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    """One stage's cost per sample inside the workers, as the split and the veto read it."""
+
+    wall_ms: float
+    cpu_ms: float
+    wait_ms: float
+    """Wall time beyond the CPU time as contention stretches it (see :func:`worker_costs`): the time it waits."""
+
+    @property
+    def own_ms(self) -> float:
+        """What the stage costs a worker per sample: its CPU time and its waiting."""
+        return self.cpu_ms + self.wait_ms
+
+    @property
+    def cpu_ratio(self) -> float:
+        """CPU time over wall time inside the workers (1: all computing; near 0: all waiting)."""
+        return self.cpu_ms / self.wall_ms if self.wall_ms > 0 else math.nan
+
+    @property
+    def waits(self) -> bool:
+        return self.wait_ms > self.cpu_ms
+
+
+def worker_costs(stages: dict[str, tuple[float, ...]]) -> dict[str, WorkerCost]:
+    """Per-stage costs from ``{name: (wall ms, CPU ms[, run-queue ms]) per sample}`` as the in-worker timing measured them.
+
+    On a busy machine a stage that only computes still shows more wall than CPU time: it waits for a core. Where
+    the OS counts that (run-queue time, Linux), a stage's own wait is ``wall - CPU - run-queue``. Elsewhere the
+    pipeline's stages tell it: the highest CPU/wall ratio among the stages that hold a fair share (10%) of the CPU
+    is the contention every computing stage saw, and a stage's wait is its wall time beyond its CPU time so
+    stretched. Either way a wait counts only where it is more than the stage's CPU time and at least
+    :data:`WAIT_SHARE` of the pipeline's wall time per sample: a cheap stage caught by a preemption does not turn
+    into a waiting one.
+    """
+    # one thread cannot spend more CPU than wall time inside a stage: CPU beyond it is the timing's own work between
+    # stages, charged to the next one (stagecost's ledger), which would make a stage that does nothing look busy
+    rows = {name: (float(v[0]), min(float(v[1]), float(v[0])), float(v[2]) if len(v) > 2 else 0.0) for name, v in stages.items()}
+    total_cpu = sum(cpu for _, cpu, _ in rows.values())
+    total_wall = sum(wall for wall, _, _ in rows.values())
+    counted = any(q > 0 for _, _, q in rows.values())
+    ratios = [cpu / wall for wall, cpu, _ in rows.values() if wall > 0 and cpu >= 0.1 * total_cpu > 0]
+    contention = min(1.0, max(ratios)) if ratios else 1.0
+    out = {}
+    for name, (wall, cpu, runq) in rows.items():
+        wait = max(0.0, wall - cpu - runq) if counted else max(0.0, wall - cpu / contention)
+        out[name] = WorkerCost(wall, cpu, wait if wait > cpu and wait >= WAIT_SHARE * total_wall else 0.0)
+    return out
+
+
 @dataclass
 class Attribution:
-    """Inputs that turn measured points into per-stage times."""
+    """Inputs that turn measured points into per-stage times (the rules are in the module docstring)."""
 
     plan: Plan
     results: dict[str, ExperimentResult]
@@ -56,22 +135,53 @@ class Attribution:
     """Smallest added time that counts, as a fraction of the device step."""
     batch_size: int | None
     workers: int
+    costs: dict[str, WorkerCost] | None = None
+    """Each stage's in-worker cost (raw load and transforms), when the in-worker timing ran."""
+    cores: int = field(default_factory=usable_cores)
+    unresolved: dict[tuple[str, str], str] = field(default_factory=dict)
+    """Pairs the ladder could not decide (they did not hold when remeasured), with the reason."""
 
     @property
     def device_s(self) -> float:
         return step_s(self.results[DEVICE])
 
+    @property
+    def threshold_s(self) -> float:
+        return self.threshold * self.device_s
+
+    @property
+    def parallelism(self) -> int:
+        """Processes that load in parallel: the workers the cores can run (the main process with no workers)."""
+        return max(1, min(self.workers, self.cores))
+
     def measured(self) -> list[str]:
         return [p for p in self.plan.points if p in self.results]
 
-    def corrected_s(self, point: str) -> float:
-        """The point's step time with the cache's own per-sample copy taken out, floored at the device step."""
-        result = self.results[point]
-        copy_s = result.copy_ms_per_sample / 1000.0
-        if not self.batch_size or copy_s <= 0:
-            return step_s(result)
-        return max(self.device_s, step_s(result) - self.batch_size * copy_s / max(1, self.workers))
+    # ----- rule 6: the cache's own copy ---------------------------------------------------
+    def pace_s(self) -> float:
+        """The fastest step the loop allows when the workers do no pipeline work (the sample point, else host, else device)."""
+        for point in (SAMPLE, HOST, DEVICE):
+            if point in self.results:
+                return step_s(self.results[point])
+        return self.device_s
 
+    def corrected_s(self, point: str) -> float:
+        """The point's step time with the cache's own per-sample copy taken out where the workers set the pace.
+
+        The copy costs ``batch x copy / min(workers, usable cores)`` a step while the workers are the bottleneck;
+        it can take the step down to :meth:`pace_s` at most (there the main process or the device sets the pace,
+        and the copy, done by idle workers, costs nothing). A step already at or below that pace is kept as measured.
+        """
+        result = self.results[point]
+        measured, copy_s = step_s(result), result.copy_ms_per_sample / 1000.0
+        if not self.batch_size or copy_s <= 0:
+            return measured
+        pace = self.pace_s()
+        if measured <= pace:
+            return measured
+        return max(pace, measured - self.batch_size * copy_s / self.parallelism)
+
+    # ----- rule 1: the ladder --------------------------------------------------------------
     def added(self, upper: str, lower: str) -> tuple[float, float]:
         """(seconds added per step, two standard errors of it) between two measured points."""
         u, l = self.results[upper], self.results[lower]
@@ -79,17 +189,17 @@ class Attribution:
 
     def significant(self, upper: str, lower: str) -> bool:
         added, noise = self.added(upper, lower)
-        return added > max(noise, self.threshold * self.device_s)
+        return added > max(noise, self.threshold_s)
 
     def borderline(self, upper: str, lower: str) -> bool:
         """Named, but by less than twice the threshold or the noise: worth remeasuring before blaming it."""
         added, noise = self.added(upper, lower)
-        return self.significant(upper, lower) and added < 2 * max(noise, self.threshold * self.device_s)
+        return self.significant(upper, lower) and added < 2 * max(noise, self.threshold_s)
 
     def inverted(self, upper: str, lower: str) -> bool:
         """The point that caches less ran faster beyond noise and threshold: impossible for the pipeline."""
         added, noise = self.added(upper, lower)
-        return -added > max(noise, self.threshold * self.device_s)
+        return -added > max(noise, self.threshold_s)
 
     def at_bound(self, point: str) -> bool:
         """The point runs as fast as the loop can without workers (the host point, or the device's when it was
@@ -98,19 +208,130 @@ class Attribution:
             return True
         reference = self.results.get(HOST) or self.results[DEVICE]
         excess = self.corrected_s(point) - step_s(reference)
-        return excess <= max(difference_noise_s(self.results[point], reference), self.threshold * self.device_s)
+        return excess <= max(difference_noise_s(self.results[point], reference), self.threshold_s)
+
+    def saturated(self, point: str) -> bool:
+        """The CPU was saturated at the point: by the diagnosed process tree, or by it and other processes together
+        (either way the stages competed for cores, and their ladder steps stop adding up one by one)."""
+        result = self.results[point]
+        return max(result.cpu_util, result.system_cpu_util) >= SATURATED_CPU
+
+    # ----- rules 2-5: in-worker costs ----------------------------------------------------
+    def cost_of(self, stage: str) -> list[WorkerCost] | None:
+        """The in-worker costs of a component's stages, or None when any of them was not timed."""
+        if not self.costs:
+            return None
+        parts = [self.costs.get(part) for part in parts_of(stage)]
+        return parts if parts and all(p is not None for p in parts) else None  # type: ignore[return-value]
+
+    def per_step_ms(self, costs: list[WorkerCost]) -> float | None:
+        """In-worker cost per sample, summed, as milliseconds per step: x batch / parallelism."""
+        if not self.batch_size:
+            return None
+        return sum(c.own_ms for c in costs) * self.batch_size / self.parallelism
+
+    def _linear(self, upper: str, lower: str) -> bool:
+        """Whether the ladder step between two points is the stage's own cost (rule 2)."""
+        return not self.at_bound(upper) and not self.saturated(lower)
 
     def components(self, baseline_s: float | None) -> list[Bottleneck]:
-        """One entry per pair of neighbouring measured points, in order from the device down."""
+        """One entry per pair of neighbouring measured points, in order from the device down, with the figure
+        the rules give it (rules 1, 2 and 5; :meth:`named` applies 3 and :meth:`by_cost` applies 4)."""
         out = []
         measured = self.measured()
         for upper, lower in zip(measured, measured[1:]):
             between = self.plan.between(upper, lower)
             added, noise = self.added(upper, lower)
             stage = " + ".join(reversed(between)) if len(between) > 1 else between[0]
-            out.append(Bottleneck(
+            component = Bottleneck(
                 stage=stage, kind=kind_of(between), added_ms=added * 1000, noise_ms=noise * 1000,
-                share_of_baseline=added / baseline_s if baseline_s else math.nan, between=(upper, lower),
-                cpu_saturated=self.results[lower].cpu_util >= SATURATED_CPU, at_least=self.at_bound(upper),
+                share_of_baseline=math.nan, between=(upper, lower),
+                cpu_saturated=self.results[lower].cpu_util >= SATURATED_CPU, at_least=self.at_bound(upper), ladder_ms=added * 1000,
+            )
+            costs = self.cost_of(stage) if self._worker_side(component) else None
+            if costs:
+                component.in_worker_ms = self.per_step_ms(costs)
+                wall, cpu, wait = (sum(getattr(c, f) for c in costs) for f in ("wall_ms", "cpu_ms", "wait_ms"))
+                component.cpu_ratio = cpu / wall if wall > 0 else None
+                component.waits = wait > cpu
+            out.append(component)
+        self._split(out)
+        for c in out:
+            c.share_of_baseline = c.added_ms / (baseline_s * 1000) if baseline_s else math.nan
+        return out
+
+    def _worker_side(self, component: Bottleneck) -> bool:
+        """Below the sample point, made only of the raw load and transforms (their whole cost is in the workers)."""
+        upper = CachePoint(component.between[0])
+        return upper.kind in ("sample", "after", "raw") and all(
+            kind_of([part]) in WORKER_KINDS for part in parts_of(component.stage))
+
+    def _split(self, components: list[Bottleneck]) -> None:
+        """Rule 2: each run of worker-side components whose ladder steps are not linear shares the run's total by cost."""
+        run: list[Bottleneck] = []
+        for c in components + [None]:  # type: ignore[list-item]
+            if c is not None and c.in_worker_ms is not None and not self._linear(*c.between):
+                run.append(c)
+                continue
+            if run:
+                self._share(run)
+            run = []
+
+    def _share(self, run: list[Bottleneck]) -> None:
+        top, bottom = run[0].between[0], run[-1].between[1]
+        total, noise = self.added(top, bottom)
+        weights = [c.in_worker_ms or 0.0 for c in run]
+        if sum(weights) <= 0 or total <= 0:
+            return
+        for c, w in zip(run, weights):
+            share = w / sum(weights)
+            c.added_ms, c.noise_ms, c.basis = 1000 * total * share, 1000 * noise * share, SPLIT
+            c.span = (top, bottom)
+            c.at_least = self.at_bound(top)  # the span's total itself can hide under the device step
+
+    def by_cost_parts(self, component: Bottleneck, why: str) -> list[Bottleneck]:
+        """Rule 4's entries for a component the ladder could not decide: one per stage in it whose in-worker cost is
+        above the threshold (a span of stages the ladder measured as one is named stage by stage)."""
+        out = []
+        for part in parts_of(component.stage):
+            costs = self.cost_of(part)
+            ms = self.per_step_ms(costs) if costs else None
+            if ms is None or ms < self.threshold_s * 1000:
+                continue
+            wall, cpu, wait = (sum(getattr(c, f) for c in costs) for f in ("wall_ms", "cpu_ms", "wait_ms"))
+            out.append(Bottleneck(
+                stage=part, kind=kind_of([part]), added_ms=ms, noise_ms=component.noise_ms, share_of_baseline=component.share_of_baseline
+                * (ms / component.added_ms) if component.added_ms > 0 else math.nan, between=component.between,
+                cpu_saturated=component.cpu_saturated, basis=IN_WORKER, why=why, in_worker_ms=ms, ladder_ms=component.ladder_ms,
+                cpu_ratio=cpu / wall if wall > 0 else None, waits=wait > cpu,
             ))
         return out
+
+    def unnamed_costs(self, components: list[Bottleneck]) -> list[Bottleneck]:
+        """Rule 4 for a run that would name nothing although it is input-bound: every stage inside the workers whose
+        in-worker cost is above the threshold, by that cost, with the reason."""
+        out = []
+        for c in components:
+            if all(kind_of([part]) in WORKER_KINDS or part in ("collate/IPC", "host-to-device copy") for part in parts_of(c.stage)):
+                why = (f"the ladder could not resolve any stage (the span from '{CachePoint(c.between[0]).label}' to "
+                       f"'{CachePoint(c.between[1]).label}' adds {c.ladder_ms or c.added_ms:.0f} ms ±{c.noise_ms:.0f})")
+                out += self.by_cost_parts(c, why)
+        return out
+
+    def vetoed(self, component: Bottleneck) -> bool:
+        """Rule 3: a worker-side stage whose in-worker cost per step is below the threshold is never named."""
+        return component.in_worker_ms is not None and component.in_worker_ms < self.threshold_s * 1000
+
+    def named(self, component: Bottleneck) -> bool:
+        """Rules 1-3: the component's figure beats noise and threshold, and its in-worker cost does not clear it."""
+        return not self.vetoed(component) and component.added_ms > max(component.noise_ms, self.threshold_s * 1000)
+
+    def by_cost(self, component: Bottleneck) -> str | None:
+        """Rule 4: why the ladder could not decide this component, when its in-worker cost names it instead (else None)."""
+        if component.in_worker_ms is None or self.vetoed(component) or self.named(component):
+            return None
+        why = self.unresolved.get(component.between) if component.basis == LADDER else None  # a split share stands on its span
+        if why is None and component.noise_ms > self.threshold_s * 1000:
+            why = (f"the ladder could not resolve it: ±{component.noise_ms:.0f} ms of noise against a threshold of "
+                   f"{self.threshold_s * 1000:.0f} ms")
+        return why

@@ -44,16 +44,47 @@ MAX_WORKERS = 256
 
 
 def fresh_copy(value: Any) -> Any:
-    """A copy of ``value`` that transforms cannot mutate the cache through."""
+    """A copy of ``value`` that transforms cannot mutate the cache through, laid out as the original.
+
+    The next stage must get what the pipeline gives it, or the cache point changes the work below it: a
+    tensor keeps its subclass (torchvision's ``tv_tensors``), dtype, shape, strides and storage offset, also
+    when it is a view into a larger image (a crop), and stays in shared memory when it was there; an array keeps
+    its memory order. (``Tensor.clone()`` makes a non-dense view contiguous; ``ndarray.copy()`` makes C order.)
+    """
     if isinstance(value, torch.Tensor):
-        return value.clone()
+        return _same_layout_copy(value)
     if isinstance(value, np.ndarray):
-        return value.copy()
+        return value.copy(order="K") if value.flags.c_contiguous or value.flags.f_contiguous else _same_layout_array(value)
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(fresh_copy(item) for item in value)
     if isinstance(value, dict):
         return type(value)((key, fresh_copy(item)) for key, item in value.items())
     return value
+
+
+def _same_layout_copy(value: torch.Tensor) -> torch.Tensor:
+    """A private copy of the storage span ``value`` views, viewed with its own size, strides and offset."""
+    if value.numel() == 0 or any(st < 0 for st in value.stride()):
+        copied = value.clone()
+    else:
+        extent = 1 + sum((n - 1) * st for n, st in zip(value.shape, value.stride()))
+        span = value.as_strided((extent,), (1,))  # the elements from the view's first to its last, as one row
+        flat = torch.empty(extent + value.storage_offset(), dtype=value.dtype, device=value.device)
+        flat[value.storage_offset():].copy_(span)
+        copied = flat.as_strided(value.shape, value.stride(), value.storage_offset())
+        if value.is_shared() and not copied.is_shared():
+            copied.share_memory_()
+    if type(value) is not torch.Tensor:
+        copied = copied.as_subclass(type(value))
+    return copied.requires_grad_(value.requires_grad) if value.is_leaf else copied
+
+
+def _same_layout_array(value: np.ndarray) -> np.ndarray:
+    """A copy of a non-contiguous array with the same strides (through torch; else the closest order NumPy keeps)."""
+    try:
+        return _same_layout_copy(torch.from_numpy(value)).numpy()
+    except (TypeError, ValueError, RuntimeError):  # negative strides, a dtype torch lacks
+        return value.copy(order="K")
 
 
 class UnavailablePoint(Exception):

@@ -4,7 +4,8 @@ The plan (:mod:`fastpipe.diagnosis._plan`) lists the points a pipeline allows; t
 (each until its step time is precise enough or its time budget is spent), remeasures pairs whose
 difference is borderline, inverted or taken on a loaded machine (interleaved, A B A B), and hands
 the step times to :mod:`fastpipe.diagnosis._attribute`, which turns them into milliseconds per step per
-stage. The user's DataLoader settings (workers, batch sampler, collate, pinning...) are kept by
+stage (with each stage's in-worker cost, timed in one more pass when the pipeline is input-bound), and
+to :mod:`fastpipe.diagnosis._caveats`, which words what the report must caveat. The user's DataLoader settings (workers, batch sampler, collate, pinning...) are kept by
 building new loaders around a wrapped copy of the dataset, and everything the user owns is
 restored afterwards (:mod:`fastpipe.diagnosis._snapshot`).
 """
@@ -21,7 +22,8 @@ from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._attribute import SATURATED_CPU, Attribution, verdict_for
+from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
+from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
 from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
 from fastpipe.devices import Device, parse_device
 from fastpipe.errors import ConfigError, PipelineError
@@ -32,17 +34,11 @@ from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.diagnosis._variable import variable_inputs
 from fastpipe.workloads._workload import Workload, loader_batch_size
 
-SATURATION_CAVEAT_START = "the CPU was saturated"
-BUSY_MACHINE = 0.25
-"""Share of all cores used by other processes above which a point counts as measured on a loaded machine."""
 CPU_BACKED = 0.25
 """A span whose CPU time per step (over its workers) is at least this share of its added time counts as CPU work."""
 VARIABLE_POOL = 8
 """Samples (or batches) cached per worker when the inputs vary in size."""
-LADDER_AGREEMENT = 1.5
-"""Ladder time and in-worker time of a stage further apart than this factor are flagged."""
-
-__all__ = ["COLLATE", "COPY", "SATURATED_CPU", "diagnose", "point_label", "verdict_for"]
+__all__ = ["COLLATE", "COPY", "SATURATED_CPU", "SATURATION_CAVEAT_START", "diagnose", "point_label", "verdict_for"]
 
 
 # ----- the strategy ------------------------------------------------------------------------
@@ -52,6 +48,7 @@ class _Diagnosis:
         self.unresolved: dict[tuple[str, str], str] = {}
         self.calls_per_sample: int | None = None
         self.remeasured: set[tuple[str, str]] = set()
+        self.inverted: list[tuple[str, str]] = []
         r = runner
         self.report = Report(
             workload=workload.name, device=r.device.spec, num_workers=r.workers, batch_size=loader_batch_size(workload.loader),
@@ -65,14 +62,17 @@ class _Diagnosis:
     def plan(self) -> Plan:
         return self.runner.plan
 
-    def attribution(self) -> Attribution:
-        return Attribution(self.plan, self.runner.results, self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
+    def attribution(self, costs: Any = None) -> Attribution:
+        """The attribution of what was measured; with the in-worker ``costs`` (StageCosts), rules 2-5 apply."""
+        stages = None if costs is None else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample, s.runq_ms_per_sample) for s in costs.stages})
+        return Attribution(self.plan, self.runner.results, self.threshold, loader_batch_size(self.workload.loader), self.runner.workers,
+                           costs=stages, unresolved=dict(self.unresolved))
 
-    def measure(self, point: str, **kwargs: Any) -> bool:
-        """Measure a point; a middle point that cannot be built is dropped from the plan with its reason."""
+    def measure(self, point: str, **kwargs: Any) -> ExperimentResult | None:
+        """Measure a point (its run's result); a middle point that cannot be built or fails is dropped from the plan
+        with its reason (None). The first measurement and every remeasurement go through here."""
         try:
-            self.runner.measure(point, **kwargs)
-            return True
+            return self.runner.measure(point, **kwargs)
         except PipelineError as exc:
             if point in ANCHORS or exc.stage == "step":
                 raise
@@ -80,7 +80,7 @@ class _Diagnosis:
             reason = cause.reason if isinstance(cause, UnavailablePoint) and getattr(cause, "reason", None) else str(exc)
             self.plan.drop(point, f"this point could not be built or failed ({reason}); the stages around it are measured as one span")
             self.runner.results.pop(point, None)
-            return False
+            return None
 
     def probe(self) -> None:
         """Capture one sample at each middle point in this process: drop the points that cannot be built,
@@ -130,7 +130,7 @@ class _Diagnosis:
         if b - a <= 1 or not self.attribution().significant(upper, lower):
             return
         mid = points[(a + b) // 2]
-        if not self.measure(mid):
+        if self.measure(mid) is None:
             return self._bisect(upper, lower)
         self._bisect(upper, mid)
         self._bisect(mid, lower)
@@ -157,12 +157,16 @@ class _Diagnosis:
         The pair's cost must hold in the fresh back-to-back measurement too; otherwise it is unresolved.
         """
         for upper, lower in self._suspects():
+            if upper not in self.runner.results or lower not in self.runner.results:
+                continue  # dropped while an earlier pair was remeasured
             first = self.attribution()
             was_named, was_inverted = first.significant(upper, lower), first.inverted(upper, lower)
             self.remeasured.add((upper, lower))
             budget = max(self.runner.budget_s / 2, 1.0)
-            fresh_upper = self.runner.measure(upper, budget_s=budget)
-            fresh_lower = self.runner.measure(lower, budget_s=budget)
+            fresh_upper = self.measure(upper, budget_s=budget)
+            fresh_lower = self.measure(lower, budget_s=budget) if fresh_upper is not None else None
+            if fresh_upper is None or fresh_lower is None:
+                continue  # a point failed: dropped as in the first measurement, its neighbours now meet as one span
             fresh = Attribution(self.plan, {DEVICE: self.runner.results[DEVICE], upper: fresh_upper, lower: fresh_lower},
                                 self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
             loaded = max(fresh_upper.system_cpu_util - fresh_upper.cpu_util, fresh_lower.system_cpu_util - fresh_lower.cpu_util)
@@ -174,9 +178,8 @@ class _Diagnosis:
                 self.unresolved[(upper, lower)] = (f"other processes used {loaded:.0%} of the CPU while it was remeasured and the "
                                                    "cores were saturated: its cost cannot be told from theirs")
             elif was_inverted and fresh.inverted(upper, lower):
-                self.report.caveats.append(
-                    f"'{point_label(lower)}' ran faster than '{point_label(upper)}', which caches more, twice in a row: "
-                    "that is interference or a cache point that changes the work, not the pipeline")
+                self.inverted.append((upper, lower))
+                self.unresolved[(upper, lower)] = "the point below ran faster than the point above, twice in a row"
 
     def _uses_cpu(self, upper: ExperimentResult, lower: ExperimentResult) -> bool:
         """Whether the span between two points burns enough CPU that other processes' load could explain its time.
@@ -189,8 +192,18 @@ class _Diagnosis:
         added = lower.ms_per_step - upper.ms_per_step
         return cpu_time > CPU_BACKED * added
 
+    def input_bound(self) -> bool:
+        """Whether the baseline runs slower than the device bound beyond noise or threshold (worth timing each stage)."""
+        results = self.runner.results
+        if DEVICE not in results or BASELINE not in results:
+            return False
+        attribution = self.attribution()
+        return attribution.significant(DEVICE, BASELINE) or results[DEVICE].steps_per_s / results[BASELINE].steps_per_s - 1 >= self.threshold
+
     # ----- the report ------------------------------------------------------------------------
-    def finish(self, elapsed: float) -> Report:
+    def finish(self, elapsed: float, costs: Any = None, no_costs_reason: str | None = None) -> Report:
+        """The report: figures and names by the rules of :mod:`fastpipe.diagnosis._attribute` (with the in-worker
+        ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis._caveats`."""
         report, results = self.report, self.runner.results
         report.elapsed_s = elapsed
         report.unavailable = list(self.plan.unavailable)
@@ -198,7 +211,7 @@ class _Diagnosis:
         report.experiments = [results[p] for p in measured]
         if DEVICE not in results:
             return report
-        attribution = self.attribution()
+        attribution = self.attribution(costs)
         bound = results[DEVICE].steps_per_s
         report.device_bound_steps_per_s = bound
         report.device_step_ms = 1000 / bound
@@ -211,68 +224,43 @@ class _Diagnosis:
             report.baseline_step_ms = baseline_s * 1000
             report.gap_fraction = max(0.0, 1 - (1 / bound) / baseline_s)
             report.verdict = verdict_for(report.gap_fraction)
+        if costs is not None:
+            report.stage_costs = costs.to_dict()
+            report.stage_cost_lines = costs.table_lines()
+            report.ranked_by = ("time per step: each stage's own ladder step, or its share by in-worker cost of a span the "
+                                "ladder cannot split")
         report.components = attribution.components(baseline_s)
         for component in report.components:
-            pair = component.between
             if self.calls_per_sample and component.kind == "transform":
                 component.calls_per_sample = self.calls_per_sample
-            if pair in self.unresolved:
-                _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
+            why_by_cost = attribution.by_cost(component)
+            if why_by_cost is not None:
+                report.bottlenecks += attribution.by_cost_parts(component, why_by_cost)
+            elif component.basis == LADDER and component.between in self.unresolved and not attribution.vetoed(component):
                 report.unresolved.append(component)
-                report.caveats.append(f"{component.stage}: {self.unresolved[pair]}")
-            elif attribution.significant(*pair):
-                _advise(component, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers)
+                report.caveats.append(f"{component.stage}: {self.unresolved[component.between]}")
+            elif attribution.named(component):
                 report.bottlenecks.append(component)
+        if attribution.costs and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
+            report.bottlenecks += attribution.unnamed_costs(report.components)  # rule 4: never end with the costs unmentioned
+        for b in report.bottlenecks + report.unresolved:
+            _advise(b, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers, attribution.costs, report)
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
         if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.verdict = TOO_NOISY
-        copies = {p: results[p].copy_ms_per_sample for p in measured if results[p].copy_ms_per_sample >= 0.05}
-        if copies:
-            listed = ", ".join(f"{point_label(p)} {ms:.2f} ms" for p, ms in copies.items())
-            report.notes.append(f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was "
-                                f"timed inside the workers ({listed} per sample) and taken out of each point's step")
-        report.caveats += self._caveats(report)
-        if isinstance(self.runner.baseline_loader, ReportsStats):
-            report.notes += _loader_stat_notes(self.runner.baseline_loader.stats())
+        spread = None
         if self.runner.rank_spreads:
             point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
             _, size = ddp.world() or (0, 1)
-            report.notes.append(f"DDP with {size} ranks: every point shows its slowest rank, and all ranks followed one plan; "
-                                f"the ranks' step times differed by up to {widest.spread:.0%} (at '{point_label(point)}', "
-                                f"slowest rank {widest.slowest_rank})")
+            spread = (size, point, widest.spread, widest.slowest_rank)
+        facts = Facts(report=report, attribution=attribution, workers=self.runner.workers, device_kind=self.runner.device.kind,
+                      pool=self.runner.pool, target=self.runner.target, budget_s=self.runner.budget_s, costs=costs,
+                      no_costs_reason=no_costs_reason, inverted=self.inverted, rank_spread=spread)
+        report.caveats += apply(CAVEATS, facts)
+        report.notes += apply(NOTES, facts)
+        if isinstance(self.runner.baseline_loader, ReportsStats):
+            report.notes += _loader_stat_notes(self.runner.baseline_loader.stats())
         return report
-
-    def _caveats(self, report: Report) -> list[str]:
-        caveats = []
-        for b in report.bottlenecks:
-            if b.cpu_saturated:
-                cpu = self.runner.results[b.between[1]].cpu_util
-                caveats.append(
-                    f"{SATURATION_CAVEAT_START} ({cpu:.0%} of the cores) once {b.stage} was added: it may only be tipping "
-                    "an already-saturated CPU over, rather than being slow itself"
-                )
-        pool = self.runner.pool
-        if pool > 1:
-            for r in report.experiments:
-                if r.pool_spread is not None and r.pool_spread > 0.05:
-                    caveats.append(f"across the {pool} cached batches at '{r.name}', mean step time varies by {r.pool_spread:.1%}: "
-                                   "the step time depends on the data")
-        if self.runner.workers == 0:
-            caveats.append("num_workers=0: data loads in the training process, which is not the multi-worker case this method is built for")
-        if self.runner.device.kind == "cpu":
-            caveats.append("on --device cpu the model and the workers share the same cores, so the device bound is low and every "
-                           "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them")
-        busy = [(r.name, r.system_cpu_util - r.cpu_util) for r in report.experiments if r.system_cpu_util - r.cpu_util > BUSY_MACHINE]
-        if busy:
-            name, other = max(busy, key=lambda item: item[1])
-            caveats.append(f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): "
-                           "pairs measured then were remeasured back to back; rerun on a quieter machine to be sure")
-        imprecise = [r for r in report.experiments if r.noise > self.runner.target]
-        if imprecise:
-            listed = ", ".join(f"{r.name} ±{r.noise:.1%}" for r in imprecise)
-            caveats.append(f"{len(imprecise)} point(s) did not reach the {self.runner.target:.0%} precision target within the "
-                           f"{self.runner.budget_s:g} s budget ({listed}); raise --budget for a firmer answer")
-        return caveats
 
 
 def _loader_stat_notes(stats: LoaderStats) -> list[str]:
@@ -285,17 +273,22 @@ def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
-def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int) -> None:
+def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: dict[str, Any] | None, report: Report) -> None:
     """Fill in the component's recommendation (and snippet) for its own stage.
 
-    A worker-side stage found while the cores had room also gets the tuner's advice: more workers
-    may carry it before any stage is made cheaper.
+    A stage that mostly waits gets advice about workers, prefetching and storage, with the workers that would hide it
+    (rule 5 of :mod:`fastpipe.diagnosis._attribute`); one that computes gets advice about its code. A worker-side stage
+    found while the cores had room also gets the tuner's advice: more workers may carry it before any stage is made cheaper.
     """
     from fastpipe.diagnosis._advice import recommend
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
-    component.recommendation = advice.text()
+    waiting = waiting_text(component, costs, report.device_step_ms or 0.0, report.batch_size, usable_cores())
+    if component.waits and waiting:
+        component.recommendation, component.snippet = waiting, None
+        return
+    component.recommendation = advice.text() if waiting is None else f"{waiting} {advice.text()}"
     component.snippet = advice.snippet
     if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < usable_cores():
         component.recommendation += " " + recommend(component.stage, "too few workers").summary
@@ -390,13 +383,18 @@ def diagnose(
             diagnosis.report.interrupted = True
         finally:
             runner.close()  # the progress line, and the loader behind the cached host batches
-        report = diagnosis.finish(time.perf_counter() - started)
+        costs, why_not = None, None
+        if not diagnosis.input_bound() or diagnosis.report.interrupted:
+            pass  # nothing to split or name: the ladder's figures stand
+        elif not options.stage_costs:
+            why_not = "the in-worker timing was turned off (stage_costs=False)"
+        elif stages_outside_workers(workload.loader) or runner.workers == 0:
+            why_not = "the in-worker timing needs DataLoader workers (num_workers > 0)"
+        else:
+            costs, why_not = _stage_costs(diagnosis.report, workload, device, steps=options.steps, warmup=options.warmup,
+                                          worker_timeout=options.worker_timeout)
+        report = diagnosis.finish(time.perf_counter() - started, costs, why_not)
         report.notes += _ray_notes(workload.loader)
-        in_workers = not stages_outside_workers(workload.loader)  # stage timers need DataLoader workers
-        worker_side = [b for b in report.bottlenecks + report.unresolved if b.kind not in (COPY,)]
-        if options.stage_costs and in_workers and not report.interrupted and worker_side and runner.workers > 0:
-            _check_against_stage_costs(report, workload, device, steps=options.steps, warmup=options.warmup,
-                                       worker_timeout=options.worker_timeout)
     report.elapsed_s = time.perf_counter() - started
     return report
 
@@ -409,56 +407,14 @@ def _ray_notes(loader: Any) -> list[str]:
     return ray_stats_notes(loader)
 
 
-def _check_against_stage_costs(report: Report, workload: Workload, device: Device, **options: Any) -> None:
-    """Time each stage inside the workers; check each named stage's ladder time against it, and settle saturation caveats."""
-    from fastpipe.diagnosis.stagecost import explain_saturation, measure_stage_costs
+def _stage_costs(report: Report, workload: Workload, device: Device, **options: Any) -> tuple[Any, str | None]:
+    """Time each stage inside the workers (:mod:`fastpipe.diagnosis.stagecost`): (StageCosts, None), or (None, why not)."""
+    from fastpipe.diagnosis.stagecost import measure_stage_costs
 
     try:
-        costs = measure_stage_costs(workload, device, **options)
+        return measure_stage_costs(workload, device, **options), None
     except KeyboardInterrupt:
         report.interrupted = True
-        return
+        return None, "the in-worker timing was interrupted"
     except PipelineError as exc:
-        report.notes.append(f"the in-worker stage timing could not run ({exc}); the ladder stands alone")
-        return
-    report.stage_costs = costs.to_dict()
-    report.stage_cost_lines = costs.table_lines()
-    batch, workers = report.batch_size or costs.batch_size, max(1, costs.parallelism)
-    known = {s.name: s for s in costs.stages}
-    for b in report.bottlenecks + report.unresolved:
-        parts = [known.get("collate" if p.startswith("collate") else p) for p in b.stage.split(" + ")]
-        if batch and parts and all(parts):
-            b.in_worker_ms = sum(p.ms_per_sample for p in parts) * batch / workers
-    report.caveats += _ladder_disagreements(report)
-    # Rank by the larger of the two sizes: the ladder's marginal time misses what a stage hides under the
-    # device step, or loses to the other stages once the CPU is saturated; the in-worker timing misses what
-    # a stage un-hides when it tips the pipeline over the device step.
-    report.bottlenecks.sort(key=lambda b: max(b.added_ms, b.in_worker_ms or 0.0), reverse=True)
-    report.ranked_by = "the larger of the ladder's time and the in-worker timing"
-    if any(b.cpu_saturated for b in report.bottlenecks):
-        explained = explain_saturation(report, costs)
-        if explained:
-            report.caveats = [c for c in report.caveats if not c.startswith(SATURATION_CAVEAT_START)] + explained
-
-
-def _ladder_disagreements(report: Report) -> list[str]:
-    """Where the ladder's time per step and the in-worker timing disagree, say so and why."""
-    lines = []
-    checked = [b for b in report.bottlenecks if b.in_worker_ms]
-    for b in checked:
-        ratio = b.added_ms / b.in_worker_ms
-        if 1 / LADDER_AGREEMENT <= ratio <= LADDER_AGREEMENT:
-            continue
-        why = ("its upper point ran at the device bound, so part of its cost hides under the device step"
-               if b.at_least and ratio < 1 else
-               "the CPU was saturated there, so the workers shared the cores with the training process and each other"
-               if b.cpu_saturated else "the two measurements disagree beyond their noise")
-        lines.append(f"{b.stage}: the ladder puts {b.added_ms:.0f} ms per step on it, the in-worker timing {b.in_worker_ms:.0f} ms "
-                     f"(x{ratio:.2f}): {why}")
-    by_ladder = [b.stage for b in sorted(checked, key=lambda b: b.added_ms, reverse=True)]
-    by_workers = [b.stage for b in sorted(checked, key=lambda b: b.in_worker_ms or 0.0, reverse=True)]
-    if by_ladder[:2] != by_workers[:2] and len(checked) > 1:
-        lines.append(f"the ladder ranks {', '.join(by_ladder[:2])} first, the in-worker timing {', '.join(by_workers[:2])}: a stage "
-                     "that tips the pipeline over the device step is charged for what it un-hides, and once the CPU is saturated "
-                     "stages slow each other; the list above ranks by the larger of the two sizes")
-    return lines
+        return None, f"the in-worker timing could not run ({exc})"

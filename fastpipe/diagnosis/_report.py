@@ -24,7 +24,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
           "steps_measured": int,
           "cpu_util": float,                   # process tree CPU / available cores, 0..1
           "system_cpu_util": float, "pool_spread": float | null, "step_times": [float],
-          "copy_ms_per_sample": float           # the cache's own copy, timed in the workers (0 when skipped)
+          "copy_ms_per_sample": float,          # the cache's own copy, timed in the workers (0 when skipped)
+          "stage_added": str | null             # the stage that runs here but not at the point above (its time: components)
       }],
       "unavailable": [{"cache_point": str, "reason": str}],
       "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
@@ -37,7 +38,11 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
     StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
                  "share_of_baseline": float, "at_least": bool,   # part may hide under the device step
                  "between": [str, str], "cpu_saturated": bool, "recommendation": str,
-                 "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null}
+                 "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null,
+                 "basis": "ladder" | "saturated split" | "in-worker cost",   # where added_ms comes from
+                 "ladder_ms": float | null, "span": [str, str] | null,      # its own ladder step; the split span
+                 "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
+                 "why": str | null}                                         # why the ladder could not decide it
 """
 from __future__ import annotations
 
@@ -99,6 +104,19 @@ class Bottleneck:
     in_worker_ms: float | None = None
     """The stage's in-worker cost x batch / workers, in ms per step, when stage costs were measured."""
     calls_per_sample: float | None = None
+    basis: str = "ladder"
+    """Where ``added_ms`` comes from: ``"ladder"`` (its own ladder step), ``"saturated split"`` (its share, by
+    in-worker cost, of a span's ladder total) or ``"in-worker cost"`` (the ladder could not decide; see ``why``)."""
+    ladder_ms: float | None = None
+    """Its own ladder step (``t_lower - t_upper``), whatever ``basis`` says."""
+    span: tuple[str, str] | None = None
+    """The two points of the span whose total was split, when ``basis`` is ``"saturated split"``."""
+    cpu_ratio: float | None = None
+    """In-worker CPU time over wall time (1: it computes; near 0: it waits)."""
+    waits: bool | None = None
+    """Whether most of its in-worker cost is waiting (I/O, sleeps, locks) rather than computing."""
+    why: str | None = None
+    """Why the ladder could not decide it, when it is named by its in-worker cost."""
 
     @property
     def added_text(self) -> str:
@@ -152,38 +170,55 @@ class Report:
         data = asdict(self)
         data.pop("stage_cost_lines")
         data = {"schema": SCHEMA, **data}
+        added = self._added_by_point()
         for experiment, result in zip(data["experiments"], self.experiments):
             experiment["ms_per_step"], experiment["stderr_ms"] = result.ms_per_step, result.stderr_ms
+            stage = added.get(result.cache_point)
+            experiment["stage_added"] = stage[0] if stage else None
         for key in ("bottlenecks", "unresolved", "components"):
             for item in data[key]:
                 item["between"] = list(item["between"])
+                if item["span"] is not None:
+                    item["span"] = list(item["span"])
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_json_default)
 
     # ----- text -------------------------------------------------------------------------
-    def _added_by_point(self) -> dict[str, str]:
-        """The time each point's lower neighbour adds, shown on the lower point's row."""
-        return {c.between[1]: f"{c.added_ms:+.0f}" for c in self.components}
+    def _added_by_point(self) -> dict[str, tuple[str, str]]:
+        """Each point's row shows the stage its lower position adds (the stage between it and the row above) and its time;
+        a share of a split span is marked ``*``."""
+        return {c.between[1]: (c.stage, f"{c.added_ms:+.0f}{'*' if c.basis == 'saturated split' else ''}") for c in self.components}
 
     def _rows(self) -> list[tuple[str, ...]]:
         added = self._added_by_point()
         rows = []
         for e in self.experiments:
-            rows.append((e.name, f"{e.ms_per_step:.0f}", added.get(e.cache_point, ""), f"{e.steps_per_s:.3f}",
+            stage, ms = added.get(e.cache_point, ("", ""))
+            rows.append((e.name, f"{e.ms_per_step:.0f}", stage, ms, f"{e.steps_per_s:.3f}",
                          f"{e.fraction_of_bound:.1%}", f"±{e.noise:.1%}", f"{e.cpu_util:.0%}"))
         return rows
 
-    HEADERS = ("cache point", "ms/step", "added ms", "steps/s", "of device bound", "precision", "CPU")
+    HEADERS = ("cache point", "ms/step", "stage added", "its ms", "steps/s", "of device bound", "precision", "CPU")
+    ROWS_NOTE = ("Each row's 'stage added' is the stage that runs at this point but not at the row above; 'its ms' is the time it "
+                 "adds per step (* its share, by in-worker cost, of a span the ladder cannot split).")
 
     def _stage_line(self, b: Bottleneck) -> str:
         share = f"{b.share_of_baseline:.0%} of the baseline step"
         calls = f", run {b.calls_per_sample:g}x per sample" if b.calls_per_sample and b.calls_per_sample > 1 else ""
         worker = f"; in the workers it costs {b.in_worker_ms:.0f} ms per step" if b.in_worker_ms is not None else ""
+        ratio = f" (CPU {b.cpu_ratio:.0%} of its wall time: it {'waits' if b.waits else 'computes'})" if b.cpu_ratio is not None else ""
         hidden = " (its upper point ran at the device bound, so part of it may hide under the device step)" if b.at_least else ""
         label = b.stage if b.kind == b.stage else f"{b.stage} [{b.kind}]"
-        return f"  - {label}: adds {b.added_text} (±{b.noise_ms:.0f}), {share}{calls}{worker}{hidden}. {b.recommendation}".rstrip()
+        if b.basis == "in-worker cost":
+            figure = f"costs {b.added_ms:.0f} ms per step by in-worker cost (not the ladder: {b.why})"
+        elif b.basis == "saturated split":
+            figure = (f"adds {b.added_text} (±{b.noise_ms:.0f}), its share by in-worker cost of the span from "
+                      f"'{_point_label(b.span[0]) if b.span else ''}' down, {share} (its own ladder step: {b.ladder_ms:+.0f} ms)")
+        else:
+            figure = f"adds {b.added_text} (±{b.noise_ms:.0f}), {share}"
+        return f"  - {label}: {figure}{calls}{worker}{ratio}{hidden}. {b.recommendation}".rstrip()
 
     def _summary_lines(self) -> list[str]:
         gap = f" (the baseline step is {self.baseline_step_ms:.0f} ms against the device's {self.device_step_ms:.0f} ms: " \
@@ -216,7 +251,7 @@ class Report:
     def to_markdown(self) -> str:
         out = [f"### {self.title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 1)]
         out += [f"| {' | '.join(row)} |" for row in self._rows()]
-        out += [""] + [f"{line}  " if not line.startswith("  -") else f"- {line[4:]}" for line in self._summary_lines()]
+        out += ["", self.ROWS_NOTE] + [f"{line}  " if not line.startswith("  -") else f"- {line[4:]}" for line in self._summary_lines()]
         snippets = [b for b in self.bottlenecks if b.snippet]
         for b in snippets:
             out += ["", f"Fix for {b.stage}:", "", "```python", b.snippet.rstrip(), "```"]
@@ -226,8 +261,8 @@ class Report:
 
     def to_table(self) -> str:
         """The console rendering (rich), as plain text."""
-        columns = [(h, "left" if h == "cache point" else "right") for h in self.HEADERS]
-        lines = self._summary_lines()
+        columns = [(h, "left" if h in ("cache point", "stage added") else "right") for h in self.HEADERS]
+        lines = [self.ROWS_NOTE, *self._summary_lines()]
         for b in self.bottlenecks:
             if b.snippet:
                 lines += ["", f"Fix for {b.stage}:", *("    " + line for line in b.snippet.rstrip().splitlines())]
@@ -265,8 +300,9 @@ class Report:
         fig, ax = plt.subplots(figsize=(9, 0.45 * max(1, len(bars)) + 1.8))
         labels = [b[0] for b in bars][::-1]
         ax.barh(labels, [b[2] for b in bars][::-1], left=[b[1] for b in bars][::-1], color=[b[3] for b in bars][::-1])
-        for y, (_, start, width, _) in enumerate(bars[::-1]):
-            ax.text(start + max(width, 0.0), y, f" {width:+.0f} ms" if y < len(bars) - 1 else f" {width:.0f} ms", va="center", fontsize=8)
+        for y, (label, start, width, _) in enumerate(bars[::-1]):
+            text = f" {label.lstrip('≥ ')} {width:+.0f} ms" if y < len(bars) - 1 else f" {width:.0f} ms"
+            ax.text(start + max(width, 0.0), y, text, va="center", fontsize=8)
         if self.baseline_step_ms:
             ax.axvline(self.baseline_step_ms, color="black", linestyle="--", linewidth=1, label=f"baseline step ({self.baseline_step_ms:.0f} ms)")
         from matplotlib.patches import Patch
@@ -284,6 +320,12 @@ class Report:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def _point_label(point: str) -> str:
+    from fastpipe.diagnosis._cachepoint import CachePoint
+
+    return CachePoint(point).label
 
 
 def _json_default(value: Any) -> Any:

@@ -4,6 +4,12 @@ For every variant the comparison gives its time per step (and steps/s, the fract
 device bound), the milliseconds per step it saved against the rung above, the throughput that
 buys, and how much of the rung above's time over the device step it removed. A rung whose
 saving is within noise is flagged: an "optimization" that buys nothing should say so.
+
+Every variant is measured fairly: first a warm-up pass of each (file cache, worker start, JIT compilation),
+discarded; then :data:`ROUNDS` rounds, each measuring every variant once, in an order that rotates from round
+to round, so drift of a shared machine and the cost of going first fall on every variant alike. A variant's
+rounds are pooled (:func:`fastpipe.diagnosis._noise.pool`): drift between rounds shows as noise. Other processes'
+load is checked, and worded, as a diagnosis does (:func:`fastpipe.diagnosis._caveats.busy_machine_line`).
 """
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastpipe.diagnosis._noise import difference_noise
+from fastpipe.diagnosis._caveats import busy_machine_line
+from fastpipe.diagnosis._noise import difference_noise, pool
+from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE
 from fastpipe.devices import Device, parse_device
@@ -22,6 +30,10 @@ from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import family_of, load_workload
 
 SCHEMA = "fastpipe.compare/1"
+ROUNDS = 3
+"""Rounds of measurement per variant, interleaved across variants."""
+WARMUP_BUDGET_S = 2.0
+"""Seconds at most of each variant's discarded warm-up pass."""
 
 #: The toy ladder, cumulative: each rung adds one optimization to the one before. The prefetcher
 #: comes last: it hides the host-to-device copy, which only matters once the CPU keeps up; added
@@ -143,6 +155,22 @@ class Comparison:
         return path
 
 
+def _pooled(runs: list[ExperimentResult], workload: Any) -> ExperimentResult:
+    """One result from a variant's rounds: step times pooled, CPU use weighted by steps."""
+    round_size = max(1, getattr(workload.loader, "num_workers", 1) or 1)
+    steps_per_s, noise = pool(runs, round_size)
+    weights = [max(1, len(r.step_times)) for r in runs]
+    total = sum(weights)
+    first = runs[0]
+    return ExperimentResult(
+        name=first.name, cache_point=first.cache_point, steps_per_s=steps_per_s, fraction_of_bound=math.nan,
+        spread=max(r.spread for r in runs), noise=noise,
+        cpu_util=sum(w * r.cpu_util for w, r in zip(weights, runs)) / total,
+        system_cpu_util=sum(w * r.system_cpu_util for w, r in zip(weights, runs)) / total,
+        step_times=[t for r in runs for t in r.step_times], steps_measured=sum(len(r.step_times) for r in runs),
+    )
+
+
 def resolve_variants(specs: list[str]) -> list[tuple[str, str]]:
     """``["toy"]`` means the toy ladder; anything else is a list of SPECs, each its own rung."""
     if specs == ["toy"]:
@@ -168,34 +196,42 @@ def compare(
     budget: float = 20.0,
     precision: float = 0.03,
 ) -> Comparison:
-    """Measure each variant's baseline, and the first variant's device bound, in one run.
+    """Measure each variant's baseline, and the first variant's device bound, in one run, interleaved in rounds.
 
     Rungs are compared in time per step: a rung is faster when the time it saves per step over the
     rung above exceeds two standard errors of the difference and also ``drift`` times the rung
     above's time over the device step (the standard error only sees the noise within a run, not
     the drift between runs on a shared machine). Each rung is measured until its step time reaches
-    ``precision`` (relative standard error) or ``budget`` seconds are spent.
+    ``precision`` (relative standard error) or ``budget`` seconds are spent, over :data:`ROUNDS` interleaved rounds
+    after a discarded warm-up pass of each variant (see the module docstring).
     """
     MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
     device = parse_device(device)
     variants = resolve_variants(specs)
-    results = []
-    bound = math.nan
-    for i, (name, spec) in enumerate(variants):
-        options = dict(toy_options or {}) if family_of(spec) is not None else {}
-        workload = load_workload(spec, device, **options)
-        points = [DEVICE, BASELINE] if i == 0 else [BASELINE]
-        try:
-            measured = measure_points(workload, device, points, steps=steps, warmup=warmup, progress=progress, budget=budget,
-                                      precision=precision)
-        finally:
+    workloads = []
+    try:
+        for name, spec in variants:
+            options = dict(toy_options or {}) if family_of(spec) is not None else {}
+            workloads.append(load_workload(spec, device, **options))
+
+        def measure(i: int, points: list[str], budget_s: float) -> dict[str, ExperimentResult]:
+            return measure_points(workloads[i], device, points, steps=steps, warmup=warmup, progress=progress,
+                                  budget=budget_s, precision=precision)
+
+        for i in range(len(variants)):  # warm-up: file cache, workers, compilation; discarded
+            measure(i, [BASELINE], min(WARMUP_BUDGET_S, budget))
+        bound = measure(0, [DEVICE], budget)[DEVICE].steps_per_s
+        runs: list[list[ExperimentResult]] = [[] for _ in variants]
+        for r in range(ROUNDS):
+            for k in range(len(variants)):
+                i = (r + k) % len(variants)  # each round starts one variant later
+                runs[i].append(measure(i, [BASELINE], budget / ROUNDS)[BASELINE])
+    finally:
+        for workload in workloads:
             close = getattr(workload.loader, "close", None)  # e.g. a Ray cluster fastpipe started for this variant
             if close is not None:
                 close()
-        if i == 0:
-            bound = measured[DEVICE].steps_per_s
-        results.append((name, spec, measured[BASELINE]))
-        del workload
+    results = [(name, spec, _pooled(variant_runs, workloads[i])) for i, ((name, spec), variant_runs) in enumerate(zip(variants, runs))]
     comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
     device_ms = 1000.0 / bound
     previous = None
@@ -225,6 +261,10 @@ def compare(
             spread=result.spread, cpu_util=result.cpu_util,
         ))
         previous = result
+    busy = busy_machine_line([(v.name, r.system_cpu_util - r.cpu_util) for v, (_, _, r) in zip(comparison.variants, results)],
+                             "rungs measured then were interleaved with the others in rounds")
+    if busy:
+        comparison.flags.append(busy)
     imprecise = [v.name for v in comparison.variants if v.noise > precision]
     if imprecise:
         comparison.flags.append(f"{', '.join(imprecise)} did not reach the {precision:.0%} precision target within the {budget:g} s "

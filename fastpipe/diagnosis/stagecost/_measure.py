@@ -114,10 +114,12 @@ def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -
         raise PipelineError("the stage-cost pass timed no samples: the loader delivered no batches", stage=None)
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
+    runq: dict[str, float] = {}
     for record in records:
-        for name, (w, c) in record.stages.items():
+        for name, (w, c, *q) in record.stages.items():
             wall[name] = wall.get(name, 0.0) + w
             cpu[name] = cpu.get(name, 0.0) + c
+            runq[name] = runq.get(name, 0.0) + (q[0] if q else 0.0)
     total_wall, total_cpu = sum(wall.values()), sum(cpu.values())
     parallelism = max(1, num_workers)
     stages = []
@@ -126,6 +128,7 @@ def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -
         kind = RAW_STAGE if name == RAW_STAGE else COLLATE_STAGE if name == COLLATE_STAGE else "transform"
         stages.append(StageCost(
             name=name, kind=kind, ms_per_sample=1000 * w, cpu_ms_per_sample=1000 * c,
+            runq_ms_per_sample=1000 * runq.get(name, 0.0) / samples,
             share=w * samples / total_wall if total_wall > 0 else 0.0,
             cpu_share=c * samples / total_cpu if total_cpu > 0 else math.nan,
             samples_per_s_alone=parallelism / w if w > 0 else math.inf,

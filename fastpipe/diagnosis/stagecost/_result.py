@@ -36,6 +36,9 @@ class StageCost:
     """Share of the workers' CPU time spent in this stage, 0..1 (NaN when the stages used no CPU)."""
     samples_per_s_alone: float
     """What this stage alone would allow with this many workers: num_workers / seconds per sample."""
+    runq_ms_per_sample: float = 0.0
+    """Mean milliseconds per sample the worker was ready to run but waited for a core (0 where the OS does not say):
+    wall - CPU - this is the time the stage itself waits (I/O, sleeps, locks)."""
 
 
 @dataclass

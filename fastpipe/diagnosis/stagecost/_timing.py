@@ -32,16 +32,41 @@ RAW_LABEL, COLLATE_LABEL = f"fastpipe/{RAW_STAGE}", f"fastpipe/{COLLATE_STAGE}"
 # ----- inside the workers -------------------------------------------------------------------
 @dataclass
 class BatchTimings:
-    """What one worker spent on one batch, per stage: ``stages[name] = [wall s, CPU s]`` summed over its samples."""
+    """What one worker spent on one batch, per stage: ``stages[name] = [wall s, CPU s, run-queue s]`` summed over its
+    samples (run-queue: time the thread was ready to run but waited for a core; 0 where the OS does not say)."""
 
     samples: int = 0
     stages: dict[str, list[float]] = field(default_factory=dict)
     pid: int = 0
 
-    def add(self, name: str, wall: float, cpu: float) -> None:
-        entry = self.stages.setdefault(name, [0.0, 0.0])
+    def add(self, name: str, wall: float, cpu: float, runq: float = 0.0) -> None:
+        entry = self.stages.setdefault(name, [0.0, 0.0, 0.0])
         entry[0] += wall
         entry[1] += cpu
+        entry[2] += runq
+
+
+class _RunQueueClock:
+    """Seconds this thread has spent ready to run but waiting for a core (Linux ``/proc/thread-self/schedstat``).
+
+    Tells a stage that waits for a core on a busy machine from one that waits on I/O or a sleep: wall time is
+    CPU time + run-queue time + the stage's own waiting. Reads 0.0 where the file is missing.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def __call__(self) -> float:
+        if self.fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            self.fd = None
+            return 0.0
 
 
 class _Ledger:
@@ -58,28 +83,34 @@ class _Ledger:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.cpu_clock: Callable[[], float] = time.thread_time
+        self.runq_clock: Callable[[], float] = _RunQueueClock()
         self.pending = BatchTimings(pid=self.pid)
         self.sample_transform_wall = 0.0
         self.sample_transform_cpu = 0.0
+        self.sample_transform_runq = 0.0
         self.cpu_mark = 0.0
+        self.runq_mark = 0.0
 
     def start_transforms(self) -> None:
-        self.cpu_mark = self.cpu_clock()
+        self.cpu_mark, self.runq_mark = self.cpu_clock(), self.runq_clock()
 
     def on_stage(self, name: str, wall: float) -> None:
-        """``TransformPipeline.timer``: the stage's wall time, plus its CPU time since the previous mark."""
-        now = self.cpu_clock()
+        """``TransformPipeline.timer``: the stage's wall time, plus its CPU and run-queue time since the previous mark."""
+        now, runq = self.cpu_clock(), self.runq_clock()
         cpu, self.cpu_mark = now - self.cpu_mark, now
-        self.pending.add(name, wall, cpu)
+        queued, self.runq_mark = runq - self.runq_mark, runq
+        self.pending.add(name, wall, cpu, queued)
         self.sample_transform_wall += wall
         self.sample_transform_cpu += cpu
+        self.sample_transform_runq += queued
 
     def start_sample(self) -> None:
-        self.sample_transform_wall = self.sample_transform_cpu = 0.0
+        self.sample_transform_wall = self.sample_transform_cpu = self.sample_transform_runq = 0.0
 
-    def end_sample(self, wall: float, cpu: float) -> None:
-        """``__getitem__`` took ``wall``/``cpu`` in all; what the transform stages did not take is the raw load."""
-        self.pending.add(RAW_STAGE, max(0.0, wall - self.sample_transform_wall), max(0.0, cpu - self.sample_transform_cpu))
+    def end_sample(self, wall: float, cpu: float, runq: float = 0.0) -> None:
+        """``__getitem__`` took ``wall``/``cpu``/``runq`` in all; what the transform stages did not take is the raw load."""
+        self.pending.add(RAW_STAGE, max(0.0, wall - self.sample_transform_wall), max(0.0, cpu - self.sample_transform_cpu),
+                         max(0.0, runq - self.sample_transform_runq))
         self.pending.samples += 1
 
     def take(self) -> BatchTimings:
@@ -138,10 +169,10 @@ class TimedDataset(Dataset):
     def __getitem__(self, index: Any) -> Any:
         source, ledger = self._source(), _ledger()
         ledger.start_sample()
-        wall0, cpu0 = time.perf_counter(), ledger.cpu_clock()
+        wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
         with torch.profiler.record_function(RAW_LABEL):
             sample = read_sample(source, index)
-        ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0)
+        ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0, ledger.runq_clock() - runq0)
         return sample
 
 
@@ -176,13 +207,13 @@ class TimedCollate:
 
     def __call__(self, samples: Any) -> tuple[Any, BatchTimings]:
         ledger = _ledger()
-        wall0, cpu0 = time.perf_counter(), ledger.cpu_clock()
+        wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
         with torch.profiler.record_function(COLLATE_LABEL):
             try:
                 batch = self.collate_fn(samples)
             except Exception as exc:
                 raise StageError.wrap(COLLATE_STAGE, exc) from exc
-        ledger.pending.add(COLLATE_STAGE, time.perf_counter() - wall0, ledger.cpu_clock() - cpu0)
+        ledger.pending.add(COLLATE_STAGE, time.perf_counter() - wall0, ledger.cpu_clock() - cpu0, ledger.runq_clock() - runq0)
         return batch, ledger.take()
 
 

@@ -1,0 +1,250 @@
+"""The wording of a diagnosis report's caveats and notes: one rule per function, each returning a line or None.
+
+Each rule reads a :class:`Facts` (the finished attribution and what the run knows about itself) and says one
+thing, or nothing. :data:`CAVEATS` and :data:`NOTES` list them in the order they print; a new caveat is a new
+function added there. Nothing here measures or decides a figure: the figures come from
+:mod:`fastpipe.diagnosis._attribute`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastpipe.diagnosis._attribute import IN_WORKER, SPLIT, Attribution
+from fastpipe.diagnosis._cachepoint import CachePoint
+from fastpipe.diagnosis._report import Bottleneck, Report
+
+SATURATION_CAVEAT_START = "the CPU was saturated"
+BUSY_MACHINE = 0.25
+"""Share of all cores used by other processes above which a point counts as measured on a loaded machine."""
+LADDER_AGREEMENT = 1.5
+"""Ladder time and in-worker time of a stage further apart than this factor are flagged."""
+
+
+@dataclass
+class Facts:
+    """What the rules read: the report so far, the attribution behind it, and the run's settings."""
+
+    report: Report
+    attribution: Attribution
+    workers: int
+    device_kind: str
+    pool: int
+    target: float
+    budget_s: float
+    costs: Any = None
+    """The in-worker :class:`~fastpipe.diagnosis.stagecost.StageCosts`, when that pass ran."""
+    no_costs_reason: str | None = None
+    """Why the in-worker timing did not run, when it did not."""
+    inverted: list[tuple[str, str]] = field(default_factory=list)
+    """Pairs whose lower point ran faster than the upper one twice in a row."""
+    rank_spread: tuple[int, str, float, int] | None = None
+    """(ranks, point, widest spread, slowest rank) under DDP."""
+
+
+Rule = Callable[[Facts], "str | None"]
+
+
+def _label(point: str) -> str:
+    return CachePoint(point).label
+
+
+# ----- caveats --------------------------------------------------------------------------------
+def saturation_unexplained(facts: Facts) -> str | None:
+    """Named stages at a saturated CPU, when no in-worker timing can tell tipping from cost."""
+    if facts.costs is not None:
+        return None
+    saturated = [b for b in facts.report.bottlenecks if b.cpu_saturated]
+    if not saturated:
+        return None
+    results = facts.attribution.results
+    listed = ", ".join(f"{b.stage} ({results[b.between[1]].cpu_util:.0%} of the cores)" for b in saturated)
+    return (f"{SATURATION_CAVEAT_START} once these stages were added: {listed}: a stage may only be tipping an "
+            "already-saturated CPU over, rather than being slow itself (the in-worker timing, which would settle it, did not run)")
+
+
+def saturation_explained(facts: Facts) -> str | None:
+    """Each named stage at a saturated CPU, against the CPU budget per sample the workers have at the device bound."""
+    if facts.costs is None or not any(b.cpu_saturated for b in facts.report.bottlenecks):
+        return None
+    from fastpipe.diagnosis.stagecost import explain_saturation
+
+    return " ".join(explain_saturation(facts.report, facts.costs)) or None
+
+
+def pool_spread(facts: Facts) -> str | None:
+    if facts.pool <= 1:
+        return None
+    spread = [r for r in facts.report.experiments if r.pool_spread is not None and r.pool_spread > 0.05]
+    if not spread:
+        return None
+    listed = ", ".join(f"'{r.name}' {r.pool_spread:.1%}" for r in spread)
+    return f"across the {facts.pool} cached batches, mean step time varies ({listed}): the step time depends on the data"
+
+
+def no_workers(facts: Facts) -> str | None:
+    if facts.workers != 0:
+        return None
+    return "num_workers=0: data loads in the training process, which is not the multi-worker case this method is built for"
+
+
+def cpu_device(facts: Facts) -> str | None:
+    if facts.device_kind != "cpu":
+        return None
+    return ("on --device cpu the model and the workers share the same cores, so the device bound is low and every "
+            "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them")
+
+
+def busy_machine_line(others: list[tuple[str, float]], handled: str) -> str | None:
+    """The interference check, one wording for ``diagnose`` and ``compare``: ``others`` are (what was measured, share of
+    the CPU other processes used meanwhile); ``handled`` says what the command did about it."""
+    busy = [(name, other) for name, other in others if other > BUSY_MACHINE]
+    if not busy:
+        return None
+    name, other = max(busy, key=lambda item: item[1])
+    return f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): {handled}; rerun on a quieter machine to be sure"
+
+
+def busy_machine(facts: Facts) -> str | None:
+    return busy_machine_line([(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments],
+                             "pairs measured then were remeasured back to back")
+
+
+def imprecise(facts: Facts) -> str | None:
+    short = [r for r in facts.report.experiments if r.noise > facts.target]
+    if not short:
+        return None
+    listed = ", ".join(f"{r.name} ±{r.noise:.1%}" for r in short)
+    return (f"{len(short)} point(s) did not reach the {facts.target:.0%} precision target within the "
+            f"{facts.budget_s:g} s budget ({listed}); raise --budget for a firmer answer")
+
+
+def inverted_pairs(facts: Facts) -> str | None:
+    if not facts.inverted:
+        return None
+    pairs = "; ".join(f"'{_label(lower)}' ran faster than '{_label(upper)}', which caches more" for upper, lower in facts.inverted)
+    return (f"{pairs}, twice in a row: that is interference or a cache point that changes the work, not the pipeline; "
+            "the stages between them are named only by their in-worker cost")
+
+
+def ladder_disagreements(facts: Facts) -> str | None:
+    """Named stages whose own ladder step and in-worker cost disagree, and why (the split and the veto settle most)."""
+    lines = []
+    for b in facts.report.bottlenecks:
+        if not b.in_worker_ms or b.basis != "ladder":
+            continue
+        ratio = b.added_ms / b.in_worker_ms
+        if 1 / LADDER_AGREEMENT <= ratio <= LADDER_AGREEMENT:
+            continue
+        why = ("its upper point ran at the device bound, so part of its cost hides under the device step" if b.at_least and ratio < 1
+               else "the two measurements disagree beyond their noise")
+        lines.append(f"{b.stage}: the ladder puts {b.added_ms:.0f} ms per step on it, the in-worker timing {b.in_worker_ms:.0f} ms "
+                     f"(x{ratio:.2f}): {why}")
+    return "; ".join(lines) or None
+
+
+CAVEATS: list[Rule] = [saturation_unexplained, saturation_explained, inverted_pairs, ladder_disagreements, pool_spread,
+                       no_workers, cpu_device, busy_machine, imprecise]
+
+
+# ----- notes ----------------------------------------------------------------------------------
+def split_spans(facts: Facts) -> str | None:
+    """Where rule 2 split a span's ladder total by in-worker cost, say so once per span, with the figures."""
+    spans: dict[tuple[str, str], list[Bottleneck]] = {}
+    for c in facts.report.components:
+        if c.basis == SPLIT and c.span is not None:
+            spans.setdefault(c.span, []).append(c)
+    lines = []
+    for (top, bottom), members in spans.items():
+        total = sum(c.added_ms for c in members)
+        results = facts.attribution.results
+        att = facts.attribution
+        busy = max(max(results[c.between[1]].cpu_util, results[c.between[1]].system_cpu_util) for c in members)
+        why = (f"the CPU was saturated ({busy:.0%} of the cores busy, these processes and others)"
+               if any(att.saturated(c.between[1]) for c in members) else "")
+        hidden = "its top point ran at the device bound" if att.at_bound(top) else ""
+        reason = " and ".join(r for r in (why, hidden) if r)
+        shares = ", ".join(f"{c.stage} {c.added_ms:.0f}" for c in sorted(members, key=lambda c: c.added_ms, reverse=True))
+        lines.append(f"from '{_label(top)}' ({results[top].ms_per_step:.0f} ms a step) to '{_label(bottom)}' "
+                     f"({results[bottom].ms_per_step:.0f} ms) {reason}, so one stage's ladder step is not its cost: the span's "
+                     f"{total:.0f} ms per step was split among its stages by in-worker cost per sample ({shares} ms)")
+    return "; ".join(lines) or None
+
+
+def vetoed(facts: Facts) -> str | None:
+    """Stages whose ladder step beat noise and threshold but whose in-worker cost is below the threshold."""
+    att = facts.attribution
+    cleared = [c for c in facts.report.components if att.vetoed(c) and (c.ladder_ms or 0) > max(c.noise_ms, att.threshold_s * 1000)]
+    if not cleared:
+        return None
+    listed = ", ".join(f"{c.stage} (ladder {c.ladder_ms:.0f} ms, in the workers {c.in_worker_ms:.1f} ms per step)" for c in cleared)
+    return (f"not named although their ladder step is above the threshold, because their in-worker cost is below it: {listed}; "
+            "a stage that costs nothing in the workers only tipped the pipeline over")
+
+
+def by_in_worker_cost(facts: Facts) -> str | None:
+    named = [b for b in facts.report.bottlenecks if b.basis == IN_WORKER]
+    if not named:
+        return None
+    return ("named by in-worker cost (labelled so), where the ladder could not decide: "
+            + "; ".join(f"{b.stage}: {b.why}" for b in named))
+
+
+def without_costs(facts: Facts) -> str | None:
+    if facts.costs is not None or facts.no_costs_reason is None:
+        return None
+    return f"{facts.no_costs_reason}: each stage's time is its own ladder step alone (no split, no veto, no waiting check)"
+
+
+def copies(facts: Facts) -> str | None:
+    measured = [e for e in facts.report.experiments if e.copy_ms_per_sample >= 0.05]
+    if not measured:
+        return None
+    listed = ", ".join(f"{e.name} {e.copy_ms_per_sample:.2f} ms" for e in measured)
+    return (f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was timed inside the "
+            f"workers ({listed} per sample) and taken out of each point's step where the workers set the pace, divided by the "
+            f"{facts.attribution.parallelism} workers the cores can run")
+
+
+def ddp_spread(facts: Facts) -> str | None:
+    if facts.rank_spread is None:
+        return None
+    size, point, spread, slowest = facts.rank_spread
+    return (f"DDP with {size} ranks: every point shows its slowest rank, and all ranks followed one plan; the ranks' step "
+            f"times differed by up to {spread:.0%} (at '{_label(point)}', slowest rank {slowest})")
+
+
+NOTES: list[Rule] = [without_costs, split_spans, vetoed, by_in_worker_cost, copies, ddp_spread]
+
+
+def apply(rules: list[Rule], facts: Facts) -> list[str]:
+    """The lines the rules give, in order, leaving out the rules that said nothing."""
+    return [line for line in (rule(facts) for rule in rules) if line]
+
+
+def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, batch: int | None, cores: int) -> str | None:
+    """Rule 5's wording: whether the stage waits or computes, and for one that waits, the workers that would hide it.
+
+    ``costs`` are every stage's :class:`~fastpipe.diagnosis._attribute.WorkerCost` (collate included): a worker spends
+    their sum on each sample, so ``batch x that / device step`` workers deliver a batch every device step.
+    """
+    if b.cpu_ratio is None or b.waits is None:
+        return None
+    if not b.waits:
+        busy = " (the rest is waiting for a core on a busy machine, as the other stages did)" if b.cpu_ratio < 0.8 else ""
+        return f"{b.stage} computes: its CPU time is {b.cpu_ratio:.0%} of its wall time in the workers{busy}, so make it cheaper."
+    text = (f"{b.stage} waits: its CPU time is only {b.cpu_ratio:.0%} of its wall time in the workers (I/O, a sleep, a lock or "
+            "a remote call), so making its code faster will not help; overlap the waits instead: more DataLoader workers, a "
+            "deeper prefetch_factor, faster or local storage.")
+    if costs and batch and device_ms > 0:
+        per_sample = sum(c.own_ms for c in costs.values())
+        needed = math.ceil(batch * per_sample / device_ms)
+        cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
+        text += (f" At the measured {per_sample:.1f} ms per sample in a worker ({sum(c.wait_ms for c in costs.values()):.1f} of "
+                 f"it waiting), about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step)")
+        text += (f"; their CPU needs {cores_needed:.1f} cores of the {cores} here, so the cores, not the waits, would then set the pace"
+                 if cores_needed > cores else f", and their CPU fits the {cores} cores here ({cores_needed:.1f} needed)")
+        text += (". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "
+                 "`fastpipe tune` finds the fewest workers that keep up and watches shared memory.")
+    return text
