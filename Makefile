@@ -7,7 +7,7 @@ TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.fastpipe-installed
 EXTRAS ?= dev,plot,tnt,ray,photos,hf,data,lightning
 
-.PHONY: demo test test-all install clean
+.PHONY: demo test test-all lint install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fastpipe diagnose toy:naive
 
-test: $(STAMP)
+# ruff (configured in pyproject.toml): the linter and the formatter's check, before the tests
+lint: $(STAMP)
+	$(PY) -m ruff check fastpipe tests benchmarks examples
+	$(PY) -m ruff format --check fastpipe tests benchmarks examples
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -m "not slow"
 
 test-all: $(STAMP)

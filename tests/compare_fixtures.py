@@ -1,4 +1,5 @@
 """Workload factories for compare tests: a ladder whose rungs have known, planted costs."""
+
 from __future__ import annotations
 
 import torchvision.transforms as T
@@ -31,4 +32,3 @@ def fastest() -> Workload:
 
 def raises() -> Workload:
     raise RuntimeError("factory exploded")
-

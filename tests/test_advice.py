@@ -1,4 +1,5 @@
 """Each stage gets its own remedy, with a snippet that runs against fastpipe's real API."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +12,26 @@ from torch.utils.data import DataLoader
 
 from fastpipe.diagnosis._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
 
-IMAGENET = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                      T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+IMAGENET = T.Compose(
+    [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+)
 COMPILED_KERNEL_WORDS = ("Numba", "C++", "compile")
 
 ALL_CASES = [
-    ("RandomResizedCrop", TRANSFORM), ("RandomCrop", TRANSFORM), ("CenterCrop", TRANSFORM), ("Resize", TRANSFORM),
-    ("RandomHorizontalFlip", TRANSFORM), ("ToTensor", TRANSFORM), ("Normalize", TRANSFORM), ("PILToTensor", TRANSFORM),
-    ("RandomMask", TRANSFORM), ("ConvertColor", TRANSFORM), (RAW, RAW), (COLLATE, COLLATE), (COPY, COPY), ("workers", WORKERS),
+    ("RandomResizedCrop", TRANSFORM),
+    ("RandomCrop", TRANSFORM),
+    ("CenterCrop", TRANSFORM),
+    ("Resize", TRANSFORM),
+    ("RandomHorizontalFlip", TRANSFORM),
+    ("ToTensor", TRANSFORM),
+    ("Normalize", TRANSFORM),
+    ("PILToTensor", TRANSFORM),
+    ("RandomMask", TRANSFORM),
+    ("ConvertColor", TRANSFORM),
+    (RAW, RAW),
+    (COLLATE, COLLATE),
+    (COPY, COPY),
+    ("workers", WORKERS),
     ("raw load + PILToTensor + collate/IPC", TRANSFORM),
 ]
 
@@ -106,11 +119,14 @@ def test_decode_and_crop_snippet_runs(image_root: Path) -> None:
     assert out.dtype == torch.float32 and tuple(out.shape) == (1, 3, 224, 224)
 
 
-@pytest.mark.parametrize("transform, shape", [
-    (T.Compose([T.RandomCrop(64), T.ToTensor()]), (3, 64, 64)),
-    (T.Compose([T.CenterCrop(64), T.ToTensor()]), (3, 64, 64)),
-    (T.Compose([T.Resize(64), T.ToTensor()]), (3, 64, 85)),  # 375x500 -> shorter side 64
-])
+@pytest.mark.parametrize(
+    "transform, shape",
+    [
+        (T.Compose([T.RandomCrop(64), T.ToTensor()]), (3, 64, 64)),
+        (T.Compose([T.CenterCrop(64), T.ToTensor()]), (3, 64, 64)),
+        (T.Compose([T.Resize(64), T.ToTensor()]), (3, 64, 85)),  # 375x500 -> shorter side 64
+    ],
+)
 def test_box_loader_snippets_run(image_root: Path, transform: T.Compose, shape: tuple[int, ...]) -> None:
     crop = type(transform.transforms[0]).__name__
     advice = recommend(crop, TRANSFORM, transform=transform, image_size=(375, 500))
@@ -134,8 +150,13 @@ def test_uint8_and_device_normalize_snippet_matches_torchvision() -> None:
 def test_custom_transform_device_snippet_runs() -> None:
     loader = DataLoader([(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(6)], batch_size=2)
     seen = []
-    run_snippet(recommend("ConvertColor", TRANSFORM), loader=loader, device=torch.device("cpu"),
-                convert_color=lambda images: images.flip(1), step=seen.append)
+    run_snippet(
+        recommend("ConvertColor", TRANSFORM),
+        loader=loader,
+        device=torch.device("cpu"),
+        convert_color=lambda images: images.flip(1),
+        step=seen.append,
+    )
     assert len(seen) == 3 and seen[0][0].shape == (2, 3, 4, 4)
 
 

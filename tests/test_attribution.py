@@ -3,6 +3,7 @@
 Costs are sleeps (tests/fakes.py): they hold on a loaded 2-core machine and add up per worker
 the way per-sample costs do, so a planted cost per step is ``ms per sample x batch / workers``.
 """
+
 from __future__ import annotations
 
 import time
@@ -101,8 +102,16 @@ def test_a_cheap_pipeline_with_main_process_work_under_the_step_is_not_input_bou
 
 
 def _result(point: str, ms: float, noise: float = 0.01) -> ExperimentResult:
-    return ExperimentResult(name=point, cache_point=point, steps_per_s=1000 / ms, fraction_of_bound=float("nan"), spread=0.0,
-                            noise=noise, cpu_util=0.5, system_cpu_util=0.5)
+    return ExperimentResult(
+        name=point,
+        cache_point=point,
+        steps_per_s=1000 / ms,
+        fraction_of_bound=float("nan"),
+        spread=0.0,
+        noise=noise,
+        cpu_util=0.5,
+        system_cpu_util=0.5,
+    )
 
 
 def test_attribution_ranks_time_not_throughput_differences() -> None:
@@ -111,8 +120,13 @@ def test_attribution_ranks_time_not_throughput_differences() -> None:
 
     pipeline = TransformPipeline((), "transform", [Stage("RandomMask", lambda x: x)])
     plan = make_plan(pipeline, None)
-    results = {"device": _result("device", 290), "host": _result("host", 290), "sample": _result("sample", 1000 / 3.173),
-               "raw": _result("raw", 1000 / 1.951), "baseline": _result("baseline", 1000 / 0.991)}
+    results = {
+        "device": _result("device", 290),
+        "host": _result("host", 290),
+        "sample": _result("sample", 1000 / 3.173),
+        "raw": _result("raw", 1000 / 1.951),
+        "baseline": _result("baseline", 1000 / 0.991),
+    }
     results["raw"] = _result("raw", 1000 / 1.523)
     results["after:RandomMask"] = _result("after:RandomMask", 1000 / 3.173)
     plan.points = ["device", "host", "sample", "raw", "baseline"]
@@ -154,7 +168,7 @@ def test_the_copy_discount_is_taken_only_where_the_workers_set_the_pace_over_the
     for point in ("after:B", "after:A", "raw"):
         assert attribution.corrected_s(point) * 1000 == pytest.approx(max(60, limited[point] - 8)), point
         assert attribution.corrected_s(point) * 1000 >= 60
-    assert not any(attribution.significant(u, l) for u, l in zip(plan.points[2:], plan.points[3:]))
+    assert not any(attribution.significant(upper, lower) for upper, lower in zip(plan.points[2:], plan.points[3:]))
 
 
 def _costed(ms: dict[str, float], costs: dict[str, tuple[float, float]], saturated: bool = True, **kwargs):

@@ -11,6 +11,7 @@ the workers are the bottleneck, which is where the ladder alone charged a free s
 named before the planted stage; it makes a small tensor or PIL image, a real if small CPU cost). The loop's own
 parts (collate/IPC, the host-to-device copy) cost real time and may be named after the planted stage.
 """
+
 from __future__ import annotations
 
 import time
@@ -86,7 +87,7 @@ class Batches(Sampler):
     def __iter__(self):
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(0)).tolist()
         for i in range(0, self.n - BATCH + 1, BATCH):
-            yield order[i:i + BATCH]
+            yield order[i : i + BATCH]
 
     def __len__(self) -> int:
         return self.n // BATCH

@@ -1,4 +1,5 @@
 """Cache points (fastpipe.diagnosis._cache): unavailable points, repeated transforms, the copy ledger, rebuilt loaders."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,8 @@ import torchvision.transforms as T
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, check_point, probe_point
-from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.loading._rebuild import rebuild_loader
 from tests.fakes import AddOne, Fast, PlantedDataset, PostProcessed, TwoViews
 
 

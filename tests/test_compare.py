@@ -24,20 +24,46 @@ def test_ladder_closes_the_gap_and_flags_a_rung_that_does_not() -> None:
     assert faster.gap_closed == pytest.approx(faster.saved_ms / (slow.ms_per_step - 1000 / result.device_bound_steps_per_s))
     data = json.loads(result.to_json())
     assert data["device_bound_steps_per_s"] > 0
-    assert {"name", "steps_per_s", "fraction_of_bound", "gap_closed", "ms_per_step", "saved_ms", "throughput_gain"} <= set(data["variants"][0])
+    assert {"name", "steps_per_s", "fraction_of_bound", "gap_closed", "ms_per_step", "saved_ms", "throughput_gain"} <= set(
+        data["variants"][0]
+    )
 
 
 def test_toy_means_the_ladder() -> None:
     assert resolve_variants(["toy"]) == TOY_LADDER
-    assert [spec for _, spec in TOY_LADDER] == ["toy:naive", "toy:fast-transforms", "toy:uint8-host", "toy:crop-first", "toy:optimized", "toy:recycled"]
+    assert [spec for _, spec in TOY_LADDER] == [
+        "toy:naive",
+        "toy:fast-transforms",
+        "toy:uint8-host",
+        "toy:crop-first",
+        "toy:optimized",
+        "toy:recycled",
+    ]
     from fastpipe.workloads.toy import VARIANTS
 
     assert all(spec.partition(":")[2] in VARIANTS for _, spec in TOY_LADDER)
 
 
 def test_cli_compare_pair_writes_outputs(tmp_path, capsys) -> None:
-    argv = ["compare", f"{M}:slow", f"{M}:fastest", "--device", DEVICE, "--steps", "4", "--warmup", "1", "--budget", "2",
-            "--json", str(tmp_path / "c.json"), "--markdown", str(tmp_path / "c.md"), "--plot", str(tmp_path / "c.png")]
+    argv = [
+        "compare",
+        f"{M}:slow",
+        f"{M}:fastest",
+        "--device",
+        DEVICE,
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--budget",
+        "2",
+        "--json",
+        str(tmp_path / "c.json"),
+        "--markdown",
+        str(tmp_path / "c.md"),
+        "--plot",
+        str(tmp_path / "c.png"),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "device bound" in out and "faster beyond noise" in out and "row above" in out
@@ -46,11 +72,14 @@ def test_cli_compare_pair_writes_outputs(tmp_path, capsys) -> None:
     assert "| variant |" in (tmp_path / "c.md").read_text()
 
 
-@pytest.mark.parametrize("argv, fix", [
-    (["compare", f"{M}:slow"], "at least two SPECs"),
-    (["compare", f"{M}:slow", f"{M}:raises"], "factory exploded"),
-    (["compare", f"{M}:slow", f"{M}:fastest", "--num-workers", "2"], "only apply to the built-in toy"),
-])
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["compare", f"{M}:slow"], "at least two SPECs"),
+        (["compare", f"{M}:slow", f"{M}:raises"], "factory exploded"),
+        (["compare", f"{M}:slow", f"{M}:fastest", "--num-workers", "2"], "only apply to the built-in toy"),
+    ],
+)
 def test_cli_compare_bad_input(argv, fix, capsys) -> None:
     assert main([*argv, "--device", DEVICE, "--steps", "2", "--warmup", "0"]) == 2
     err = capsys.readouterr().err
@@ -65,4 +94,3 @@ def test_the_order_of_the_variants_does_not_change_the_verdicts() -> None:
     for pair in ([f"{M}:faster", f"{M}:same_as_faster"], [f"{M}:same_as_faster", f"{M}:faster"]):
         result = compare(pair, DEVICE, steps=4, warmup=1, budget=3)
         assert result.variants[1].improved is False, result.to_table()
-

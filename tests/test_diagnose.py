@@ -1,4 +1,5 @@
 """The cache-bisection engine on planted bottlenecks, small and quick on short sim steps."""
+
 from __future__ import annotations
 
 import json
@@ -210,12 +211,31 @@ def test_loader_settings_are_kept() -> None:
     def collate(batch):
         return batch
 
-    loader = DataLoader(PlantedDataset(), batch_size=5, num_workers=2, shuffle=True, drop_last=True, collate_fn=collate,
-                        worker_init_fn=init, prefetch_factor=3, persistent_workers=True, timeout=7,
-                        multiprocessing_context="fork", generator=torch.Generator())
+    loader = DataLoader(
+        PlantedDataset(),
+        batch_size=5,
+        num_workers=2,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=collate,
+        worker_init_fn=init,
+        prefetch_factor=3,
+        persistent_workers=True,
+        timeout=7,
+        multiprocessing_context="fork",
+        generator=torch.Generator(),
+    )
     rebuilt = rebuild_loader(loader, PlantedDataset(), timeout=60)
-    for name in ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "prefetch_factor",
-                 "persistent_workers", "batch_size"):
+    for name in (
+        "num_workers",
+        "collate_fn",
+        "pin_memory",
+        "timeout",
+        "worker_init_fn",
+        "prefetch_factor",
+        "persistent_workers",
+        "batch_size",
+    ):
         assert getattr(rebuilt, name) is getattr(loader, name) or getattr(rebuilt, name) == getattr(loader, name), name
     # the sampler and generator are copies, so iterating the rebuilt loader cannot advance the user's
     assert rebuilt.sampler is not loader.sampler and type(rebuilt.sampler) is type(loader.sampler)
@@ -252,10 +272,9 @@ def test_hanging_worker_stops_at_the_timeout() -> None:
 
 @pytest.mark.parametrize("depth", [0, 2])
 def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
-    from tests.diagnose_fixtures import heavy_copy
-
     # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
     from fastpipe.diagnosis._points import measure_points
+    from tests.diagnose_fixtures import heavy_copy
 
     results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], steps=8, warmup=2)
     fraction = results["host"].steps_per_s / results["device"].steps_per_s
@@ -268,9 +287,32 @@ def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
 def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
     from fastpipe.cli import main
 
-    argv = ["diagnose", "toy:naive", "--device", "sim:20", "--steps", "2", "--warmup", "1", "--num-workers", "1",
-            "--batch-size", "2", "--raw-size", "64", "--img-size", "32", "--threshold", "0.5",
-            "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")]
+    argv = [
+        "diagnose",
+        "toy:naive",
+        "--device",
+        "sim:20",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--num-workers",
+        "1",
+        "--batch-size",
+        "2",
+        "--raw-size",
+        "64",
+        "--img-size",
+        "32",
+        "--threshold",
+        "0.5",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--markdown",
+        str(tmp_path / "r.md"),
+        "--plot",
+        str(tmp_path / "r.png"),
+    ]
     assert main(argv) == 0
     assert "device (bound)" in capsys.readouterr().out
     data = json.loads((tmp_path / "r.json").read_text())
@@ -278,11 +320,14 @@ def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
     assert (tmp_path / "r.png").stat().st_size > 1000 and "| cache point |" in (tmp_path / "r.md").read_text()
 
 
-@pytest.mark.parametrize("spec, fix", [
-    ("tests.diagnose_fixtures:raising_in_worker", "corrupt JPEG (planted)"),
-    ("tests.diagnose_fixtures:no_such_factory", "has no function"),
-    ("toy:nonsense", "toy:naive"),
-])
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ("tests.diagnose_fixtures:raising_in_worker", "corrupt JPEG (planted)"),
+        ("tests.diagnose_fixtures:no_such_factory", "has no function"),
+        ("toy:nonsense", "toy:naive"),
+    ],
+)
 def test_cli_diagnose_bad_input_exit_2(spec: str, fix: str, capsys) -> None:
     from fastpipe.cli import main
 

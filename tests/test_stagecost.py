@@ -1,4 +1,5 @@
 """Stage costs timed inside the workers, on planted sleep costs that hold on a loaded 2-core machine."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,6 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from fastpipe import PipelineError
-from fastpipe.errors import ConfigError
 from fastpipe.diagnosis._report import Bottleneck, ExperimentResult, Report
 from fastpipe.diagnosis.stagecost import (
     COLLATE_LABEL,
@@ -25,6 +25,7 @@ from fastpipe.diagnosis.stagecost import (
     measure_stage_costs,
     timed_loader,
 )
+from fastpipe.errors import ConfigError
 from tests.fakes import Fast, NoTransformDataset, PlantedDataset, Raise, Slow
 
 # Input-bound by construction: a sample costs 30 + 2 + 15 = 47 ms, so a batch of 4 takes a worker
@@ -161,23 +162,72 @@ def test_bad_arguments() -> None:
 # ----- the saturation caveat --------------------------------------------------------------------
 def hand_costs(raw_ms: float, mask_ms: float, other_ms: float, workers: int = 2, cores: int = 2, cpu_fraction: float = 1.0) -> StageCosts:
     """Stage costs written down, not measured: the explanation is arithmetic on them."""
-    parts = [("raw load", "raw load", raw_ms), ("RandomMask", "transform", mask_ms), ("ConvertColor", "transform", other_ms),
-             ("collate", "collate", 0.0)]
+    parts = [
+        ("raw load", "raw load", raw_ms),
+        ("RandomMask", "transform", mask_ms),
+        ("ConvertColor", "transform", other_ms),
+        ("collate", "collate", 0.0),
+    ]
     total = sum(ms for _, _, ms in parts)
-    stages = [StageCost(name, kind, ms, ms * cpu_fraction, ms / total, ms / total, workers * 1000 / ms if ms else math.inf)
-              for name, kind, ms in parts]
-    return StageCosts(workload="hand", device="sim:290", num_workers=workers, batch_size=256, cores=cores, steps=10, warmup=3,
-                      stages=stages, samples=2560, steps_per_s=1.0, noise=0.01, cpu_util=0.95, system_cpu_util=0.97)
+    stages = [
+        StageCost(name, kind, ms, ms * cpu_fraction, ms / total, ms / total, workers * 1000 / ms if ms else math.inf)
+        for name, kind, ms in parts
+    ]
+    return StageCosts(
+        workload="hand",
+        device="sim:290",
+        num_workers=workers,
+        batch_size=256,
+        cores=cores,
+        steps=10,
+        warmup=3,
+        stages=stages,
+        samples=2560,
+        steps_per_s=1.0,
+        noise=0.01,
+        cpu_util=0.95,
+        system_cpu_util=0.97,
+    )
 
 
 def saturated_report(stage: str, between: tuple[str, str] = ("after:RandomMask", "raw"), cpu: float = 0.97) -> Report:
-    report = Report(workload="hand", device="sim:290", num_workers=2, batch_size=256, steps=10, warmup=3, pool=1,
-                    threshold=0.05, strategy="linear", device_bound_steps_per_s=2.0)
+    report = Report(
+        workload="hand",
+        device="sim:290",
+        num_workers=2,
+        batch_size=256,
+        steps=10,
+        warmup=3,
+        pool=1,
+        threshold=0.05,
+        strategy="linear",
+        device_bound_steps_per_s=2.0,
+    )
     for point in between:
-        report.experiments.append(ExperimentResult(name=point, cache_point=point, steps_per_s=1.0, fraction_of_bound=0.5,
-                                                   spread=0.1, noise=0.01, cpu_util=cpu, system_cpu_util=0.99))
-    report.bottlenecks.append(Bottleneck(stage=stage, kind="raw load", added_ms=100.0, noise_ms=5.0, share_of_baseline=0.3, between=between,
-                                         cpu_saturated=cpu >= 0.9, recommendation=""))
+        report.experiments.append(
+            ExperimentResult(
+                name=point,
+                cache_point=point,
+                steps_per_s=1.0,
+                fraction_of_bound=0.5,
+                spread=0.1,
+                noise=0.01,
+                cpu_util=cpu,
+                system_cpu_util=0.99,
+            )
+        )
+    report.bottlenecks.append(
+        Bottleneck(
+            stage=stage,
+            kind="raw load",
+            added_ms=100.0,
+            noise_ms=5.0,
+            share_of_baseline=0.3,
+            between=between,
+            cpu_saturated=cpu >= 0.9,
+            recommendation="",
+        )
+    )
     return report
 
 
@@ -231,8 +281,28 @@ def test_cli_costs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
     out = tmp_path / "costs.json"
-    args = parser.parse_args(["costs", "toy:naive", "--device", "sim:5", "--steps", "2", "--warmup", "1", "--num-workers", "1",
-                              "--batch-size", "2", "--raw-size", "64", "--img-size", "32", "--json", str(out)])
+    args = parser.parse_args(
+        [
+            "costs",
+            "toy:naive",
+            "--device",
+            "sim:5",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--num-workers",
+            "1",
+            "--batch-size",
+            "2",
+            "--raw-size",
+            "64",
+            "--img-size",
+            "32",
+            "--json",
+            str(out),
+        ]
+    )
     assert args.handler(args) == 0
     assert "RandomMask" in capsys.readouterr().out
     assert json.loads(out.read_text())["stages"][0]["name"] == "raw load"

@@ -8,6 +8,7 @@ says when a drop-in cannot pay off (DCT scaling on images smaller than twice the
 Snippets use the names a training script has: ``root`` (the image folder), ``dataset``,
 ``loader``, ``device`` (a torch.device) and ``step(batch)``.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,9 @@ class Advice:
         return self.summary if self.caveat is None else f"{self.summary} Caveat: {self.caveat}"
 
 
-def recommend(stage: str, kind: str, *, transform: object | None = None, dataset: object | None = None,
-              image_size: tuple[int, int] | None = None) -> Advice:
+def recommend(
+    stage: str, kind: str, *, transform: object | None = None, dataset: object | None = None, image_size: tuple[int, int] | None = None
+) -> Advice:
     """The remedy for ``stage``, a stage name as a diagnosis reports it.
 
     Args:
@@ -143,23 +145,31 @@ def _crop_caveat(crop: str, size: tuple[int, int] | None, out: int) -> str | Non
         if size is None:
             return None
         share = min(1.0, out * out / (size[0] * size[1]))
-        return (f"{crop} keeps the output's size, so there is no DCT scaling; decoding only the box decodes about "
-                f"{share:.0%} of each {size[1]}x{size[0]} image" + (": little to gain, measure it with `fastpipe compare` first"
-                                                                     if share > 0.5 else ""))
+        return (
+            f"{crop} keeps the output's size, so there is no DCT scaling; decoding only the box decodes about "
+            f"{share:.0%} of each {size[1]}x{size[0]} image"
+            + (": little to gain, measure it with `fastpipe compare` first" if share > 0.5 else "")
+        )
     if size is None:
-        return (f"DCT scaling only pays when the crop box is at least twice the output ({2 * out} px for {out}); "
-                "fastpipe did not see your image sizes, so check them: on smaller images only the cropping saves time")
+        return (
+            f"DCT scaling only pays when the crop box is at least twice the output ({2 * out} px for {out}); "
+            "fastpipe did not see your image sizes, so check them: on smaller images only the cropping saves time"
+        )
     height, width = size
     if min(height, width) >= 2 * out:
         return None
     if crop == "Resize":
-        return (f"on {width}x{height} images to {out} px the drop-in cannot help: the whole image is decoded either way, "
-                f"and its short side ({min(height, width)} px) is under twice the output ({2 * out} px), so there is no DCT scaling")
+        return (
+            f"on {width}x{height} images to {out} px the drop-in cannot help: the whole image is decoded either way, "
+            f"and its short side ({min(height, width)} px) is under twice the output ({2 * out} px), so there is no DCT scaling"
+        )
     mean_area = sum(_DEFAULT_SCALE) / 2
-    return (f"on {width}x{height} images to {out} px, DCT scaling cannot help: even the largest crop box "
-            f"({min(height, width)} px) is under twice the output ({2 * out} px), so the box is decoded at full "
-            f"resolution; decoding only the box still skips the pixels outside it (on average {1 - mean_area:.0%} of the "
-            "image with RandomResizedCrop's default scale), so measure it with `fastpipe compare` before relying on it")
+    return (
+        f"on {width}x{height} images to {out} px, DCT scaling cannot help: even the largest crop box "
+        f"({min(height, width)} px) is under twice the output ({2 * out} px), so the box is decoded at full "
+        f"resolution; decoding only the box still skips the pixels outside it (on average {1 - mean_area:.0%} of the "
+        "image with RandomResizedCrop's default scale), so measure it with `fastpipe compare` before relying on it"
+    )
 
 
 def _crop_of(transform: object | None) -> str | None:
@@ -207,11 +217,16 @@ dataset = torchvision.datasets.ImageFolder(root, loader=decode_{what})  # drop {
 """
 
 _BOXES = {
-    "RandomCrop": ("random_crop", "    box = torchvision.transforms.RandomCrop.get_params(torch.empty(height, width), (size, size))\n"
-                   "    out_size = (size, size)\n"),
+    "RandomCrop": (
+        "random_crop",
+        "    box = torchvision.transforms.RandomCrop.get_params(torch.empty(height, width), (size, size))\n    out_size = (size, size)\n",
+    ),
     "CenterCrop": ("center_crop", "    box = ((height - size) // 2, (width - size) // 2, size, size)\n    out_size = (size, size)\n"),
-    "Resize": ("resized", "    box = (0, 0, height, width)  # the whole image, shorter side scaled to size (DCT scaling when 2x or more)\n"
-               "    out_size = (size, round(width * size / height)) if height <= width else (round(height * size / width), size)\n"),
+    "Resize": (
+        "resized",
+        "    box = (0, 0, height, width)  # the whole image, shorter side scaled to size (DCT scaling when 2x or more)\n"
+        "    out_size = (size, round(width * size / height)) if height <= width else (round(height * size / width), size)\n",
+    ),
 }
 
 _DEVICE_SNIPPET = """\
@@ -272,27 +287,43 @@ def _decode_crop(transform: object | None) -> str:
     return _DECODE_CROP_SNIPPET.format(out=_out_size(transform), mean=_fmt(mean), std=_fmt(std))
 
 
-def _decode_box(crop: str, stage: object | None, transform: object | None, dataset: object | None,
-                image_size: tuple[int, int] | None, converted: str | None, label: str) -> Advice:
+def _decode_box(
+    crop: str,
+    stage: object | None,
+    transform: object | None,
+    dataset: object | None,
+    image_size: tuple[int, int] | None,
+    converted: str | None,
+    label: str,
+) -> Advice:
     """Decode only what ``crop`` keeps: the remedy for a crop or resize, and for the raw load before one."""
     out = _out_size(transform if stage is None else stage)
     caveat = _crop_caveat(crop, _image_size(dataset, image_size), out)
     if converted:
-        caveat = (f"{crop} runs after {converted}, on a tensor of the whole image: move it before the conversion "
-                  "(the drop-in does both)" + ("; " + caveat if caveat else ""))
+        caveat = f"{crop} runs after {converted}, on a tensor of the whole image: move it before the conversion (the drop-in does both)" + (
+            "; " + caveat if caveat else ""
+        )
     what = "resized" if crop == "Resize" else "cropped"
     if crop in _BOXES:
         name, box = _BOXES[crop]
         return Advice(
-            summary=(f"{label}: the image is decoded whole to be {what} by {crop}. {'Scale' if crop == 'Resize' else 'Crop'} while "
-                     "decoding: fastpipe.ops.jpeg.decode_jpeg_crop decodes only the box (at 1/2, 1/4 or 1/8 DCT scale when the "
-                     "box is at least twice the output), uint8 out, as the loader of torchvision's ImageFolder."),
-            snippet=_BOX_LOADER_SNIPPET.format(what=name, name=crop, out=out, box=box), caveat=caveat)
+            summary=(
+                f"{label}: the image is decoded whole to be {what} by {crop}. {'Scale' if crop == 'Resize' else 'Crop'} while "
+                "decoding: fastpipe.ops.jpeg.decode_jpeg_crop decodes only the box (at 1/2, 1/4 or 1/8 DCT scale when the "
+                "box is at least twice the output), uint8 out, as the loader of torchvision's ImageFolder."
+            ),
+            snippet=_BOX_LOADER_SNIPPET.format(what=name, name=crop, out=out, box=box),
+            caveat=caveat,
+        )
     return Advice(
-        summary=(f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop: "
-                 f"fastpipe.datasets.ImageFolder(root, size={out}) draws torchvision's box from the header and decodes only it "
-                 f"(or DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."),
-        snippet=_decode_crop(transform), caveat=caveat)
+        summary=(
+            f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop: "
+            f"fastpipe.datasets.ImageFolder(root, size={out}) draws torchvision's box from the header and decodes only it "
+            f"(or DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
+        ),
+        snippet=_decode_crop(transform),
+        caveat=caveat,
+    )
 
 
 def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
@@ -302,13 +333,19 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
         return _decode_box(crop, stage, transform, dataset, image_size, None, "Raw load")
     if transform is not None:
         return Advice(
-            summary=("Raw load: reading and decoding each file. With no crop or resize in the transform there is nothing "
-                     "to skip while decoding: read less (fewer, larger files; local disk) or add workers if cores are idle."),
-            caveat="fastpipe's decode-the-crop drop-ins cannot help a pipeline that uses the whole image")
+            summary=(
+                "Raw load: reading and decoding each file. With no crop or resize in the transform there is nothing "
+                "to skip while decoding: read less (fewer, larger files; local disk) or add workers if cores are idle."
+            ),
+            caveat="fastpipe's decode-the-crop drop-ins cannot help a pipeline that uses the whole image",
+        )
     advice = _decode_box("RandomResizedCrop", None, None, dataset, image_size, None, "Raw load")
-    return Advice(summary=advice.summary, snippet=advice.snippet,
-                  caveat="fastpipe did not see the transform: this assumes the usual RandomResizedCrop recipe"
-                         + ("; " + advice.caveat if advice.caveat else ""))
+    return Advice(
+        summary=advice.summary,
+        snippet=advice.snippet,
+        caveat="fastpipe did not see the transform: this assumes the usual RandomResizedCrop recipe"
+        + ("; " + advice.caveat if advice.caveat else ""),
+    )
 
 
 def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
@@ -322,30 +359,45 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
         mean, std = _mean_std(transform)
         head = _head(transform, name)
         return Advice(
-            summary=(f"{name}: per-pixel float arithmetic in the workers, and float32 batches 4x the bytes of uint8. "
-                     "Ship uint8 (PILToTensor) and normalize on the device: fastpipe.transforms.Normalize, which matches "
-                     "torchvision's ToTensor() + Normalize(mean, std)."),
-            snippet=_UINT8_SNIPPET.format(head=head, mean=_fmt(mean), std=_fmt(std)))
+            summary=(
+                f"{name}: per-pixel float arithmetic in the workers, and float32 batches 4x the bytes of uint8. "
+                "Ship uint8 (PILToTensor) and normalize on the device: fastpipe.transforms.Normalize, which matches "
+                "torchvision's ToTensor() + Normalize(mean, std)."
+            ),
+            snippet=_UINT8_SNIPPET.format(head=head, mean=_fmt(mean), std=_fmt(std)),
+        )
     if name == "RandomHorizontalFlip":
         return Advice(
-            summary=("RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize "
-                     f"(fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}, hflip=0.5)), at no extra cost."),
-            snippet=_decode_crop(transform))
+            summary=(
+                "RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize "
+                f"(fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}, hflip=0.5)), at no extra cost."
+            ),
+            snippet=_decode_crop(transform),
+        )
     if name == "PILToTensor":
         return Advice(
-            summary=("PILToTensor: it copies every pixel it is given; crop before it, or let the decoder return the "
-                     f"cropped uint8 tensor itself (fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}))."),
-            snippet=_decode_crop(transform))
+            summary=(
+                "PILToTensor: it copies every pixel it is given; crop before it, or let the decoder return the "
+                f"cropped uint8 tensor itself (fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}))."
+            ),
+            snippet=_decode_crop(transform),
+        )
     if name == "RandomMask" and not _is_fastpipe_mask(stage):
         return Advice(
-            summary=("RandomMask: a per-pixel loop in Python. fastpipe.transforms.RandomMask is a compiled drop-in "
-                     "(Numba or a C++ op, same distribution and in-place contract); apply it to uint8, before converting to float."),
-            snippet=_MASK_SNIPPET.format(out=_out_size(transform)))
+            summary=(
+                "RandomMask: a per-pixel loop in Python. fastpipe.transforms.RandomMask is a compiled drop-in "
+                "(Numba or a C++ op, same distribution and in-place contract); apply it to uint8, before converting to float."
+            ),
+            snippet=_MASK_SNIPPET.format(out=_out_size(transform)),
+        )
     return Advice(
-        summary=(f"{name}: a custom transform that is slow by itself. Compile it (Numba @njit over a uint8 array, or a C++ "
-                 "TORCH_LIBRARY op, as fastpipe.transforms.RandomMask is), or move it onto the device after the copy, "
-                 "on whole batches (fastpipe.DevicePrefetcher(transform=...) or Workload(device_transform=...))."),
-        snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)))
+        summary=(
+            f"{name}: a custom transform that is slow by itself. Compile it (Numba @njit over a uint8 array, or a C++ "
+            "TORCH_LIBRARY op, as fastpipe.transforms.RandomMask is), or move it onto the device after the copy, "
+            "on whole batches (fastpipe.DevicePrefetcher(transform=...) or Workload(device_transform=...))."
+        ),
+        snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)),
+    )
 
 
 def _head(transform: object | None, stop: str) -> str:
@@ -378,11 +430,14 @@ def _is_fastpipe_part(stage: object | None) -> bool:
 
 def _fastpipe_part(name: str) -> Advice:
     return Advice(
-        summary=(f"{name}: fastpipe's own part, already native code, so rewriting it will not help. Give it more CPU: "
-                 "more workers where cores are idle (`fastpipe tune SPEC`, or fastpipe.tune, finds the fewest that keep up and "
-                 "watches shared memory), or take its work off the CPU: decode on the device (fastpipe.datasets.EncodedImageFolder "
-                 "with DecodeCropOnDevice, as the jpeg:device workload does) where a GPU decoder is available."),
-        snippet=_TUNE_SNIPPET)
+        summary=(
+            f"{name}: fastpipe's own part, already native code, so rewriting it will not help. Give it more CPU: "
+            "more workers where cores are idle (`fastpipe tune SPEC`, or fastpipe.tune, finds the fewest that keep up and "
+            "watches shared memory), or take its work off the CPU: decode on the device (fastpipe.datasets.EncodedImageFolder "
+            "with DecodeCropOnDevice, as the jpeg:device workload does) where a GPU decoder is available."
+        ),
+        snippet=_TUNE_SNIPPET,
+    )
 
 
 def _is_fastpipe_mask(stage: object | None) -> bool:
@@ -399,9 +454,11 @@ def _snake(name: str) -> str:
 def _collate(transform: object | None) -> Advice:
     floats = [n for n in (type(leaf).__name__ for leaf in _leaves(transform)) if n in _FLOAT_OUT]
     recycled = _recycled_available()
-    summary = ("Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: "
-               "uint8 images (PILToTensor, normalize on the device with fastpipe.transforms.Normalize), smaller dtypes, no padding")
-    summary += (", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else ".")
+    summary = (
+        "Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: "
+        "uint8 images (PILToTensor, normalize on the device with fastpipe.transforms.Normalize), smaller dtypes, no padding"
+    )
+    summary += ", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else "."
     caveat = f"your transform ends in {', '.join(floats)}: float32 out, 4x the bytes of uint8" if floats else None
     return Advice(summary=summary, snippet=_PAYLOAD_SNIPPET + ("\n" + _RECYCLED_LINES if recycled else ""), caveat=caveat)
 
@@ -418,29 +475,40 @@ def _recycled_available() -> bool:
 
 def _copy() -> Advice:
     return Advice(
-        summary=("Host-to-device copy: overlap it with the step and copy less: pin_memory=True, non_blocking copies on a "
-                 "side stream with fastpipe.DevicePrefetcher, and uint8 payloads (normalize on the device). "
-                 "fastpipe.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."),
-        snippet=_PREFETCH_SNIPPET)
+        summary=(
+            "Host-to-device copy: overlap it with the step and copy less: pin_memory=True, non_blocking copies on a "
+            "side stream with fastpipe.DevicePrefetcher, and uint8 payloads (normalize on the device). "
+            "fastpipe.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."
+        ),
+        snippet=_PREFETCH_SNIPPET,
+    )
 
 
 def _workers() -> Advice:
     return Advice(
-        summary=("Too few workers: the input is late while the CPU has idle cores. Find the fewest workers that keep up "
-                 "with `fastpipe tune SPEC` (or fastpipe.tune), which also watches shared memory."),
-        snippet=_TUNE_SNIPPET)
+        summary=(
+            "Too few workers: the input is late while the CPU has idle cores. Find the fewest workers that keep up "
+            "with `fastpipe tune SPEC` (or fastpipe.tune), which also watches shared memory."
+        ),
+        snippet=_TUNE_SNIPPET,
+    )
 
 
 def _span(parts: list[str], transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
     """Stages measured together (an interrupted or bisected run): which part costs the time is not known."""
     kinds: dict[str, Callable[[], Advice]] = {
-        RAW: lambda: _raw_load(transform, dataset, image_size), COLLATE: lambda: _collate(transform), COPY: _copy,
+        RAW: lambda: _raw_load(transform, dataset, image_size),
+        COLLATE: lambda: _collate(transform),
+        COPY: _copy,
     }
     advice = [kinds[p]() if p in kinds else _transform(re.sub(r"#\d+$", "", p), transform, dataset, image_size) for p in parts]
     first = next((a for a in advice if a.snippet is not None), None)
     remedies = " ".join(a.summary for a in advice)
     return Advice(
-        summary=(f"{' + '.join(parts)} were measured as one span, so their time is not split between them: "
-                 f"`fastpipe costs SPEC` times each inside the workers. The remedies, part by part: {remedies}"),
+        summary=(
+            f"{' + '.join(parts)} were measured as one span, so their time is not split between them: "
+            f"`fastpipe costs SPEC` times each inside the workers. The remedies, part by part: {remedies}"
+        ),
         snippet=None if first is None else first.snippet,
-        caveat="; ".join(a.caveat for a in advice if a.caveat) or None)
+        caveat="; ".join(a.caveat for a in advice if a.caveat) or None,
+    )

@@ -31,6 +31,7 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
 
 Where the in-worker timing could not run, rules 2-5 do not apply and the report says so (rule 1 alone).
 """
+
 from __future__ import annotations
 
 import math
@@ -184,8 +185,7 @@ class Attribution:
     # ----- rule 1: the ladder --------------------------------------------------------------
     def added(self, upper: str, lower: str) -> tuple[float, float]:
         """(seconds added per step, two standard errors of it) between two measured points."""
-        u, l = self.results[upper], self.results[lower]
-        return self.corrected_s(lower) - self.corrected_s(upper), difference_noise_s(u, l)
+        return self.corrected_s(lower) - self.corrected_s(upper), difference_noise_s(self.results[upper], self.results[lower])
 
     def significant(self, upper: str, lower: str) -> bool:
         added, noise = self.added(upper, lower)
@@ -244,9 +244,15 @@ class Attribution:
             added, noise = self.added(upper, lower)
             stage = " + ".join(reversed(between)) if len(between) > 1 else between[0]
             component = Bottleneck(
-                stage=stage, kind=kind_of(between), added_ms=added * 1000, noise_ms=noise * 1000,
-                share_of_baseline=math.nan, between=(upper, lower),
-                cpu_saturated=self.results[lower].cpu_util >= SATURATED_CPU, at_least=self.at_bound(upper), ladder_ms=added * 1000,
+                stage=stage,
+                kind=kind_of(between),
+                added_ms=added * 1000,
+                noise_ms=noise * 1000,
+                share_of_baseline=math.nan,
+                between=(upper, lower),
+                cpu_saturated=self.results[lower].cpu_util >= SATURATED_CPU,
+                at_least=self.at_bound(upper),
+                ladder_ms=added * 1000,
             )
             costs = self.cost_of(stage) if self._worker_side(component) else None
             if costs:
@@ -263,8 +269,7 @@ class Attribution:
     def _worker_side(self, component: Bottleneck) -> bool:
         """Below the sample point, made only of the raw load and transforms (their whole cost is in the workers)."""
         upper = CachePoint(component.between[0])
-        return upper.kind in ("sample", "after", "raw") and all(
-            kind_of([part]) in WORKER_KINDS for part in parts_of(component.stage))
+        return upper.kind in ("sample", "after", "raw") and all(kind_of([part]) in WORKER_KINDS for part in parts_of(component.stage))
 
     def _split(self, components: list[Bottleneck]) -> None:
         """Rule 2: each run of worker-side components whose ladder steps are not linear shares the run's total by cost."""
@@ -299,12 +304,23 @@ class Attribution:
             if ms is None or ms < self.threshold_s * 1000:
                 continue
             wall, cpu, wait = (sum(getattr(c, f) for c in costs) for f in ("wall_ms", "cpu_ms", "wait_ms"))
-            out.append(Bottleneck(
-                stage=part, kind=kind_of([part]), added_ms=ms, noise_ms=component.noise_ms, share_of_baseline=component.share_of_baseline
-                * (ms / component.added_ms) if component.added_ms > 0 else math.nan, between=component.between,
-                cpu_saturated=component.cpu_saturated, basis=IN_WORKER, why=why, in_worker_ms=ms, ladder_ms=component.ladder_ms,
-                cpu_ratio=cpu / wall if wall > 0 else None, waits=wait > cpu,
-            ))
+            out.append(
+                Bottleneck(
+                    stage=part,
+                    kind=kind_of([part]),
+                    added_ms=ms,
+                    noise_ms=component.noise_ms,
+                    share_of_baseline=component.share_of_baseline * (ms / component.added_ms) if component.added_ms > 0 else math.nan,
+                    between=component.between,
+                    cpu_saturated=component.cpu_saturated,
+                    basis=IN_WORKER,
+                    why=why,
+                    in_worker_ms=ms,
+                    ladder_ms=component.ladder_ms,
+                    cpu_ratio=cpu / wall if wall > 0 else None,
+                    waits=wait > cpu,
+                )
+            )
         return out
 
     def unnamed_costs(self, components: list[Bottleneck]) -> list[Bottleneck]:
@@ -313,8 +329,10 @@ class Attribution:
         out = []
         for c in components:
             if all(kind_of([part]) in WORKER_KINDS or part in ("collate/IPC", "host-to-device copy") for part in parts_of(c.stage)):
-                why = (f"the ladder could not resolve any stage (the span from '{CachePoint(c.between[0]).label}' to "
-                       f"'{CachePoint(c.between[1]).label}' adds {c.ladder_ms or c.added_ms:.0f} ms ±{c.noise_ms:.0f})")
+                why = (
+                    f"the ladder could not resolve any stage (the span from '{CachePoint(c.between[0]).label}' to "
+                    f"'{CachePoint(c.between[1]).label}' adds {c.ladder_ms or c.added_ms:.0f} ms ±{c.noise_ms:.0f})"
+                )
                 out += self.by_cost_parts(c, why)
         return out
 
@@ -332,6 +350,8 @@ class Attribution:
             return None
         why = self.unresolved.get(component.between) if component.basis == LADDER else None  # a split share stands on its span
         if why is None and component.noise_ms > self.threshold_s * 1000:
-            why = (f"the ladder could not resolve it: ±{component.noise_ms:.0f} ms of noise against a threshold of "
-                   f"{self.threshold_s * 1000:.0f} ms")
+            why = (
+                f"the ladder could not resolve it: ±{component.noise_ms:.0f} ms of noise against a threshold of "
+                f"{self.threshold_s * 1000:.0f} ms"
+            )
         return why

@@ -25,6 +25,7 @@ read in the main process with :meth:`CachePointDataset.copy_seconds_per_sample`.
 A point that cannot be built raises :class:`UnavailablePoint` (catchable, also when re-raised
 from a worker); :func:`check_point` finds that out in the main process before any worker starts.
 """
+
 from __future__ import annotations
 
 import time
@@ -70,7 +71,7 @@ def _same_layout_copy(value: torch.Tensor) -> torch.Tensor:
         extent = 1 + sum((n - 1) * st for n, st in zip(value.shape, value.stride()))
         span = value.as_strided((extent,), (1,))  # the elements from the view's first to its last, as one row
         flat = torch.empty(extent + value.storage_offset(), dtype=value.dtype, device=value.device)
-        flat[value.storage_offset():].copy_(span)
+        flat[value.storage_offset() :].copy_(span)
         copied = flat.as_strided(value.shape, value.stride(), value.storage_offset())
         if value.is_shared() and not copied.is_shared():
             copied.share_memory_()
@@ -119,7 +120,7 @@ def _parse_unavailable(message: str) -> tuple[str, str] | None:
     end = message.find("] ", start)
     if end < 0:
         return None
-    return message[start:end], message[end + 2:].splitlines()[0]
+    return message[start:end], message[end + 2 :].splitlines()[0]
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -302,8 +303,16 @@ class CachePointDataset(Dataset):
             later, from ``__getitem__``, when the dataset changes its transform's output.
     """
 
-    def __init__(self, dataset: Any, pipeline: TransformPipeline | None, point: str, pool: int = 1, *,
-                 skip_copies: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        pipeline: TransformPipeline | None,
+        point: str,
+        pool: int = 1,
+        *,
+        skip_copies: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if pool < 1:
             raise ValueError(f"pool must be at least 1, got {pool}")
         self.dataset, self.pipeline, self.point, self.pool = dataset, pipeline, CachePoint(point), pool
@@ -413,9 +422,11 @@ class CachePointDataset(Dataset):
             return f"{owner}.__getitem__ did not call its transform for this sample, so there is nothing to cache"
         for call in calls:
             if not _locate_all(sample, call.output) and not _unnested_in(sample, call.output):
-                return (f"{owner}.__getitem__ changes its transform's output before returning it (e.g. "
-                        "`return self.transform(img).float(), y`), so a cached value cannot be put back in its place; "
-                        "to get this point, make that last step the transform's final stage (e.g. append it to the Compose)")
+                return (
+                    f"{owner}.__getitem__ changes its transform's output before returning it (e.g. "
+                    "`return self.transform(img).float(), y`), so a cached value cannot be put back in its place; "
+                    "to get this point, make that last step the transform's final stage (e.g. append it to the Compose)"
+                )
         return None
 
 
@@ -444,8 +455,9 @@ class PointProbe:
     """Whether the cached values must be copied for every sample (False: later stages leave them untouched)."""
 
 
-def probe_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *,
-                timeout: float | None = None) -> PointProbe:
+def probe_point(
+    dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *, timeout: float | None = None
+) -> PointProbe:
     """Capture one sample at ``point`` in this process, as a worker would, and say whether the point works.
 
     Cheap (one sample through the pipeline), so a plan can drop a point before starting workers.
@@ -502,8 +514,9 @@ def capture_value(dataset: Any, pipeline: TransformPipeline, point: str, index: 
     return capture.cached
 
 
-def check_point(dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *,
-                timeout: float | None = None) -> str | None:
+def check_point(
+    dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *, timeout: float | None = None
+) -> str | None:
     """Why ``point`` cannot be built for ``dataset`` (from one capture in this process), or None when it can."""
     return probe_point(dataset, pipeline, point, index, timeout=timeout).reason
 

@@ -5,6 +5,7 @@ thing, or nothing. :data:`CAVEATS` and :data:`NOTES` list them in the order they
 function added there. Nothing here measures or decides a figure: the figures come from
 :mod:`fastpipe.diagnosis._attribute`.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,10 @@ def saturation_unexplained(facts: Facts) -> str | None:
         return None
     results = facts.attribution.results
     listed = ", ".join(f"{b.stage} ({results[b.between[1]].cpu_util:.0%} of the cores)" for b in saturated)
-    return (f"{SATURATION_CAVEAT_START} once these stages were added: {listed}: a stage may only be tipping an "
-            "already-saturated CPU over, rather than being slow itself (the in-worker timing, which would settle it, did not run)")
+    return (
+        f"{SATURATION_CAVEAT_START} once these stages were added: {listed}: a stage may only be tipping an "
+        "already-saturated CPU over, rather than being slow itself (the in-worker timing, which would settle it, did not run)"
+    )
 
 
 def saturation_explained(facts: Facts) -> str | None:
@@ -92,8 +95,10 @@ def no_workers(facts: Facts) -> str | None:
 def cpu_device(facts: Facts) -> str | None:
     if facts.device_kind != "cpu":
         return None
-    return ("on --device cpu the model and the workers share the same cores, so the device bound is low and every "
-            "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them")
+    return (
+        "on --device cpu the model and the workers share the same cores, so the device bound is low and every "
+        "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them"
+    )
 
 
 def busy_machine_line(others: list[tuple[str, float]], handled: str) -> str | None:
@@ -103,12 +108,15 @@ def busy_machine_line(others: list[tuple[str, float]], handled: str) -> str | No
     if not busy:
         return None
     name, other = max(busy, key=lambda item: item[1])
-    return f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): {handled}; rerun on a quieter machine to be sure"
+    return (
+        f"other processes used up to {other:.0%} of the CPU during the run (at '{name}'): {handled}; rerun on a quieter machine to be sure"
+    )
 
 
 def busy_machine(facts: Facts) -> str | None:
-    return busy_machine_line([(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments],
-                             "pairs measured then were remeasured back to back")
+    return busy_machine_line(
+        [(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments], "pairs measured then were remeasured back to back"
+    )
 
 
 def imprecise(facts: Facts) -> str | None:
@@ -116,16 +124,20 @@ def imprecise(facts: Facts) -> str | None:
     if not short:
         return None
     listed = ", ".join(f"{r.name} ±{r.noise:.1%}" for r in short)
-    return (f"{len(short)} point(s) did not reach the {facts.target:.0%} precision target within the "
-            f"{facts.budget_s:g} s budget ({listed}); raise --budget for a firmer answer")
+    return (
+        f"{len(short)} point(s) did not reach the {facts.target:.0%} precision target within the "
+        f"{facts.budget_s:g} s budget ({listed}); raise --budget for a firmer answer"
+    )
 
 
 def inverted_pairs(facts: Facts) -> str | None:
     if not facts.inverted:
         return None
     pairs = "; ".join(f"'{_label(lower)}' ran faster than '{_label(upper)}', which caches more" for upper, lower in facts.inverted)
-    return (f"{pairs}, twice in a row: that is interference or a cache point that changes the work, not the pipeline; "
-            "the stages between them are named only by their in-worker cost")
+    return (
+        f"{pairs}, twice in a row: that is interference or a cache point that changes the work, not the pipeline; "
+        "the stages between them are named only by their in-worker cost"
+    )
 
 
 def ladder_disagreements(facts: Facts) -> str | None:
@@ -137,15 +149,29 @@ def ladder_disagreements(facts: Facts) -> str | None:
         ratio = b.added_ms / b.in_worker_ms
         if 1 / LADDER_AGREEMENT <= ratio <= LADDER_AGREEMENT:
             continue
-        why = ("its upper point ran at the device bound, so part of its cost hides under the device step" if b.at_least and ratio < 1
-               else "the two measurements disagree beyond their noise")
-        lines.append(f"{b.stage}: the ladder puts {b.added_ms:.0f} ms per step on it, the in-worker timing {b.in_worker_ms:.0f} ms "
-                     f"(x{ratio:.2f}): {why}")
+        why = (
+            "its upper point ran at the device bound, so part of its cost hides under the device step"
+            if b.at_least and ratio < 1
+            else "the two measurements disagree beyond their noise"
+        )
+        lines.append(
+            f"{b.stage}: the ladder puts {b.added_ms:.0f} ms per step on it, the in-worker timing {b.in_worker_ms:.0f} ms "
+            f"(x{ratio:.2f}): {why}"
+        )
     return "; ".join(lines) or None
 
 
-CAVEATS: list[Rule] = [saturation_unexplained, saturation_explained, inverted_pairs, ladder_disagreements, pool_spread,
-                       no_workers, cpu_device, busy_machine, imprecise]
+CAVEATS: list[Rule] = [
+    saturation_unexplained,
+    saturation_explained,
+    inverted_pairs,
+    ladder_disagreements,
+    pool_spread,
+    no_workers,
+    cpu_device,
+    busy_machine,
+    imprecise,
+]
 
 
 # ----- notes ----------------------------------------------------------------------------------
@@ -161,14 +187,19 @@ def split_spans(facts: Facts) -> str | None:
         results = facts.attribution.results
         att = facts.attribution
         busy = max(max(results[c.between[1]].cpu_util, results[c.between[1]].system_cpu_util) for c in members)
-        why = (f"the CPU was saturated ({busy:.0%} of the cores busy, these processes and others)"
-               if any(att.saturated(c.between[1]) for c in members) else "")
+        why = (
+            f"the CPU was saturated ({busy:.0%} of the cores busy, these processes and others)"
+            if any(att.saturated(c.between[1]) for c in members)
+            else ""
+        )
         hidden = "its top point ran at the device bound" if att.at_bound(top) else ""
         reason = " and ".join(r for r in (why, hidden) if r)
         shares = ", ".join(f"{c.stage} {c.added_ms:.0f}" for c in sorted(members, key=lambda c: c.added_ms, reverse=True))
-        lines.append(f"from '{_label(top)}' ({results[top].ms_per_step:.0f} ms a step) to '{_label(bottom)}' "
-                     f"({results[bottom].ms_per_step:.0f} ms) {reason}, so one stage's ladder step is not its cost: the span's "
-                     f"{total:.0f} ms per step was split among its stages by in-worker cost per sample ({shares} ms)")
+        lines.append(
+            f"from '{_label(top)}' ({results[top].ms_per_step:.0f} ms a step) to '{_label(bottom)}' "
+            f"({results[bottom].ms_per_step:.0f} ms) {reason}, so one stage's ladder step is not its cost: the span's "
+            f"{total:.0f} ms per step was split among its stages by in-worker cost per sample ({shares} ms)"
+        )
     return "; ".join(lines) or None
 
 
@@ -179,16 +210,17 @@ def vetoed(facts: Facts) -> str | None:
     if not cleared:
         return None
     listed = ", ".join(f"{c.stage} (ladder {c.ladder_ms:.0f} ms, in the workers {c.in_worker_ms:.1f} ms per step)" for c in cleared)
-    return (f"not named although their ladder step is above the threshold, because their in-worker cost is below it: {listed}; "
-            "a stage that costs nothing in the workers only tipped the pipeline over")
+    return (
+        f"not named although their ladder step is above the threshold, because their in-worker cost is below it: {listed}; "
+        "a stage that costs nothing in the workers only tipped the pipeline over"
+    )
 
 
 def by_in_worker_cost(facts: Facts) -> str | None:
     named = [b for b in facts.report.bottlenecks if b.basis == IN_WORKER]
     if not named:
         return None
-    return ("named by in-worker cost (labelled so), where the ladder could not decide: "
-            + "; ".join(f"{b.stage}: {b.why}" for b in named))
+    return "named by in-worker cost (labelled so), where the ladder could not decide: " + "; ".join(f"{b.stage}: {b.why}" for b in named)
 
 
 def without_costs(facts: Facts) -> str | None:
@@ -202,17 +234,21 @@ def copies(facts: Facts) -> str | None:
     if not measured:
         return None
     listed = ", ".join(f"{e.name} {e.copy_ms_per_sample:.2f} ms" for e in measured)
-    return (f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was timed inside the "
-            f"workers ({listed} per sample) and taken out of each point's step where the workers set the pace, divided by the "
-            f"{facts.attribution.parallelism} workers the cores can run")
+    return (
+        f"cached values are copied for every sample so in-place transforms cannot pile up; the copy was timed inside the "
+        f"workers ({listed} per sample) and taken out of each point's step where the workers set the pace, divided by the "
+        f"{facts.attribution.parallelism} workers the cores can run"
+    )
 
 
 def ddp_spread(facts: Facts) -> str | None:
     if facts.rank_spread is None:
         return None
     size, point, spread, slowest = facts.rank_spread
-    return (f"DDP with {size} ranks: every point shows its slowest rank, and all ranks followed one plan; the ranks' step "
-            f"times differed by up to {spread:.0%} (at '{_label(point)}', slowest rank {slowest})")
+    return (
+        f"DDP with {size} ranks: every point shows its slowest rank, and all ranks followed one plan; the ranks' step "
+        f"times differed by up to {spread:.0%} (at '{_label(point)}', slowest rank {slowest})"
+    )
 
 
 NOTES: list[Rule] = [without_costs, split_spans, vetoed, by_in_worker_cost, copies, ddp_spread]
@@ -234,17 +270,26 @@ def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, 
     if not b.waits:
         busy = " (the rest is waiting for a core on a busy machine, as the other stages did)" if b.cpu_ratio < 0.8 else ""
         return f"{b.stage} computes: its CPU time is {b.cpu_ratio:.0%} of its wall time in the workers{busy}, so make it cheaper."
-    text = (f"{b.stage} waits: its CPU time is only {b.cpu_ratio:.0%} of its wall time in the workers (I/O, a sleep, a lock or "
-            "a remote call), so making its code faster will not help; overlap the waits instead: more DataLoader workers, a "
-            "deeper prefetch_factor, faster or local storage.")
+    text = (
+        f"{b.stage} waits: its CPU time is only {b.cpu_ratio:.0%} of its wall time in the workers (I/O, a sleep, a lock or "
+        "a remote call), so making its code faster will not help; overlap the waits instead: more DataLoader workers, a "
+        "deeper prefetch_factor, faster or local storage."
+    )
     if costs and batch and device_ms > 0:
         per_sample = sum(c.own_ms for c in costs.values())
         needed = math.ceil(batch * per_sample / device_ms)
         cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
-        text += (f" At the measured {per_sample:.1f} ms per sample in a worker ({sum(c.wait_ms for c in costs.values()):.1f} of "
-                 f"it waiting), about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step)")
-        text += (f"; their CPU needs {cores_needed:.1f} cores of the {cores} here, so the cores, not the waits, would then set the pace"
-                 if cores_needed > cores else f", and their CPU fits the {cores} cores here ({cores_needed:.1f} needed)")
-        text += (". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "
-                 "`fastpipe tune` finds the fewest workers that keep up and watches shared memory.")
+        text += (
+            f" At the measured {per_sample:.1f} ms per sample in a worker ({sum(c.wait_ms for c in costs.values()):.1f} of "
+            f"it waiting), about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step)"
+        )
+        text += (
+            f"; their CPU needs {cores_needed:.1f} cores of the {cores} here, so the cores, not the waits, would then set the pace"
+            if cores_needed > cores
+            else f", and their CPU fits the {cores} cores here ({cores_needed:.1f} needed)"
+        )
+        text += (
+            ". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "
+            "`fastpipe tune` finds the fewest workers that keep up and watches shared memory."
+        )
     return text

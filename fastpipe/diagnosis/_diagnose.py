@@ -9,6 +9,7 @@ to :mod:`fastpipe.diagnosis._caveats`, which words what the report must caveat. 
 building new loaders around a wrapped copy of the dataset, and everything the user owns is
 restored afterwards (:mod:`fastpipe.diagnosis._snapshot`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,21 +18,21 @@ from typing import Any, Callable
 
 from torch.utils.data import DataLoader
 
-from fastpipe.loading._protocols import LoaderStats, RebuildsAroundDataset, ReportsStats, stages_outside_workers
-from fastpipe.diagnosis._options import DiagnoseOptions
-from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
-from fastpipe.diagnosis import _ddp as ddp
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
-from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
-from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
 from fastpipe.devices import Device, parse_device
-from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.diagnosis import _ddp as ddp
+from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
+from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
+from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
+from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
+from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._plan import COLLATE, COPY, Plan, point_label
 from fastpipe.diagnosis._points import PointRunner
 from fastpipe.diagnosis._report import TOO_NOISY, Bottleneck, ExperimentResult, Report
 from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.diagnosis._variable import variable_inputs
+from fastpipe.errors import ConfigError, PipelineError
+from fastpipe.loading._protocols import LoaderStats, RebuildsAroundDataset, ReportsStats, stages_outside_workers
 from fastpipe.workloads._workload import Workload, loader_batch_size
 
 CPU_BACKED = 0.25
@@ -51,9 +52,18 @@ class _Diagnosis:
         self.inverted: list[tuple[str, str]] = []
         r = runner
         self.report = Report(
-            workload=workload.name, device=r.device.spec, num_workers=r.workers, batch_size=loader_batch_size(workload.loader),
-            steps=r.steps, warmup=r.warmup, pool=r.pool, threshold=threshold, strategy=strategy, precision_target=r.target,
-            budget_s=r.budget_s, notes=list(workload.notes),
+            workload=workload.name,
+            device=r.device.spec,
+            num_workers=r.workers,
+            batch_size=loader_batch_size(workload.loader),
+            steps=r.steps,
+            warmup=r.warmup,
+            pool=r.pool,
+            threshold=threshold,
+            strategy=strategy,
+            precision_target=r.target,
+            budget_s=r.budget_s,
+            notes=list(workload.notes),
         )
         if pool_reason:
             self.report.notes.append(pool_reason)
@@ -64,9 +74,20 @@ class _Diagnosis:
 
     def attribution(self, costs: Any = None) -> Attribution:
         """The attribution of what was measured; with the in-worker ``costs`` (StageCosts), rules 2-5 apply."""
-        stages = None if costs is None else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample, s.runq_ms_per_sample) for s in costs.stages})
-        return Attribution(self.plan, self.runner.results, self.threshold, loader_batch_size(self.workload.loader), self.runner.workers,
-                           costs=stages, unresolved=dict(self.unresolved))
+        stages = (
+            None
+            if costs is None
+            else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample, s.runq_ms_per_sample) for s in costs.stages})
+        )
+        return Attribution(
+            self.plan,
+            self.runner.results,
+            self.threshold,
+            loader_batch_size(self.workload.loader),
+            self.runner.workers,
+            costs=stages,
+            unresolved=dict(self.unresolved),
+        )
 
     def measure(self, point: str, **kwargs: Any) -> ExperimentResult | None:
         """Measure a point (its run's result); a middle point that cannot be built or fails is dropped from the plan
@@ -115,7 +136,9 @@ class _Diagnosis:
         if not self.attribution().significant(DEVICE, BASELINE):
             skipped = [p for p in points if p not in self.runner.results]
             if skipped:
-                self.report.notes.append(f"the baseline is within noise and threshold of the device bound, so {', '.join(skipped)} were not measured")
+                self.report.notes.append(
+                    f"the baseline is within noise and threshold of the device bound, so {', '.join(skipped)} were not measured"
+                )
             return
         if self.strategy == "linear":
             for point in list(points[1:-1]):
@@ -167,16 +190,28 @@ class _Diagnosis:
             fresh_lower = self.measure(lower, budget_s=budget) if fresh_upper is not None else None
             if fresh_upper is None or fresh_lower is None:
                 continue  # a point failed: dropped as in the first measurement, its neighbours now meet as one span
-            fresh = Attribution(self.plan, {DEVICE: self.runner.results[DEVICE], upper: fresh_upper, lower: fresh_lower},
-                                self.threshold, loader_batch_size(self.workload.loader), self.runner.workers)
+            fresh = Attribution(
+                self.plan,
+                {DEVICE: self.runner.results[DEVICE], upper: fresh_upper, lower: fresh_lower},
+                self.threshold,
+                loader_batch_size(self.workload.loader),
+                self.runner.workers,
+            )
             loaded = max(fresh_upper.system_cpu_util - fresh_upper.cpu_util, fresh_lower.system_cpu_util - fresh_lower.cpu_util)
             if was_named and not fresh.significant(upper, lower):
                 self.unresolved[(upper, lower)] = "its cost did not hold when the two points were remeasured back to back"
-            elif was_named and loaded > BUSY_MACHINE and fresh_lower.system_cpu_util >= SATURATED_CPU and self._uses_cpu(fresh_upper, fresh_lower):
+            elif (
+                was_named
+                and loaded > BUSY_MACHINE
+                and fresh_lower.system_cpu_util >= SATURATED_CPU
+                and self._uses_cpu(fresh_upper, fresh_lower)
+            ):
                 # the cores were all busy, part of them with other processes, and the stage burns CPU: a
                 # stage that hides under the device step on a quiet machine can show here only for want of CPU
-                self.unresolved[(upper, lower)] = (f"other processes used {loaded:.0%} of the CPU while it was remeasured and the "
-                                                   "cores were saturated: its cost cannot be told from theirs")
+                self.unresolved[(upper, lower)] = (
+                    f"other processes used {loaded:.0%} of the CPU while it was remeasured and the "
+                    "cores were saturated: its cost cannot be told from theirs"
+                )
             elif was_inverted and fresh.inverted(upper, lower):
                 self.inverted.append((upper, lower))
                 self.unresolved[(upper, lower)] = "the point below ran faster than the point above, twice in a row"
@@ -198,7 +233,9 @@ class _Diagnosis:
         if DEVICE not in results or BASELINE not in results:
             return False
         attribution = self.attribution()
-        return attribution.significant(DEVICE, BASELINE) or results[DEVICE].steps_per_s / results[BASELINE].steps_per_s - 1 >= self.threshold
+        return (
+            attribution.significant(DEVICE, BASELINE) or results[DEVICE].steps_per_s / results[BASELINE].steps_per_s - 1 >= self.threshold
+        )
 
     # ----- the report ------------------------------------------------------------------------
     def finish(self, elapsed: float, costs: Any = None, no_costs_reason: str | None = None) -> Report:
@@ -227,8 +264,9 @@ class _Diagnosis:
         if costs is not None:
             report.stage_costs = costs.to_dict()
             report.stage_cost_lines = costs.table_lines()
-            report.ranked_by = ("time per step: each stage's own ladder step, or its share by in-worker cost of a span the "
-                                "ladder cannot split")
+            report.ranked_by = (
+                "time per step: each stage's own ladder step, or its share by in-worker cost of a span the ladder cannot split"
+            )
         report.components = attribution.components(baseline_s)
         for component in report.components:
             if self.calls_per_sample and component.kind == "transform":
@@ -253,9 +291,19 @@ class _Diagnosis:
             point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
             _, size = ddp.world() or (0, 1)
             spread = (size, point, widest.spread, widest.slowest_rank)
-        facts = Facts(report=report, attribution=attribution, workers=self.runner.workers, device_kind=self.runner.device.kind,
-                      pool=self.runner.pool, target=self.runner.target, budget_s=self.runner.budget_s, costs=costs,
-                      no_costs_reason=no_costs_reason, inverted=self.inverted, rank_spread=spread)
+        facts = Facts(
+            report=report,
+            attribution=attribution,
+            workers=self.runner.workers,
+            device_kind=self.runner.device.kind,
+            pool=self.runner.pool,
+            target=self.runner.target,
+            budget_s=self.runner.budget_s,
+            costs=costs,
+            no_costs_reason=no_costs_reason,
+            inverted=self.inverted,
+            rank_spread=spread,
+        )
         report.caveats += apply(CAVEATS, facts)
         report.notes += apply(NOTES, facts)
         if isinstance(self.runner.baseline_loader, ReportsStats):
@@ -267,9 +315,11 @@ def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
     if "reused" not in stats:
         return []
-    line = (f"recycled batch memory: {stats['reused']} of {stats['batches']} batches went into reused buffers; "
-            f"{stats['fallbacks']} fresh allocations because every slot was in use (raise slots=), {stats['grown']} larger "
-            f"buffers (batches outgrew their slot), {stats['kept']} batches kept by the loop")
+    line = (
+        f"recycled batch memory: {stats['reused']} of {stats['batches']} batches went into reused buffers; "
+        f"{stats['fallbacks']} fresh allocations because every slot was in use (raise slots=), {stats['grown']} larger "
+        f"buffers (batches outgrew their slot), {stats['kept']} batches kept by the loop"
+    )
     return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
@@ -355,27 +405,57 @@ def diagnose(
             raise ConfigError(f"diagnose needs a torch.utils.data.DataLoader (or a fastpipe.Workload), not {type(loader).__name__}")
         if step is None or not callable(step):
             raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
-        workload = Workload(loader=loader, step=step, device_transform=device_transform, model=model, optimizer=optimizer,
-                            schedulers=list(schedulers) if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers],
-                            scaler=scaler, prefetch_depth=prefetch_depth, name=name or "workload")
-    options = DiagnoseOptions(steps=steps, warmup=warmup, budget=budget, precision=precision, worker_timeout=worker_timeout,
-                              pool=pool, threshold=threshold, strategy=strategy, progress=progress, stage_costs=stage_costs)
+        workload = Workload(
+            loader=loader,
+            step=step,
+            device_transform=device_transform,
+            model=model,
+            optimizer=optimizer,
+            schedulers=list(schedulers) if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers],
+            scaler=scaler,
+            prefetch_depth=prefetch_depth,
+            name=name or "workload",
+        )
+    options = DiagnoseOptions(
+        steps=steps,
+        warmup=warmup,
+        budget=budget,
+        precision=precision,
+        worker_timeout=worker_timeout,
+        pool=pool,
+        threshold=threshold,
+        strategy=strategy,
+        progress=progress,
+        stage_costs=stage_costs,
+    )
     device = parse_device(device)
     started = time.perf_counter()
-    runner = PointRunner(workload, device, steps=options.steps, warmup=options.warmup, pool=options.pool or 1,
-                         budget_s=options.budget, target=options.precision, progress=options.progress,
-                         worker_timeout=options.worker_timeout)
+    runner = PointRunner(
+        workload,
+        device,
+        steps=options.steps,
+        warmup=options.warmup,
+        pool=options.pool or 1,
+        budget_s=options.budget,
+        target=options.precision,
+        progress=options.progress,
+        worker_timeout=options.worker_timeout,
+    )
     pool_reason = None
     if options.pool is None:
         why = ddp.from_rank0(variable_inputs(runner) if ddp.is_rank0() else None)
         if why:
             runner.pool = VARIABLE_POOL
-            pool_reason = (f"{why}, so each cache point keeps {VARIABLE_POOL} samples (or batches) per worker instead of one "
-                           "(set pool= / --pool to choose)")
+            pool_reason = (
+                f"{why}, so each cache point keeps {VARIABLE_POOL} samples (or batches) per worker instead of one "
+                "(set pool= / --pool to choose)"
+            )
     diagnosis = _Diagnosis(runner, workload, options.threshold, options.strategy, pool_reason)
     if not device.runs_model and not any("simulates the step" in note for note in workload.notes):
-        diagnosis.report.notes.append(f"{device.spec} simulates the step: the training step itself is not run "
-                                      "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)")
+        diagnosis.report.notes.append(
+            f"{device.spec} simulates the step: the training step itself is not run "
+            "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)"
+        )
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             diagnosis.run()
@@ -391,8 +471,9 @@ def diagnose(
         elif stages_outside_workers(workload.loader) or runner.workers == 0:
             why_not = "the in-worker timing needs DataLoader workers (num_workers > 0)"
         else:
-            costs, why_not = _stage_costs(diagnosis.report, workload, device, steps=options.steps, warmup=options.warmup,
-                                          worker_timeout=options.worker_timeout)
+            costs, why_not = _stage_costs(
+                diagnosis.report, workload, device, steps=options.steps, warmup=options.warmup, worker_timeout=options.worker_timeout
+            )
         report = diagnosis.finish(time.perf_counter() - started, costs, why_not)
         report.notes += _ray_notes(workload.loader)
     report.elapsed_s = time.perf_counter() - started

@@ -39,9 +39,9 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastpipe._render import render_table
-from fastpipe.diagnosis._cache import rebuild_loader
 from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, pinned_host_bytes, shm_filesystem, shm_segments
 from fastpipe.diagnosis._shm_budget import ShmPrediction, check_shm_budget, predict_shm, size_text
+from fastpipe.loading._rebuild import rebuild_loader
 
 MAX_WORKERS = 256
 #: A worker's growth counts when its slope is this many standard errors above zero...

@@ -44,6 +44,7 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
                  "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
                  "why": str | null}                                         # why the ladder could not decide it
 """
+
 from __future__ import annotations
 
 import json
@@ -196,13 +197,25 @@ class Report:
         rows = []
         for e in self.experiments:
             stage, ms = added.get(e.cache_point, ("", ""))
-            rows.append((e.name, f"{e.ms_per_step:.0f}", stage, ms, f"{e.steps_per_s:.3f}",
-                         f"{e.fraction_of_bound:.1%}", f"±{e.noise:.1%}", f"{e.cpu_util:.0%}"))
+            rows.append(
+                (
+                    e.name,
+                    f"{e.ms_per_step:.0f}",
+                    stage,
+                    ms,
+                    f"{e.steps_per_s:.3f}",
+                    f"{e.fraction_of_bound:.1%}",
+                    f"±{e.noise:.1%}",
+                    f"{e.cpu_util:.0%}",
+                )
+            )
         return rows
 
     HEADERS = ("cache point", "ms/step", "stage added", "its ms", "steps/s", "of device bound", "precision", "CPU")
-    ROWS_NOTE = ("Each row's 'stage added' is the stage that runs at this point but not at the row above; 'its ms' is the time it "
-                 "adds per step (* its share, by in-worker cost, of a span the ladder cannot split).")
+    ROWS_NOTE = (
+        "Each row's 'stage added' is the stage that runs at this point but not at the row above; 'its ms' is the time it "
+        "adds per step (* its share, by in-worker cost, of a span the ladder cannot split)."
+    )
 
     def _stage_line(self, b: Bottleneck) -> str:
         share = f"{b.share_of_baseline:.0%} of the baseline step"
@@ -214,15 +227,21 @@ class Report:
         if b.basis == "in-worker cost":
             figure = f"costs {b.added_ms:.0f} ms per step by in-worker cost (not the ladder: {b.why})"
         elif b.basis == "saturated split":
-            figure = (f"adds {b.added_text} (±{b.noise_ms:.0f}), its share by in-worker cost of the span from "
-                      f"'{_point_label(b.span[0]) if b.span else ''}' down, {share} (its own ladder step: {b.ladder_ms:+.0f} ms)")
+            figure = (
+                f"adds {b.added_text} (±{b.noise_ms:.0f}), its share by in-worker cost of the span from "
+                f"'{_point_label(b.span[0]) if b.span else ''}' down, {share} (its own ladder step: {b.ladder_ms:+.0f} ms)"
+            )
         else:
             figure = f"adds {b.added_text} (±{b.noise_ms:.0f}), {share}"
         return f"  - {label}: {figure}{calls}{worker}{ratio}{hidden}. {b.recommendation}".rstrip()
 
     def _summary_lines(self) -> list[str]:
-        gap = f" (the baseline step is {self.baseline_step_ms:.0f} ms against the device's {self.device_step_ms:.0f} ms: " \
-              f"{self.gap_fraction:.0%} of it is input)" if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms else ""
+        gap = (
+            f" (the baseline step is {self.baseline_step_ms:.0f} ms against the device's {self.device_step_ms:.0f} ms: "
+            f"{self.gap_fraction:.0%} of it is input)"
+            if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms
+            else ""
+        )
         lines = [f"Verdict: {self.verdict}{gap}"]
         if self.interrupted:
             lines.append("Interrupted: this report is partial.")
@@ -245,8 +264,10 @@ class Report:
     STAGE_COSTS_TITLE = "Stage costs inside the workers (timed in one more pass, to check the ladder):"
 
     def title(self) -> str:
-        return (f"fastpipe diagnosis: {self.workload} on {self.device} ({self.num_workers} workers, batch {self.batch_size}, "
-                f"at least {self.steps} steps a point after {self.warmup} warm-up, precision target {self.precision_target:.0%})")
+        return (
+            f"fastpipe diagnosis: {self.workload} on {self.device} ({self.num_workers} workers, batch {self.batch_size}, "
+            f"at least {self.steps} steps a point after {self.warmup} warm-up, precision target {self.precision_target:.0%})"
+        )
 
     def to_markdown(self) -> str:
         out = [f"### {self.title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 1)]
@@ -304,11 +325,16 @@ class Report:
             text = f" {label.lstrip('≥ ')} {width:+.0f} ms" if y < len(bars) - 1 else f" {width:.0f} ms"
             ax.text(start + max(width, 0.0), y, text, va="center", fontsize=8)
         if self.baseline_step_ms:
-            ax.axvline(self.baseline_step_ms, color="black", linestyle="--", linewidth=1, label=f"baseline step ({self.baseline_step_ms:.0f} ms)")
+            ax.axvline(
+                self.baseline_step_ms, color="black", linestyle="--", linewidth=1, label=f"baseline step ({self.baseline_step_ms:.0f} ms)"
+            )
         from matplotlib.patches import Patch
 
-        handles = [Patch(color=COLORS["device"], label="device step"), Patch(color=COLORS["cost"], label="stage named as a cost"),
-                   Patch(color=COLORS["minor"], label="within noise or threshold")]
+        handles = [
+            Patch(color=COLORS["device"], label="device step"),
+            Patch(color=COLORS["cost"], label="stage named as a cost"),
+            Patch(color=COLORS["minor"], label="within noise or threshold"),
+        ]
         if self.unresolved:
             handles.append(Patch(color=COLORS["unresolved"], label="did not hold when remeasured"))
         line_handles, _ = ax.get_legend_handles_labels()

@@ -11,6 +11,7 @@ to round, so drift of a shared machine and the cost of going first fall on every
 rounds are pooled (:func:`fastpipe.diagnosis._noise.pool`): drift between rounds shows as noise. Other processes'
 load is checked, and worded, as a diagnosis does (:func:`fastpipe.diagnosis._caveats.busy_machine_line`).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fastpipe._render import COLORS, pyplot, render_table
+from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE
 from fastpipe.diagnosis._caveats import busy_machine_line
 from fastpipe.diagnosis._noise import difference_noise, pool
-from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.diagnosis._options import MeasureOptions
-from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE
-from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._points import measure_points
-from fastpipe._render import COLORS, pyplot, render_table
+from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import family_of, load_workload
 
@@ -96,15 +97,27 @@ class Comparison:
             gain = "" if v.throughput_gain is None else f"{v.throughput_gain:+.0%}"
             closed = "" if v.gap_closed is None else f"{v.gap_closed:.0%}"
             verdict = "" if v.improved is None else ("faster beyond noise" if v.improved else "NO GAIN beyond noise or drift")
-            rows.append((v.name, f"{v.ms_per_step:.0f} ±{v.noise:.1%}", f"{v.steps_per_s:.3f}", f"{v.fraction_of_bound:.1%}",
-                         saved, gain, closed, verdict))
+            rows.append(
+                (
+                    v.name,
+                    f"{v.ms_per_step:.0f} ±{v.noise:.1%}",
+                    f"{v.steps_per_s:.3f}",
+                    f"{v.fraction_of_bound:.1%}",
+                    saved,
+                    gain,
+                    closed,
+                    verdict,
+                )
+            )
         return rows
 
     HEADERS = ("variant", "ms/step", "steps/s", "of bound", "saved ms", "throughput", "gap closed", "verdict")
 
     def _title(self) -> str:
-        return (f"fastpipe compare on {self.device} (at least {self.steps} steps a rung after {self.warmup} warm-up, "
-                f"precision target {self.precision_target:.0%}); each rung is compared with the row above it")
+        return (
+            f"fastpipe compare on {self.device} (at least {self.steps} steps a rung after {self.warmup} warm-up, "
+            f"precision target {self.precision_target:.0%}); each rung is compared with the row above it"
+        )
 
     def to_markdown(self) -> str:
         out = [f"### {self._title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 2) + "---|"]
@@ -117,8 +130,10 @@ class Comparison:
         lines = [f"Flag: {flag}" for flag in self.flags]
         if not self.flags and len(self.variants) > 1:
             lines.append("Every rung made the step shorter beyond noise.")
-        lines.append("Each rung is compared with the row above: 'saved ms' per step, the 'throughput' that buys, and 'gap closed', "
-                     "the share of the row above's time over the device step that the rung removed.")
+        lines.append(
+            "Each rung is compared with the row above: 'saved ms' per step, the 'throughput' that buys, and 'gap closed', "
+            "the share of the row above's time over the device step that the rung removed."
+        )
         return render_table(self._title(), columns, self._rows(), lines)
 
     def __str__(self) -> str:
@@ -136,14 +151,22 @@ class Comparison:
         colors = self.colors()
         fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
         ax.barh(names[::-1], times[::-1], color=colors[::-1])
-        ax.axvline(self.device_step_ms, color=COLORS["device"], linestyle="--", linewidth=1.5,
-                   label=f"device step ({self.device_step_ms:.0f} ms, the bound)")
+        ax.axvline(
+            self.device_step_ms,
+            color=COLORS["device"],
+            linestyle="--",
+            linewidth=1.5,
+            label=f"device step ({self.device_step_ms:.0f} ms, the bound)",
+        )
         for y, v in enumerate(self.variants[::-1]):
             ax.text(v.ms_per_step, y, f" {v.ms_per_step:.0f} ms ({v.fraction_of_bound:.0%} of the bound)", va="center", fontsize=8)
         from matplotlib.patches import Patch
 
-        handles = [Patch(color=COLORS["reference"], label="first rung"), Patch(color=COLORS["gain"], label="faster beyond noise"),
-                   Patch(color=COLORS["minor"], label="no gain beyond noise")]
+        handles = [
+            Patch(color=COLORS["reference"], label="first rung"),
+            Patch(color=COLORS["gain"], label="faster beyond noise"),
+            Patch(color=COLORS["minor"], label="no gain beyond noise"),
+        ]
         line_handles, _ = ax.get_legend_handles_labels()
         ax.set_xlabel("milliseconds per step (shorter is better)")
         ax.set_xlim(0, max(times + [self.device_step_ms]) * 1.45)
@@ -163,11 +186,16 @@ def _pooled(runs: list[ExperimentResult], workload: Any) -> ExperimentResult:
     total = sum(weights)
     first = runs[0]
     return ExperimentResult(
-        name=first.name, cache_point=first.cache_point, steps_per_s=steps_per_s, fraction_of_bound=math.nan,
-        spread=max(r.spread for r in runs), noise=noise,
+        name=first.name,
+        cache_point=first.cache_point,
+        steps_per_s=steps_per_s,
+        fraction_of_bound=math.nan,
+        spread=max(r.spread for r in runs),
+        noise=noise,
         cpu_util=sum(w * r.cpu_util for w, r in zip(weights, runs)) / total,
         system_cpu_util=sum(w * r.system_cpu_util for w, r in zip(weights, runs)) / total,
-        step_times=[t for r in runs for t in r.step_times], steps_measured=sum(len(r.step_times) for r in runs),
+        step_times=[t for r in runs for t in r.step_times],
+        steps_measured=sum(len(r.step_times) for r in runs),
     )
 
 
@@ -215,8 +243,9 @@ def compare(
             workloads.append(load_workload(spec, device, **options))
 
         def measure(i: int, points: list[str], budget_s: float) -> dict[str, ExperimentResult]:
-            return measure_points(workloads[i], device, points, steps=steps, warmup=warmup, progress=progress,
-                                  budget=budget_s, precision=precision)
+            return measure_points(
+                workloads[i], device, points, steps=steps, warmup=warmup, progress=progress, budget=budget_s, precision=precision
+            )
 
         for i in range(len(variants)):  # warm-up: file cache, workers, compilation; discarded
             measure(i, [BASELINE], min(WARMUP_BUDGET_S, budget))
@@ -255,18 +284,33 @@ def compare(
                 )
             elif not improved:
                 comparison.flags.append(f"'{name}' saved {saved:+.0f} ms per step, within run-to-run drift (±{floor:.0f} ms)")
-        comparison.variants.append(VariantResult(
-            name=name, spec=spec, steps_per_s=result.steps_per_s, fraction_of_bound=result.steps_per_s / bound, ms_per_step=ms,
-            saved_ms=saved, throughput_gain=gain, gap_closed=gap_closed, improved=improved, noise=result.noise,
-            spread=result.spread, cpu_util=result.cpu_util,
-        ))
+        comparison.variants.append(
+            VariantResult(
+                name=name,
+                spec=spec,
+                steps_per_s=result.steps_per_s,
+                fraction_of_bound=result.steps_per_s / bound,
+                ms_per_step=ms,
+                saved_ms=saved,
+                throughput_gain=gain,
+                gap_closed=gap_closed,
+                improved=improved,
+                noise=result.noise,
+                spread=result.spread,
+                cpu_util=result.cpu_util,
+            )
+        )
         previous = result
-    busy = busy_machine_line([(v.name, r.system_cpu_util - r.cpu_util) for v, (_, _, r) in zip(comparison.variants, results)],
-                             "rungs measured then were interleaved with the others in rounds")
+    busy = busy_machine_line(
+        [(v.name, r.system_cpu_util - r.cpu_util) for v, (_, _, r) in zip(comparison.variants, results)],
+        "rungs measured then were interleaved with the others in rounds",
+    )
     if busy:
         comparison.flags.append(busy)
     imprecise = [v.name for v in comparison.variants if v.noise > precision]
     if imprecise:
-        comparison.flags.append(f"{', '.join(imprecise)} did not reach the {precision:.0%} precision target within the {budget:g} s "
-                                "budget: raise --budget for firmer verdicts")
+        comparison.flags.append(
+            f"{', '.join(imprecise)} did not reach the {precision:.0%} precision target within the {budget:g} s "
+            "budget: raise --budget for firmer verdicts"
+        )
     return comparison

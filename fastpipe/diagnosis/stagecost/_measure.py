@@ -6,6 +6,7 @@ untimed passes, to check that timing perturbs nothing), and turns the batches' t
 :class:`~fastpipe.diagnosis.stagecost._result.StageCosts`. Two of its helpers, :func:`coerce_workload` and
 :func:`round_noise`, are also used by :mod:`fastpipe.experiments._tune`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,13 +18,15 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.diagnosis._points import pipeline_error
-from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._cache import CachePointDataset
 from fastpipe.devices import Device, parse_device
-from fastpipe.errors import ConfigError, FastpipeError, PipelineError
+from fastpipe.diagnosis._cache import CachePointDataset
+from fastpipe.diagnosis._cachepoint import BASELINE
+from fastpipe.diagnosis._cpu import CpuMonitor
+from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._measure import Measurement, device_batches, measure_steps
+from fastpipe.diagnosis._noise import rel_stderr
+from fastpipe.diagnosis._points import pipeline_error
 from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.diagnosis.stagecost._result import StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._timing import (
@@ -35,9 +38,7 @@ from fastpipe.diagnosis.stagecost._timing import (
     timed_loader,
     untimed_loader,
 )
-from fastpipe.diagnosis._cpu import CpuMonitor
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._noise import rel_stderr
+from fastpipe.errors import ConfigError, FastpipeError, PipelineError
 from fastpipe.stages import RAW_STAGE
 from fastpipe.workloads._workload import Workload, loader_batch_size
 
@@ -126,13 +127,18 @@ def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -
     for name in _stage_order(names, set(wall)):
         w, c = wall.get(name, 0.0) / samples, cpu.get(name, 0.0) / samples
         kind = RAW_STAGE if name == RAW_STAGE else COLLATE_STAGE if name == COLLATE_STAGE else "transform"
-        stages.append(StageCost(
-            name=name, kind=kind, ms_per_sample=1000 * w, cpu_ms_per_sample=1000 * c,
-            runq_ms_per_sample=1000 * runq.get(name, 0.0) / samples,
-            share=w * samples / total_wall if total_wall > 0 else 0.0,
-            cpu_share=c * samples / total_cpu if total_cpu > 0 else math.nan,
-            samples_per_s_alone=parallelism / w if w > 0 else math.inf,
-        ))
+        stages.append(
+            StageCost(
+                name=name,
+                kind=kind,
+                ms_per_sample=1000 * w,
+                cpu_ms_per_sample=1000 * c,
+                runq_ms_per_sample=1000 * runq.get(name, 0.0) / samples,
+                share=w * samples / total_wall if total_wall > 0 else 0.0,
+                cpu_share=c * samples / total_cpu if total_cpu > 0 else math.nan,
+                samples_per_s_alone=parallelism / w if w > 0 else math.inf,
+            )
+        )
     return stages, samples
 
 
@@ -241,13 +247,25 @@ def measure_stage_costs(
         notes.append("num_workers=0: the stages ran in the training process, between steps")
     untimed_times = [t for p in untimed for t in p.measurement.step_times]
     return StageCosts(
-        workload=workload.name, device=device.spec, num_workers=workers, batch_size=loader_batch_size(loader), cores=usable_cores(),
-        steps=steps, warmup=warmup, stages=stages, samples=samples, steps_per_s=result.measurement.steps_per_s,
-        noise=round_noise(result.measurement.step_times, workers), cpu_util=result.measurement.cpu_util,
-        system_cpu_util=result.measurement.system_cpu_util, os_worker_cpu_ms_per_sample=_worker_cpu_ms([result], workers),
+        workload=workload.name,
+        device=device.spec,
+        num_workers=workers,
+        batch_size=loader_batch_size(loader),
+        cores=usable_cores(),
+        steps=steps,
+        warmup=warmup,
+        stages=stages,
+        samples=samples,
+        steps_per_s=result.measurement.steps_per_s,
+        noise=round_noise(result.measurement.step_times, workers),
+        cpu_util=result.measurement.cpu_util,
+        system_cpu_util=result.measurement.system_cpu_util,
+        os_worker_cpu_ms_per_sample=_worker_cpu_ms([result], workers),
         untimed_steps_per_s=len(untimed_times) / sum(untimed_times) if untimed_times else None,
         untimed_noise=round_noise(untimed_times, workers) if untimed_times else None,
         untimed_passes=[p.measurement.steps_per_s for p in untimed],
-        untimed_os_worker_cpu_ms_per_sample=_worker_cpu_ms(untimed, workers), tolerance=tolerance, notes=notes,
+        untimed_os_worker_cpu_ms_per_sample=_worker_cpu_ms(untimed, workers),
+        tolerance=tolerance,
+        notes=notes,
         timing_us_per_sample=timing_cost_us(len(pipeline.stages) if pipeline is not None else 0),
     )

@@ -4,6 +4,7 @@ Part of :mod:`fastpipe.diagnosis.stagecost`. Kept apart from the measuring so th
 derived cross-checks (coverage, overhead) and their renderings (dict/JSON, table, markdown,
 plain-text summary) can be read, tested and embedded in other reports without running anything.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastpipe.diagnosis._noise import difference_noise
 from fastpipe._render import render_table
+from fastpipe.diagnosis._noise import difference_noise
 
 SCHEMA = "fastpipe.stagecost/1"
 
@@ -165,10 +166,14 @@ class StageCosts:
     def to_dict(self) -> dict[str, Any]:
         data = {"schema": SCHEMA, **dataclasses.asdict(self)}
         data.update(
-            total_ms_per_sample=self.total_ms_per_sample, total_cpu_ms_per_sample=self.total_cpu_ms_per_sample,
+            total_ms_per_sample=self.total_ms_per_sample,
+            total_cpu_ms_per_sample=self.total_cpu_ms_per_sample,
             pipeline_samples_per_s=_finite(self.pipeline_samples_per_s),
-            measured_worker_ms_per_sample=self.measured_worker_ms_per_sample, coverage=self.coverage,
-            cpu_coverage=self.cpu_coverage, overhead=self.overhead, overhead_within_noise=self.overhead_within_noise,
+            measured_worker_ms_per_sample=self.measured_worker_ms_per_sample,
+            coverage=self.coverage,
+            cpu_coverage=self.cpu_coverage,
+            overhead=self.overhead,
+            overhead_within_noise=self.overhead_within_noise,
             cpu_overhead=self.cpu_overhead,
         )
         for stage in data["stages"]:
@@ -182,10 +187,27 @@ class StageCosts:
     HEADERS = ("stage", "ms/sample", "of worker time", "CPU ms/sample", "of worker CPU", "samples/s alone")
 
     def rows(self) -> list[tuple[str, ...]]:
-        rows = [(s.name, f"{s.ms_per_sample:.2f}", f"{s.share:.1%}", f"{s.cpu_ms_per_sample:.2f}",
-                 "-" if math.isnan(s.cpu_share) else f"{s.cpu_share:.1%}", _rate(s.samples_per_s_alone)) for s in self.stages]
-        rows.append(("all stages", f"{self.total_ms_per_sample:.2f}", "100.0%", f"{self.total_cpu_ms_per_sample:.2f}", "100.0%",
-                     _rate(self.pipeline_samples_per_s)))
+        rows = [
+            (
+                s.name,
+                f"{s.ms_per_sample:.2f}",
+                f"{s.share:.1%}",
+                f"{s.cpu_ms_per_sample:.2f}",
+                "-" if math.isnan(s.cpu_share) else f"{s.cpu_share:.1%}",
+                _rate(s.samples_per_s_alone),
+            )
+            for s in self.stages
+        ]
+        rows.append(
+            (
+                "all stages",
+                f"{self.total_ms_per_sample:.2f}",
+                "100.0%",
+                f"{self.total_cpu_ms_per_sample:.2f}",
+                "100.0%",
+                _rate(self.pipeline_samples_per_s),
+            )
+        )
         return rows
 
     def _who(self) -> str:
@@ -220,12 +242,18 @@ class StageCosts:
             lines.append(
                 f"Check: the timed pass ran at {self.steps_per_s:.3f} steps/s, i.e. {measured:.2f} ms of worker time per sample; "
                 f"the stages sum to {self.coverage:.0%} of it"
-                + (" (workers idled: the pipeline kept up with the device, or the main process limited it)" if self.coverage < 0.8 else
-                   " (more than the wall time allows: the machine's load changed during the pass; rerun with more --steps)"
-                   if self.coverage > 1.2 else "")
+                + (
+                    " (workers idled: the pipeline kept up with the device, or the main process limited it)"
+                    if self.coverage < 0.8
+                    else " (more than the wall time allows: the machine's load changed during the pass; rerun with more --steps)"
+                    if self.coverage > 1.2
+                    else ""
+                )
             )
         if self.cpu_coverage is not None and self.os_worker_cpu_ms_per_sample:
-            lines.append(f"Check: the OS counted {self.os_worker_cpu_ms_per_sample:.2f} ms of worker CPU per sample; the stages' CPU sums to {self.cpu_coverage:.0%} of it")
+            lines.append(
+                f"Check: the OS counted {self.os_worker_cpu_ms_per_sample:.2f} ms of worker CPU per sample; the stages' CPU sums to {self.cpu_coverage:.0%} of it"
+            )
         if self.overhead is not None:
             verdict = "within noise" if self.overhead_within_noise else "MORE than noise: treat these costs with care"
             lines.append(
@@ -235,11 +263,15 @@ class StageCosts:
                 f"±{self.overhead_noise:.3f} steps/s: {verdict}"
             )
         if self.timing_us_per_sample is not None and self.total_ms_per_sample > 0:
-            lines.append(f"Timing itself costs {self.timing_us_per_sample:.1f} µs of CPU per sample "
-                         f"({self.timing_us_per_sample / 10 / self.total_ms_per_sample:.2f}% of the stages' time), measured in-process")
+            lines.append(
+                f"Timing itself costs {self.timing_us_per_sample:.1f} µs of CPU per sample "
+                f"({self.timing_us_per_sample / 10 / self.total_ms_per_sample:.2f}% of the stages' time), measured in-process"
+            )
         if self.cpu_overhead is not None:
-            lines.append(f"Timing overhead in worker CPU: {self.os_worker_cpu_ms_per_sample:.2f} ms per sample timed vs "
-                         f"{self.untimed_os_worker_cpu_ms_per_sample:.2f} untimed ({self.cpu_overhead:+.1%})")
+            lines.append(
+                f"Timing overhead in worker CPU: {self.os_worker_cpu_ms_per_sample:.2f} ms per sample timed vs "
+                f"{self.untimed_os_worker_cpu_ms_per_sample:.2f} untimed ({self.cpu_overhead:+.1%})"
+            )
         lines += [f"Note: {note}" for note in self.notes]
         return lines
 
@@ -253,8 +285,10 @@ class StageCosts:
 
     def to_table(self) -> str:
         """The console rendering (rich), as plain text."""
-        columns = [(f"samples/s alone ({self.parallelism})" if i == len(self.HEADERS) - 1 else header, "left" if i == 0 else "right")
-                   for i, header in enumerate(self.HEADERS)]
+        columns = [
+            (f"samples/s alone ({self.parallelism})" if i == len(self.HEADERS) - 1 else header, "left" if i == 0 else "right")
+            for i, header in enumerate(self.HEADERS)
+        ]
         return render_table(self.title(), columns, self.rows(), self.summary_lines())
 
     def __str__(self) -> str:

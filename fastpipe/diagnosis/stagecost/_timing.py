@@ -7,6 +7,7 @@ loader helpers (:func:`loader_with`, :func:`timed_loader`, :func:`untimed_loader
 that strips the timings off the batches, and the OS-side sampling of the workers' CPU time.
 It knows nothing of results or reports.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,11 +19,11 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe.diagnosis._cache import CachePointDataset
-from fastpipe.loading._rebuild import rebuild_loader
-from fastpipe.loading._pinning import shutdown_iterator
+from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.loading._pinning import shutdown_iterator
+from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, read_sample
 
 COLLATE_STAGE = "collate"
@@ -109,8 +110,12 @@ class _Ledger:
 
     def end_sample(self, wall: float, cpu: float, runq: float = 0.0) -> None:
         """``__getitem__`` took ``wall``/``cpu``/``runq`` in all; what the transform stages did not take is the raw load."""
-        self.pending.add(RAW_STAGE, max(0.0, wall - self.sample_transform_wall), max(0.0, cpu - self.sample_transform_cpu),
-                         max(0.0, runq - self.sample_transform_runq))
+        self.pending.add(
+            RAW_STAGE,
+            max(0.0, wall - self.sample_transform_wall),
+            max(0.0, cpu - self.sample_transform_cpu),
+            max(0.0, runq - self.sample_transform_runq),
+        )
         self.pending.samples += 1
 
     def take(self) -> BatchTimings:
@@ -244,7 +249,7 @@ class _Tap:
         self.start = len(self.records)
 
     def measured(self) -> list[BatchTimings]:
-        return self.records[self.start:] or self.records
+        return self.records[self.start :] or self.records
 
     def __iter__(self) -> "_TapIterator":
         return _TapIterator(self, iter(self.loader))
