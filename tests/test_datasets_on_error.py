@@ -24,10 +24,8 @@ requires_op = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op
 
 
 def _build_corpus(root: Path, n: int) -> Path:
-    try:
-        from fastpipe.workloads.photos import build_corpus
-    except ImportError:  # before the modules moved into subpackages
-        from fastpipe.photos import build_corpus  # type: ignore[no-redef]
+    from fastpipe.workloads.photos import build_corpus
+
     return build_corpus(root, n=n, seed=0, classes=2)
 
 
