@@ -175,7 +175,7 @@ def test_all_is_sorted_and_complete():
 
 @pytest.mark.parametrize(
     "package",
-    ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading", "fastpipe.monitor", "fastpipe.workloads", "fastpipe.transforms"],
+    ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading", "fastpipe.monitor", "fastpipe.workloads"],
 )
 def test_subpackage_all_is_sorted_and_importable(package):
     module = importlib.import_module(package)

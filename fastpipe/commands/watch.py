@@ -85,7 +85,7 @@ class _Watched:
 
     def add(self, timings: Any) -> None:
         self.samples += timings.samples
-        for name, (wall, cpu) in timings.stages.items():
+        for name, (wall, cpu, *_) in timings.stages.items():  # a third figure (run-queue wait) may follow
             entry = self.stages.setdefault(name, [0.0, 0.0])
             entry[0] += wall
             entry[1] += cpu

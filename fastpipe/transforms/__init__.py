@@ -17,19 +17,20 @@ from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, ConvertColor
 from fastpipe.transforms.mask import BACKENDS, RandomMask, apply_mask, backend_available, draw_mask, random_mask, resolve_backend
 from fastpipe.transforms.noise import uniform_noise
 
+# Not sorted: users meet Normalize (keeps RGB) before ConvertColorScale (changes the colour space).
 __all__ = [
     "BACKENDS",
-    "Contiguous",
-    "ConvertColorScale",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "Normalize",
     "RandomMask",
-    "ToCHWTensor",
     "apply_mask",
-    "backend_available",
     "draw_mask",
     "random_mask",
+    "backend_available",
     "resolve_backend",
     "uniform_noise",
+    "ToCHWTensor",
+    "Contiguous",
+    "Normalize",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ConvertColorScale",
 ]
