@@ -83,11 +83,18 @@ class _Diagnosis:
             self.plan,
             self.runner.results,
             self.threshold,
-            loader_batch_size(self.workload.loader),
+            self.batch_size(),
             self.runner.workers,
             costs=stages,
             unresolved=dict(self.unresolved),
         )
+
+    def batch_size(self) -> int | None:
+        """The loader's batch size; with a custom batch sampler, the size of the batches it delivered (the host point's)."""
+        size = loader_batch_size(self.workload.loader)
+        if size is None and self.runner.host_batches:
+            size = _leading_size(self.runner.host_batches[0])
+        return size
 
     def measure(self, point: str, **kwargs: Any) -> ExperimentResult | None:
         """Measure a point (its run's result); a middle point that cannot be built or fails is dropped from the plan
@@ -194,7 +201,7 @@ class _Diagnosis:
                 self.plan,
                 {DEVICE: self.runner.results[DEVICE], upper: fresh_upper, lower: fresh_lower},
                 self.threshold,
-                loader_batch_size(self.workload.loader),
+                self.batch_size(),
                 self.runner.workers,
             )
             loaded = max(fresh_upper.system_cpu_util - fresh_upper.cpu_util, fresh_lower.system_cpu_util - fresh_lower.cpu_util)
@@ -282,7 +289,15 @@ class _Diagnosis:
         if attribution.costs and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.bottlenecks += attribution.unnamed_costs(report.components)  # rule 4: never end with the costs unmentioned
         for b in report.bottlenecks + report.unresolved:
-            _advise(b, self.runner.pipeline, self.workload.loader.dataset, self.runner.workers, attribution.costs, report)
+            _advise(
+                b,
+                self.runner.pipeline,
+                self.workload.loader.dataset,
+                self.runner.workers,
+                attribution.costs,
+                report,
+                attribution.batch_size,
+            )
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
         if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.verdict = TOO_NOISY
@@ -311,6 +326,20 @@ class _Diagnosis:
         return report
 
 
+def _leading_size(batch: Any) -> int | None:
+    """The first dimension of a batch's first tensor (through tuples, lists and dicts), or None."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = _leading_size(item)
+        if size is not None:
+            return size
+    return None
+
+
 def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
     if "reused" not in stats:
@@ -323,7 +352,9 @@ def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
-def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: dict[str, Any] | None, report: Report) -> None:
+def _advise(
+    component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: dict[str, Any] | None, report: Report, batch: int | None = None
+) -> None:
     """Fill in the component's recommendation (and snippet) for its own stage.
 
     A stage that mostly waits gets advice about workers, prefetching and storage, with the workers that would hide it
@@ -334,7 +365,7 @@ def _advise(component: Bottleneck, pipeline: Any, dataset: Any, workers: int, co
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
-    waiting = waiting_text(component, costs, report.device_step_ms or 0.0, report.batch_size, usable_cores())
+    waiting = waiting_text(component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores())
     if component.waits and waiting:
         component.recommendation, component.snippet = waiting, None
         return
