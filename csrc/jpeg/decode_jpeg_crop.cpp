@@ -34,6 +34,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "decode_jpeg_crop.h"
 #include "decompressor.h"
 #include "../clones.h"  // FASTPIPE_CLONES: AVX2 and baseline, picked at load time
 
@@ -307,24 +308,22 @@ struct Scratch {
 
 // ---------------------------------------------------------------------------------------------
 
-at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height, int64_t width,
-                                int64_t out_h, int64_t out_w, bool hflip, std::optional<int64_t> max_pixels) {
-  TORCH_CHECK(data.device().is_cpu(), "decode_jpeg_crop: data must be on the CPU, got ", data.device());
-  TORCH_CHECK(data.dtype() == at::kByte && data.dim() == 1, "decode_jpeg_crop: data must be the file's bytes as a 1-D uint8 tensor, got ",
-              data.dtype(), " with ", data.dim(), " dimensions");
+}  // namespace
+
+// The op's work on raw memory, shared with the batch op (decode_batch.cpp): see decode_jpeg_crop.h.
+void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, int64_t left, int64_t height, int64_t width, int64_t out_h,
+                           int64_t out_w, bool hflip, const std::optional<int64_t>& max_pixels, uint8_t* base) {
   TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= 65535 && out_w <= 65535, "decode_jpeg_crop: output size must be positive and at most 65535, got ", out_h, "x", out_w);
   TORCH_CHECK(height > 0 && width > 0 && top >= 0 && left >= 0, "decode_jpeg_crop: crop box (top=", top, ", left=", left, ", height=", height,
               ", width=", width, ") must have top, left >= 0 and a positive size");
   jpeg_detail::check_limit_argument(max_pixels, "decode_jpeg_crop");
   TORCH_CHECK(!max_pixels.has_value() || out_h * out_w <= *max_pixels, "decode_jpeg_crop: the output size ", out_h, "x", out_w,
               " is over the pixel limit of ", max_pixels.value_or(0));
-  TORCH_CHECK(data.numel() > 2, "cannot decode the JPEG (corrupt, truncated or unsupported): only ", data.numel(), " bytes");
-  const at::Tensor bytes = data.contiguous();
+  TORCH_CHECK(nbytes > 2, "cannot decode the JPEG (corrupt, truncated or unsupported): only ", nbytes, " bytes");
 
   Decompressor d("decode_jpeg_crop", /*warnings_are_errors=*/true, max_pixels);
   jpeg_decompress_struct* cinfo = &d.cinfo;
-  const unsigned char* buffer = bytes.data_ptr<uint8_t>();
-  const unsigned long size = static_cast<unsigned long>(bytes.numel());
+  const unsigned long size = static_cast<unsigned long>(nbytes);
   if (!guarded(d.err, [&] {
         jpeg_mem_src(cinfo, buffer, size);
         jpeg_read_header(cinfo, TRUE);
@@ -449,8 +448,6 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
     }
   }
   uint8_t* rgbx = Scratch::at_least(buffers.rgbx, static_cast<size_t>(out_w) * 4 + 16);
-  at::Tensor out = at::empty({3, out_h, out_w}, at::kByte);
-  uint8_t* base = out.data_ptr<uint8_t>();
   const size_t plane = static_cast<size_t>(out_h) * out_w;
   for (int y = 0; y < out_h; ++y) {
     const int16_t* row = mid + static_cast<size_t>(y) * padded;
@@ -475,6 +472,20 @@ at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t lef
   constexpr size_t kKeepBytes = size_t{16} << 20;
   if (buffers.pixels.capacity() > kKeepBytes) std::vector<uint8_t>().swap(buffers.pixels);
   if (buffers.mid.capacity() * sizeof(int16_t) > kKeepBytes) std::vector<int16_t>().swap(buffers.mid);
+}
+
+namespace {
+
+at::Tensor decode_jpeg_crop_cpu(const at::Tensor& data, int64_t top, int64_t left, int64_t height, int64_t width,
+                                int64_t out_h, int64_t out_w, bool hflip, std::optional<int64_t> max_pixels) {
+  TORCH_CHECK(data.device().is_cpu(), "decode_jpeg_crop: data must be on the CPU, got ", data.device());
+  TORCH_CHECK(data.dtype() == at::kByte && data.dim() == 1, "decode_jpeg_crop: data must be the file's bytes as a 1-D uint8 tensor, got ",
+              data.dtype(), " with ", data.dim(), " dimensions");
+  TORCH_CHECK(out_h > 0 && out_w > 0 && out_h <= 65535 && out_w <= 65535, "decode_jpeg_crop: output size must be positive and at most 65535, got ", out_h, "x", out_w);
+  const at::Tensor bytes = data.contiguous();
+  at::Tensor out = at::empty({3, out_h, out_w}, at::kByte);
+  decode_jpeg_crop_into(bytes.data_ptr<uint8_t>(), bytes.numel(), top, left, height, width, out_h, out_w, hflip, max_pixels,
+                        out.data_ptr<uint8_t>());
   return out;
 }
 

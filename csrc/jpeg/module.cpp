@@ -24,4 +24,14 @@ TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   m.def(
       "decode_jpeg_crop(Tensor data, int top, int left, int height, int width, int out_h, int out_w, bool hflip, int? max_pixels=None) "
       "-> Tensor");
+  // The same for a batch (decode_batch.cpp), by `threads` native threads: data[i] with boxes[i]
+  // (int64 (N, 4): top, left, height, width) and hflip[i] (bool (N,)), into a new uint8
+  // (N, 3, out_h, out_w) tensor, or into `out` (the caller's contiguous uint8 (N, 3, H, W)).
+  // Returns the int32 status per file (0: decoded; else failed, its planes left unwritten).
+  m.def(
+      "decode_jpeg_crop_batch(Tensor[] data, Tensor boxes, Tensor hflip, int out_h, int out_w, int threads=1, int? max_pixels=None) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "decode_jpeg_crop_batch_out(Tensor[] data, Tensor boxes, Tensor hflip, Tensor(a!) out, int threads=1, int? max_pixels=None) "
+      "-> Tensor");
 }

@@ -50,6 +50,7 @@ from fastpipe.ops.jpeg import (  # noqa: E402  (its own library and load flag, f
     set_max_image_pixels,
     which_decoder,
 )
+from fastpipe.ops.jpeg_batch import decode_jpeg_crop_batch  # noqa: E402  (registers the batch op's fake kernels)
 from fastpipe.ops.mask import apply_mask_, draw_mask, random_mask_, random_mask_out  # noqa: E402  (needs the flags above)
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "CorruptImageError",
     "DecompressionBombError",
     "decode_jpeg_crop",
+    "decode_jpeg_crop_batch",
     "jpeg_op_status",
     "jpeg_size",
     "max_image_pixels",
