@@ -17,11 +17,13 @@ these are benchmarked on comes from :func:`fastpipe.photos.build_corpus`.
 from fastpipe.datasets.crop import DecodeCrop, DecodeCropLoader, crop_params, draw_flip
 from fastpipe.datasets.device_decode import DecodeCropOnDevice, EncodedBatch, collate_encoded, decode_rgb
 from fastpipe.datasets.folder import EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning
+from fastpipe.datasets.threaded import ThreadLoader
 
 __all__ = [
     "ImageFolder",
     "SkipCount",
     "SkippedImageWarning",
+    "ThreadLoader",
     "DecodeCrop",
     "DecodeCropLoader",
     "EncodedImageFolder",

@@ -1,0 +1,151 @@
+"""The thread loader's batch memory: a few reused buffers, given back as ``fastpipe.recycled`` gives its slots back.
+
+Each buffer holds one batch: the uint8 (N, 3, H, W) images and the int64 (N,) labels, in one
+allocation (page-locked when the batch is for CUDA), so that whether anything still holds the
+batch is one count: the storage's use count (``storage_refs``, as ``fastpipe.recycled`` counts it).
+A delivered batch goes back to the free list, to be written again:
+
+* with :class:`~fastpipe.loading.DevicePrefetcher` (through ``release(batch, after)``), once its
+  copy to the device is done: a CUDA event, or the modelled copy's ready time on ``sim``;
+* in a hand-written loop, at a later ``next()``, when nothing refers to it any more, after the
+  device work queued so far (your ``non_blocking`` copy of it) has finished;
+* never, if the loop keeps it past ``slots`` batches: it is yours (``kept`` in the stats), and
+  the ring makes a new buffer in its place.
+
+The decoding thread never waits for a buffer: when every one is in use it writes into a fresh
+one (``fallbacks``), so a loop that keeps batches cannot stall the loader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from typing import Any, Callable
+
+import torch
+
+from fastpipe.loading.recycle._hostpin import storage_refs
+
+LABEL_BYTES = 8  # int64 labels
+#: storage_refs() of a buffer only the ring holds.
+OWN_REFS = storage_refs(torch.empty(1))
+
+
+class Lease:
+    """A delivered batch's hold on its buffer."""
+
+    __slots__ = ("buffer", "serial", "done")
+
+    def __init__(self, buffer: torch.Tensor, serial: int) -> None:
+        self.buffer, self.serial, self.done = buffer, serial, False
+
+    def in_use(self) -> bool:
+        return storage_refs(self.buffer) > OWN_REFS
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        start = self.buffer.data_ptr()
+        return start <= tensor.data_ptr() < start + self.buffer.numel()
+
+
+class BufferRing:
+    """``slots`` reusable batch buffers of one shape; thread-safe (the decoding thread takes, the loop gives back)."""
+
+    def __init__(self, slots: int, batch_size: int, size: tuple[int, int], pin: bool) -> None:
+        self.slots, self.batch_size, self.size, self.pin = slots, batch_size, size, pin
+        self.image_bytes = batch_size * 3 * size[0] * size[1]
+        self.nbytes = -(-self.image_bytes // LABEL_BYTES) * LABEL_BYTES + batch_size * LABEL_BYTES
+        self._free: list[torch.Tensor] = []
+        self._owned = 0  # buffers of the ring, free or lent
+        self._held: deque[Lease] = deque()
+        self._pending: list[tuple[Lease, Any]] = []
+        self._serial = 0
+        self._lock = threading.Lock()
+        self.events: Counter[str] = Counter()
+
+    def _new(self) -> torch.Tensor:
+        return torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.pin)
+
+    def take(self) -> tuple[torch.Tensor, bool]:
+        """A buffer to write the next batch into, and whether it belongs to the ring (False: a one-off fallback)."""
+        with self._lock:
+            self.events["batches"] += 1
+            if self._free:
+                self.events["reused"] += 1
+                return self._free.pop(), True
+            if self._owned < self.slots:
+                self._owned += 1
+                self.events["first_buffers"] += 1
+                return self._new(), True
+            self.events["fallbacks"] += 1
+        return self._new(), False
+
+    def views(self, buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` images (uint8 (n, 3, H, W)) and labels (int64 (n,)) of ``buffer``."""
+        h, w = self.size
+        images = buffer[: self.image_bytes].view(self.batch_size, 3, h, w)[:n]
+        start = self.nbytes - self.batch_size * LABEL_BYTES
+        labels = buffer[start:].view(torch.int64)[:n]
+        return images, labels
+
+    def lend(self, buffer: torch.Tensor, owned: bool) -> None:
+        """The batch in ``buffer`` goes to the loop now; an owned buffer comes back by :meth:`poll` or :meth:`release`."""
+        with self._lock:
+            self._serial += 1
+            if owned:
+                self._held.append(Lease(buffer, self._serial))
+
+    def give_back(self, buffer: torch.Tensor, owned: bool) -> None:
+        """A buffer taken but never lent (the epoch ended first)."""
+        if owned:
+            with self._lock:
+                self._free.append(buffer)
+
+    def release(self, tensor: torch.Tensor, after: Any = None) -> bool:
+        """Give back the batch holding ``tensor``: now, after a CUDA event, or at a ``time.perf_counter()`` time."""
+        if tensor.device.type != "cpu":
+            return False
+        with self._lock:
+            for lease in self._held:
+                if not lease.done and lease.holds(tensor):
+                    self._held.remove(lease)
+                    if after is None:
+                        self._free_lease(lease)
+                    else:
+                        self._pending.append((lease, after))
+                    return True
+        return False
+
+    def poll(self, fence: Callable[[], Any]) -> None:
+        """Give back what is due: batches the loop has moved past (after ``fence()``: False for none), timed and event releases."""
+        with self._lock:
+            latest = self._held[-1] if self._held else None
+            mark = None
+            for lease in list(self._held):
+                if lease is latest:
+                    continue
+                if not lease.in_use():
+                    self._held.remove(lease)
+                    mark = fence() if mark is None else mark
+                    if mark is False:
+                        self._free_lease(lease)
+                    else:  # a non_blocking copy of it may still be queued on the device
+                        self._pending.append((lease, mark))
+                elif self._serial - lease.serial > self.slots:
+                    self._held.remove(lease)  # kept by the loop: the buffer is the user's now
+                    self._owned -= 1
+                    self.events["kept"] += 1
+            now = time.perf_counter()
+            waiting = []
+            for lease, after in self._pending:
+                if now >= after if isinstance(after, float) else after.query():
+                    self._free_lease(lease)
+                else:
+                    waiting.append((lease, after))
+            self._pending = waiting
+
+    def _free_lease(self, lease: Lease) -> None:
+        if not lease.done:
+            lease.done = True
+            self.events["released"] += 1
+            self._free.append(lease.buffer)

@@ -1,0 +1,259 @@
+"""``ThreadLoader``: a DataLoader for image folders that decodes whole batches with threads, in one process.
+
+Why: the decode-and-crop op is C++ that runs without the GIL, yet a DataLoader spends about a
+quarter of each core around it (per-sample Python, collate, pickling into shared memory, pinning)
+and keeps a copy of the dataset per worker. Here a reading thread reads the files and draws the
+crops while native threads decode each batch straight into a reused (pinned, for CUDA) buffer:
+no collate, no copy between processes, one copy of the dataset, no ``/dev/shm``.
+
+    loader = ThreadLoader(fastpipe.datasets.ImageFolder(root, size=224), batch_size=256, shuffle=True, threads=8)
+    for images, labels in DevicePrefetcher(loader, "cuda"):    # uint8 (256, 3, 224, 224), int64 (256,)
+        ...
+
+Same batches as ``DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last,
+generator)``: the indices come from a DataLoader built with exactly those arguments, so the order,
+``len()``, ``drop_last``, a seeded ``generator``, a ``DistributedSampler`` and its ``set_epoch``
+are the DataLoader's, and so is the global RNG it consumes per epoch. The boxes and flips follow
+the dataset's ``RandomResizedCrop`` and flip settings with torchvision's rule, drawn from a
+generator seeded by the epoch's seed (:mod:`fastpipe.datasets._draws`): the same distribution,
+other boxes than worker processes would draw. Non-JPEG files are decoded by PIL; damaged files
+follow the dataset's ``on_error``. Batch memory is reused as :func:`fastpipe.recycled` reuses it
+(see :mod:`fastpipe.datasets._thread_ring`).
+
+A dataset that is not a plain :class:`~fastpipe.datasets.ImageFolder` (one with a ``transform``
+or ``target_transform``, or any other map-style dataset) is served generically: ``dataset[i]``
+in ``threads`` Python threads and ``default_collate``, without the ring. That is how the
+diagnosis's cache points reach it (:meth:`with_dataset`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from fastpipe.datasets._thread_epoch import Plan, ThreadEpoch
+from fastpipe.datasets._thread_ring import BufferRing
+from fastpipe.datasets.crop import DecodeCrop
+from fastpipe.errors import ConfigError
+from fastpipe.ops.jpeg_batch import MAX_THREADS
+
+#: Why the per-stage cache points do not apply: the diagnosis reads it (StagesOutsideWorkers).
+UNSUPPORTED_POINT_REASON = "the ThreadLoader decodes whole batches in threads, outside any DataLoader worker"
+
+
+def _as_list(indices: list[int]) -> list[int]:
+    return list(indices)
+
+
+def _whole(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"`{name}` must be an int {bound}. Got {value!r}.")
+    return value
+
+
+class ThreadLoader:
+    """Batches ``[uint8 (N, 3, H, W), int64 (N,)]`` of a :class:`fastpipe.datasets.ImageFolder`, decoded by threads.
+
+    Args:
+        dataset: a :class:`fastpipe.datasets.ImageFolder` (the fast path), or any map-style dataset (served generically).
+        batch_size, shuffle, sampler, batch_sampler, drop_last, generator: as ``torch.utils.data.DataLoader``'s.
+        threads: native threads decoding each batch (the cores to give the loader).
+        prefetch: batches read ahead, and batches decoded ahead, of the loop.
+        slots: reused batch buffers (default ``prefetch + 3``: the decoded ones waiting, the one being written,
+            and two in the loop's hands).
+        pin_memory: page-lock the buffers when CUDA is available (as DataLoader's ``pin_memory``).
+    """
+
+    num_workers = 0  # no worker processes: the diagnosis times the loader as one
+    persistent_workers = False
+    prefetch_factor = None
+    timeout = 0
+    worker_init_fn = None
+    multiprocessing_context = None
+    collate_fn = None
+    pin_memory_device = ""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: "Sampler[int] | None" = None,
+        batch_sampler: Any = None,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+        *,
+        threads: int = 2,
+        prefetch: int = 2,
+        slots: int | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        if batch_size is None and batch_sampler is None:
+            raise ConfigError("ThreadLoader decodes whole batches: give batch_size (or a batch_sampler)")
+        self.dataset = dataset
+        self.threads = _whole("threads", threads, 1, MAX_THREADS)
+        self.prefetch = _whole("prefetch", prefetch, 1)
+        self.slots = _whole("slots", prefetch + 3 if slots is None else slots, 1)
+        self.pin_memory = bool(pin_memory)
+        self._indices = DataLoader(
+            range(len(dataset)),
+            batch_size=batch_size if batch_sampler is None else 1,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            drop_last=drop_last,
+            generator=generator,
+            collate_fn=_as_list,
+        )
+        self._counters: Counter[str] = Counter()
+        self._ring: BufferRing | None = None
+        self._epoch: ThreadEpoch | None = None
+
+    # The DataLoader settings, for code (and the diagnosis) that reads them.
+    batch_size = property(lambda self: self._indices.batch_size)
+    drop_last = property(lambda self: self._indices.drop_last)
+    sampler = property(lambda self: self._indices.sampler)
+    batch_sampler = property(lambda self: self._indices.batch_sampler)
+    generator = property(lambda self: self._indices.generator)
+
+    @property
+    def unsupported_point_reason(self) -> str:
+        """The diagnosis measures the device, host, sample and baseline points only (its StagesOutsideWorkers hook)."""
+        return UNSUPPORTED_POINT_REASON
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __repr__(self) -> str:
+        return (
+            f"ThreadLoader({type(self.dataset).__name__}, batch_size={self.batch_size}, threads={self.threads}, prefetch={self.prefetch})"
+        )
+
+    def with_dataset(self, dataset: Any, **overrides: Any) -> "ThreadLoader":
+        """A loader like this one over ``dataset`` (the diagnosis's hook); its sampler and generator are copies, so
+        iterating it leaves this one's untouched. ``overrides``: ``threads``, ``prefetch``, ``slots``, ``pin_memory``."""
+        settings = dict(threads=self.threads, prefetch=self.prefetch, slots=self.slots, pin_memory=self.pin_memory)
+        unknown = set(overrides) - set(settings) - {"num_workers"}
+        if unknown:
+            raise ConfigError(f"ThreadLoader.with_dataset cannot change {sorted(unknown)}; it takes {sorted(settings)}")
+        settings.update({k: v for k, v in overrides.items() if k != "num_workers"})
+        custom_batches = self._indices.batch_size is None
+        return ThreadLoader(
+            dataset,
+            batch_size=None if custom_batches else self.batch_size,
+            shuffle=None,
+            sampler=None if custom_batches else copy.deepcopy(self.sampler),
+            batch_sampler=copy.deepcopy(self.batch_sampler) if custom_batches else None,
+            drop_last=self.drop_last,
+            generator=copy.deepcopy(self.generator),
+            **settings,
+        )
+
+    # ----- epochs -------------------------------------------------------------------------
+    def __iter__(self) -> ThreadEpoch:
+        return self.iter_for_device(None)
+
+    def iter_for_device(self, device: Any) -> ThreadEpoch:
+        """One epoch for ``device`` (a fastpipe Device, or None): buffers pinned on CUDA, marked pinned on ``sim``.
+
+        The prefetcher's hook (PinsForDevice): a batch it copies goes back to the ring once the copy is done.
+        """
+        if self._epoch is not None:
+            self._epoch.close()  # one live epoch, as a DataLoader
+        indices = iter(self._indices)  # draws the epoch's seed as a DataLoader does, from its generator
+        seed = int(getattr(indices, "_base_seed", 0))
+        first = next(indices, None)  # the sampler's own draws (RandomSampler's permutation) in this thread
+        batches = iter(()) if first is None else itertools.chain([first], indices)
+        self._epoch = ThreadEpoch(self._plan(device), batches, seed)
+        return self._epoch
+
+    def _plan(self, device: Any) -> Plan:
+        kind = getattr(device, "kind", None)
+        decode = getattr(self.dataset, "decode", None)
+        fast = (
+            isinstance(decode, DecodeCrop)
+            and isinstance(getattr(self.dataset, "samples", None), list)
+            and getattr(self.dataset, "transform", None) is None
+            and getattr(self.dataset, "target_transform", None) is None
+        )
+        pin = self.pin_memory and kind in (None, "cuda") and torch.cuda.is_available()
+        ring = None
+        if fast:
+            batch = self.batch_size
+            if batch is None:  # a custom batch sampler: the largest batch it makes
+                batch = max((len(b) for b in copy.deepcopy(self.batch_sampler)), default=1)
+            if self._ring is None or self._ring.pin != pin or self._ring.batch_size < batch or self._ring.size != decode.size:
+                self._ring = BufferRing(self.slots, batch, decode.size, pin)
+            ring = self._ring
+        return Plan(
+            samples=self.dataset.samples if fast else None,
+            dataset=self.dataset,
+            size=decode.size if fast else (0, 0),
+            scale=decode.scale if fast else (0.0, 0.0),
+            ratio=decode.ratio if fast else (0.0, 0.0),
+            hflip=decode.hflip if fast else 0.0,
+            threads=self.threads,
+            prefetch=self.prefetch,
+            on_error=str(getattr(self.dataset, "on_error", "raise")),
+            ring=ring,
+            counters=self._counters,
+            fence=_fence_for(device, pin),
+            mark=device.mark_pinned if kind == "sim" and self.pin_memory else None,
+        )
+
+    def close(self) -> None:
+        """Stop the current epoch's threads."""
+        if self._epoch is not None:
+            self._epoch.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and times since the loader was made (the diagnosis puts them in its report: ReportsStats).
+
+        ``read_ms``, ``draw_ms`` and ``decode_ms`` are per image (reading files, header sizes and
+        box draws, the batch decode's wall time); ``handover_ms`` and ``wait_ms`` per batch (making
+        the batch's views; the loop blocked in ``next()`` waiting for a batch).
+        """
+        c = self._counters
+        ring = self._ring.events if self._ring is not None else Counter()
+        images, batches = max(c["images"], 1), max(ring["batches"], 1)
+        return {
+            "batches": ring["batches"],
+            "reused": ring["reused"],
+            "fallbacks": ring["fallbacks"],
+            "grown": 0,
+            "kept": ring["kept"],
+            "released": ring["released"],
+            "slots": self.slots,
+            "workers": 0,
+            "ring_bytes": 0 if self._ring is None else self._ring.nbytes * self.slots,
+            "pinning": "page-locked buffers" if self._ring is not None and self._ring.pin else "none",
+            "threads": self.threads,
+            "skipped": int(c["skipped"]),
+            "read_ms": 1e3 * c["read_s"] / images,
+            "draw_ms": 1e3 * c["draw_s"] / images,
+            "decode_ms": 1e3 * c["decode_s"] / images,
+            "handover_ms": 1e3 * c["handover_s"] / batches,
+            "wait_ms": 1e3 * c["wait_s"] / batches,
+        }
+
+
+def _fence_for(device: Any, pinned: bool) -> Any:
+    """What ``poll`` waits on before reusing a batch the loop moved past: the device's queue so far, or nothing."""
+    kind = getattr(device, "kind", None)
+    if kind in ("cuda", "sim"):
+        return device.timeline_mark
+    if kind is None and pinned:  # a plain loop on a CUDA machine may have queued a non_blocking copy of it
+
+        def event() -> Any:
+            mark = torch.cuda.Event()
+            mark.record()
+            return mark
+
+        return event
+    return lambda: False
