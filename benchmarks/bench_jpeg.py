@@ -504,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--allow-missing", action="store_true", help="a target that could not be measured (e.g. DALI not installed) does not fail the run"
     )
+    parser.add_argument(
+        "--thread-loader", action="store_true", help="run only the thread-loader section (issue 25: benchmarks/thread_loaders.py)"
+    )
+    parser.add_argument("--no-memory", action="store_true", help="with --thread-loader: skip the PSS measurement")
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()[0]
@@ -512,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     files, origin = corpus_files(args.root, args.n)
     print(f"bench_jpeg: {len(files)} files from {origin}; {fjpeg.jpeg_op_status()}")
+    if args.thread_loader:
+        return thread_loader_run(files, origin, args)
 
     rows: dict[str, Row] = {}
     fns: dict[str, Callable[[], float]] = {}
@@ -617,6 +623,23 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_jpeg.json").write_text(json.dumps(payload, indent=2) + "\n")
     note = plot(ordered, out / "bench_jpeg.png")
     print(note or f"wrote {out / 'bench_jpeg.md'}, .json and .png")
+    return exit_status(targets, args.allow_missing)
+
+
+def thread_loader_run(files: list[Path], origin: str, args: argparse.Namespace) -> int:
+    """The thread-loader section alone: its table and targets, written to bench_jpeg_threads.{md,json}."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from thread_loaders import thread_section
+
+    lines, targets, payload = thread_section(files, args.rounds, args.batch, memory=not args.no_memory)
+    lines += ["Targets, as measured in this run:", "", "| target | measured | verdict |", "|---|---:|---|"]
+    lines += [f"| {name} | {'' if value != value else f'{value:.2f}x'} | {verdict} |" for name, value, verdict in targets]
+    text = "\n".join([f"# bench_jpeg --thread-loader: {origin}; {fjpeg.jpeg_op_status()}", "", *lines])
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_jpeg_threads.md").write_text(text + "\n")
+    (out / "bench_jpeg_threads.json").write_text(json.dumps({"corpus": origin, "files": len(files), **payload}, indent=2) + "\n")
     return exit_status(targets, args.allow_missing)
 
 

@@ -42,11 +42,11 @@ def test_naive_is_the_usual_recipe_and_trains_on_cpu(root: Path) -> None:
 def test_every_fixed_variant_yields_what_the_step_takes(root: Path, variant: str) -> None:
     workload = make_workload(variant, parse_device("cpu"), root=root, **SMALL)
     raw = next(iter(workload.loader))
-    if variant in ("uint8-host", "optimized"):
+    if variant in ("uint8-host", "optimized", "threads"):
         assert raw[0].dtype == torch.uint8 and isinstance(workload.device_transform, Normalize)
     images, labels = first_batch(workload)
     assert images.shape == (3, 3, 32, 32) and images.dtype == torch.float32
-    assert workload.prefetch_depth == (2 if variant in ("optimized", "device-decode") else 0)
+    assert workload.prefetch_depth == (2 if variant in ("optimized", "device-decode", "threads") else 0)
     workload.step((images, labels))
 
 
@@ -62,6 +62,16 @@ def test_optimized_feeds_the_model_what_naive_does(root: Path) -> None:
     assert levels.mean().item() < 3.0
 
 
+def test_threads_shuffles_as_optimized_does(root: Path) -> None:
+    """jpeg:threads takes jpeg:optimized's seeded sampler: the same samples in the same order, decoded by threads."""
+    labels = {}
+    for variant in ("optimized", "threads"):
+        workload = make_workload(variant, parse_device("cpu"), root=root, **{**SMALL, "batch_size": 12})
+        torch.manual_seed(11)
+        labels[variant] = first_batch(workload)[1]
+    assert torch.equal(labels["optimized"], labels["threads"])
+
+
 def test_sim_runs_no_model_and_the_default_sim_step_is_scaled_from_the_toys(root: Path) -> None:
     assert JPEG_SIM_STEP_MS == pytest.approx(DEFAULT_SIM_STEP_MS * (224 / 256) ** 2)
     assert DEFAULT_SIM_SPEC == f"sim:{round(JPEG_SIM_STEP_MS)}" == "sim:222"
@@ -74,7 +84,7 @@ def test_load_workload_dispatches_jpeg_specs(root: Path) -> None:
 
     workload = load_workload("jpeg:uint8-host", "cpu", root=root, **SMALL)
     assert workload.name == "jpeg:uint8-host"
-    assert [spec for _, spec in LADDER] == ["jpeg:naive", "jpeg:decode-crop", "jpeg:uint8-host", "jpeg:optimized"]
+    assert [spec for _, spec in LADDER] == ["jpeg:naive", "jpeg:decode-crop", "jpeg:uint8-host", "jpeg:optimized", "jpeg:threads"]
 
 
 def test_unknown_variants_and_toy_only_options_are_clear_errors(root: Path) -> None:

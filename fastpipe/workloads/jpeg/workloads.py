@@ -11,6 +11,8 @@ in the order ``fastpipe compare jpeg`` climbs them (:data:`LADDER`):
                          in the workers, float32 still over the copy
 ``jpeg:uint8-host``      + uint8 over the copy, Normalize on the device (the ``device_transform``)
 ``jpeg:optimized``       + the prefetcher (``prefetch_depth=2``)
+``jpeg:threads``         ``jpeg:optimized`` with fastpipe's ThreadLoader in place of the DataLoader:
+                         batches decoded by native threads in one process (``num_workers`` threads)
 ``jpeg:device-decode``   the workers ship file bytes; decode, crop, flip and Normalize on the
                          device (for GPUs whose CPU cannot keep up; not on the ladder: a sim
                          device does not run device-side work, so it would show decoding as free)
@@ -31,7 +33,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from fastpipe._system import usable_cores
-from fastpipe.datasets import DecodeCropOnDevice, EncodedImageFolder, ImageFolder, collate_encoded
+from fastpipe.datasets import DecodeCropOnDevice, EncodedImageFolder, ImageFolder, ThreadLoader, collate_encoded
 from fastpipe.devices import DEFAULT_SIM_STEP_MS, Device
 from fastpipe.errors import ConfigError
 from fastpipe.transforms.device import IMAGENET_MEAN, IMAGENET_STD, Normalize
@@ -132,10 +134,14 @@ def make_jpeg_variant(
         notes.append(
             f"{name}: the device-side {type(device_transform).__name__} is not run on {device.spec}; its time is taken as part of the simulated step"
         )
+    loader = training_loader(dataset, batch_size, num_workers, pin_memory, seed, **loader_kwargs)
+    if variant == "threads":  # the same sampler and settings, its workers turned into decoding threads
+        threads = max(1, loader.num_workers)
+        loader = ThreadLoader(dataset, batch_size=batch_size, sampler=loader.sampler, threads=threads, pin_memory=pin_memory)
     return Workload(
-        loader=training_loader(dataset, batch_size, num_workers, pin_memory, seed, **loader_kwargs),
+        loader=loader,
         device_transform=device_transform,
-        prefetch_depth=PREFETCH_DEPTH if variant in ("optimized", "device-decode") else 0,
+        prefetch_depth=PREFETCH_DEPTH if variant in ("optimized", "device-decode", "threads") else 0,
         name=name,
         notes=notes,
         **training,
@@ -153,7 +159,7 @@ def _builder(variant: str) -> Callable[..., Workload]:
 
 #: Variant name -> builder(device, **options), in ladder order.
 VARIANTS: dict[str, Callable[..., Workload]] = {
-    v: _builder(v) for v in ("naive", "decode-crop", "uint8-host", "optimized", "device-decode")
+    v: _builder(v) for v in ("naive", "decode-crop", "uint8-host", "optimized", "threads", "device-decode")
 }
 
 #: ``fastpipe compare jpeg``: each rung adds one fix to the one before; the prefetcher last, as in the toy ladder.
@@ -162,6 +168,7 @@ LADDER: list[tuple[str, str]] = [
     ("+ decode only the crop", "jpeg:decode-crop"),
     ("+ uint8 on the host, Normalize on the device", "jpeg:uint8-host"),
     ("+ prefetcher (= jpeg:optimized)", "jpeg:optimized"),
+    ("+ thread loader: batches decoded by threads, one process (= jpeg:threads)", "jpeg:threads"),
 ]
 
 
