@@ -34,4 +34,7 @@ TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   m.def(
       "decode_jpeg_crop_batch_out(Tensor[] data, Tensor boxes, Tensor hflip, Tensor(a!) out, int threads=1, int? max_pixels=None) "
       "-> Tensor");
+  // A progressive JPEG's bytes rewritten as baseline from its own DCT coefficients (to_baseline.cpp):
+  // pixels identical; restart_rows > 0 adds a restart marker every that many MCU rows.
+  m.def("_jpeg_to_baseline(Tensor data, int restart_rows=0) -> Tensor");
 }
