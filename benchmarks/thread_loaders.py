@@ -89,12 +89,36 @@ def make_loader(kind: str, files: list[Path], batch: int) -> Any:
     raise ValueError(f"unknown loader kind {kind!r}; one of {KINDS}")
 
 
+#: CPU seconds each loader used in its epochs (this process's threads and its worker processes), by loader.
+CPU_SECONDS: dict[int, list[float]] = {}
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (every thread) and of its live child processes (DataLoader workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for pid in _children(os.getpid()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        except (OSError, IndexError, ValueError):  # a worker that just exited
+            continue
+    return total
+
+
 def epoch_of(loader: Any) -> Callable[[], float]:
+    spent = CPU_SECONDS.setdefault(id(loader), [])
+
     def epoch() -> float:
+        cpu = cpu_seconds()
         start = time.perf_counter()
         for _ in loader:
             pass
-        return time.perf_counter() - start
+        wall = time.perf_counter() - start
+        spent.append(cpu_seconds() - cpu)
+        return wall
+
+    epoch.cpu = spent  # type: ignore[attr-defined]
 
     epoch()  # starts workers, warms caches
     return epoch
@@ -135,6 +159,34 @@ def op_alone(files: list[Path]) -> Callable[[], float]:
         return time.thread_time() - start
 
     return run
+
+
+def prepared_variants(files: list[Path]) -> tuple[dict[str, Callable[[], float]], int]:
+    """Thread CPU of decode-and-crop on the progressive files among ``files``: as they are, after ``fastpipe prepare``
+    (baseline from the same coefficients), and after it with a restart marker every MCU row; the same boxes for all."""
+    from fastpipe.datasets.crop import crop_params
+    from fastpipe.datasets.prepare import is_progressive, to_baseline
+
+    progressive = [d for d in (fjpeg.read_bytes(f) for f in files) if is_progressive(d)]
+    if not progressive or not fjpeg.JPEG_OP_AVAILABLE:
+        return {}, 0
+    boxes = [crop_params(*fjpeg.jpeg_size(d)) for d in progressive]
+    versions = {
+        "progressive files as they are": progressive,
+        "progressive files after prepare": [to_baseline(d) for d in progressive],
+        "the same + restart marker every MCU row": [to_baseline(d, restart_rows=1) for d in progressive],
+    }
+
+    def timer(datas: list[torch.Tensor]) -> Callable[[], float]:
+        def run() -> float:
+            start = time.thread_time()
+            for data, box in zip(datas, boxes):
+                fjpeg.decode_jpeg_crop(data, box, (SIZE, SIZE))
+            return (time.thread_time() - start) * len(files) / len(datas)  # scaled: ms per image comes out per progressive file
+
+        return run
+
+    return {name: timer(datas) for name, datas in versions.items()}, len(progressive)
 
 
 def per_sample(fn: Callable[[Path], Any], files: list[Path]) -> Callable[[], float]:
@@ -226,6 +278,8 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
     single = {"op alone (1 thread)": op_alone(files), "fastpipe sample (1 thread)": per_sample(candidates["fastpipe"][1], files)}
     if "entropy-floor" in candidates:
         single["entropy floor (1 thread)"] = per_sample(candidates["entropy-floor"][1], files)
+    prepared, n_progressive = prepared_variants(files)
+    single.update(prepared)
     for fn in single.values():
         fn()
     seconds: dict[str, list[float]] = {name: [] for name in [*loaders, *single]}
@@ -237,6 +291,9 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
             seconds[name].append((loaders.get(name) or single[name])())
         print(f"  thread section round {r + 1}/{rounds}", flush=True)
     rate = {name: statistics.median(len(files) / s for s in seconds[name]) for name in loaders}
+    cpu_ms = {
+        name: statistics.median(c * 1e3 / len(files) for c in fn.cpu[1:]) for name, fn in loaders.items() if len(getattr(fn, "cpu", [])) > 1
+    }
     ms = {name: statistics.median(s * 1e3 / len(files) for s in seconds[name]) for name in single}
     pss = {kind: pss_of(kind, files, batch) if memory else (None, "not measured (--no-memory)", None) for kind in names}
 
@@ -244,19 +301,27 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
         f"Thread loader section (issue 25): {len(files)} files, batch {batch}, {rounds} rounds, one epoch per loader per round, "
         f"{os.cpu_count()} cores; images/s median (spread); PSS of the loader's processes after one epoch, each in a fresh process.",
         "",
-        "| loader | images/s (median) | spread | x dataloader+fastpipe | PSS MiB (all processes) | of which the loader added |",
-        "|---|---:|---|---:|---:|---:|",
+        "| loader | images/s (median) | spread | x dataloader+fastpipe | CPU ms per image (all its processes) | PSS MiB (all processes) | of which the loader added |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     base = rate.get(names["dataloader-fastpipe"], float("nan"))
     for name in [*names.values(), "dali-cpu (2 threads)", "spdl (2 threads)"]:
         if name not in rate:
-            lines.append(f"| {name} | {status.get(name, 'not run')} | | | | |")
+            lines.append(f"| {name} | {status.get(name, 'not run')} | | | | | |")
             continue
         spread = [len(files) / s for s in seconds[name]]
         kind = next((k for k, v in names.items() if v == name), None)
         mem = pss[kind] if kind else (None, "not measured for this peer", None)
         mem_text = f"{mem[0]:.0f} | {mem[2]:.0f}" if mem[0] is not None else f"{mem[1]} |"
-        lines.append(f"| {name} | {rate[name]:.0f} | {min(spread):.0f}-{max(spread):.0f} | {rate[name] / base:.2f} | {mem_text} |")
+        cpu = f"{cpu_ms[name]:.3f}" if name in cpu_ms else ""
+        lines.append(f"| {name} | {rate[name]:.0f} | {min(spread):.0f}-{max(spread):.0f} | {rate[name] / base:.2f} | {cpu} | {mem_text} |")
+    load = os.getloadavg()
+    lines += [
+        "",
+        f"Load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) on {os.cpu_count()} cores at the end: images/s are wall-clock "
+        "figures and fall with other processes' load; CPU ms per image is what each loader spent (the main process's threads "
+        "and its worker processes, warm-up epoch left out) and is not a target.",
+    ]
     lines += ["", "One thread, thread CPU, ms per image: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()), ""]
 
     targets: list[tuple[str, float, str]] = []
@@ -292,6 +357,15 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
             f"{pss['thread-loader-2'][2] / pss['dataloader-fastpipe'][2]:.2f}x"
         )
         lines.append("")
+    if prepared:
+        before, after = ms["progressive files as they are"], ms["progressive files after prepare"]
+        add(f"cost: progressive files ({n_progressive}) before / after fastpipe prepare >= 2.5x", before / after, 2.5)
+        restart = ms["the same + restart marker every MCU row"]
+        lines += [
+            f"Restart markers (not a target; off by default): after prepare {after:.3f} ms per image, with a marker every MCU row "
+            f"{restart:.3f} ({after / restart:.2f}x: {'a gain' if restart < after else 'no gain: keep them off'})",
+            "",
+        ]
     if "entropy floor (1 thread)" in ms:
         add(
             "cost: fastpipe sample / entropy floor <= 1.3x",
@@ -303,6 +377,8 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
         "images_per_s": rate,
         "rounds_s": seconds,
         "single_thread_ms": ms,
+        "cpu_ms_per_image": cpu_ms,
+        "load_average": os.getloadavg(),
         "pss_mib": {k: v[0] for k, v in pss.items()},
         "pss_added_mib": {k: v[2] for k, v in pss.items()},
         "status": status,

@@ -1,0 +1,68 @@
+"""benchmarks/thread_loaders.py: the issue-25 targets come from the ratios measured in the run, and a miss fails.
+
+Timings are planted (each loader's epoch and each one-thread row return fixed seconds), so the test checks the
+arithmetic and the verdicts, never the machine's speed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.benchmark_scripts import BENCHMARKS, load_benchmark
+
+#: seconds per epoch (of the file list) or per pass, by row name prefix.
+PLANTED = {
+    "thread-loader (1 thread)": 2.0,
+    "thread-loader (2 threads)": 1.0,
+    "dataloader+fastpipe (2 workers)": 1.5,
+    "torchvision-v2 (2 workers)": 3.0,
+    "op alone (1 thread)": 1.6,
+    "fastpipe sample (1 thread)": 1.7,
+    "entropy floor (1 thread)": 1.0,
+}
+
+
+@pytest.fixture()
+def bench(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    module = load_benchmark("thread_loaders")
+    monkeypatch.setattr(module, "make_loader", lambda kind, files, batch: kind)
+    names = iter(PLANTED)
+
+    def planted(name: str):
+        return lambda: PLANTED[name]
+
+    monkeypatch.setattr(module, "epoch_of", lambda loader: planted(next(names)))
+    monkeypatch.setattr(module, "op_alone", lambda files: lambda: PLANTED["op alone (1 thread)"])
+    monkeypatch.setattr(module, "prepared_variants", lambda files: ({}, 0))
+    rows = iter(["fastpipe sample (1 thread)", "entropy floor (1 thread)"])
+    monkeypatch.setattr(module, "per_sample", lambda fn, files: planted(next(rows)))
+    monkeypatch.setattr(
+        module, "pss_of", lambda kind, files, batch: ({"thread-loader-2": 100.0, "dataloader-fastpipe": 300.0}.get(kind, 200.0), "ok", 10.0)
+    )
+    monkeypatch.setattr(module, "spdl_epoch", lambda files, threads: (None, "not installed"))
+    yield module
+    sys.modules.pop("bench_jpeg", None)
+
+
+def test_targets_are_the_measured_ratios_and_misses_fail(bench) -> None:
+    files = [Path(f"/nonexistent/{i}.jpg") for i in range(100)]
+    lines, targets, payload = bench.thread_section(files, rounds=2, batch=10)
+
+    def find(prefix: str) -> tuple[float, str]:
+        return next((value, verdict) for name, value, verdict in targets if name.startswith(prefix))
+
+    value, verdict = find("images/s: thread loader (2 threads) / DataLoader")
+    assert value == pytest.approx(1.5) and verdict == "PASS"
+    value, verdict = find("images/s: thread loader (2 threads) / (2 /")
+    assert value == pytest.approx((100 / 1.0) / (2 / (1.6 * 1e3 / 100 / 1e3))) and verdict.startswith("FAIL")  # 0.8 < 0.85
+    value, verdict = find("PSS:")
+    assert value == pytest.approx(1 / 3) and verdict == "PASS"
+    value, verdict = find("cost: fastpipe sample")
+    assert value == pytest.approx(1.7) and verdict.startswith("FAIL")
+    assert find("images/s: thread loader (2 threads) / DALI")[1].startswith("NOT MEASURED")  # DALI absent here
+    assert any("spdl (2 threads) | not installed" in line for line in lines)
+    assert payload["images_per_s"]["thread-loader (2 threads)"] == pytest.approx(100.0)
