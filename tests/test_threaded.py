@@ -105,6 +105,16 @@ def test_buffers_are_reused_and_a_kept_batch_is_never_overwritten(corpus: Path) 
     assert torch.equal(kept, copy), "a batch the loop kept was overwritten"
 
 
+def test_release_gives_a_held_batch_back_at_once(corpus: Path) -> None:
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=1)
+    iterator = iter(loader)
+    batch = next(iterator)
+    assert loader.release(batch) and not loader.release(batch), "released once, then no longer held"
+    assert not loader.release([torch.zeros(2)]), "not one of its batches"
+    assert loader.stats()["released"] == 1
+    iterator.close()
+
+
 def test_prefetcher_releases_after_the_copy(corpus: Path) -> None:
     """On cpu the batches' values are checked; on sim each buffer goes back at its modelled copy's ready time, and the
     sim "device" batch aliases host memory (fastpipe.recycled's rule), so only the release is checked there."""
@@ -143,6 +153,7 @@ def test_bad_settings_say_what_to_change(corpus: Path) -> None:
         ThreadLoader(ImageFolder(corpus), batch_size=None)
 
 
+@pytest.mark.slow  # 5 s on a quiet 2-core machine, 11 s on a busy one: a whole (short) diagnosis
 def test_diagnose_takes_it_as_a_loader(corpus: Path) -> None:
     """The ladder's device, host and baseline points are measured; the per-stage points are stated unavailable with
     the loader's reason; its ring's counts reach the report's notes; the user's sampler is not advanced."""

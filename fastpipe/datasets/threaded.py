@@ -207,6 +207,15 @@ class ThreadLoader:
             mark=device.mark_pinned if kind == "sim" and self.pin_memory else None,
         )
 
+    def release(self, batch: Any, after: Any = None) -> bool:
+        """Give ``batch``'s buffer back to the ring now, after a CUDA event, or at a ``time.perf_counter()`` time.
+
+        As ``fastpipe.release`` for recycled batches: call it once the batch is no longer needed (e.g. with
+        ``after=event`` recorded after your copy). False for a batch that is not one of this loader's held batches.
+        """
+        first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+        return self._ring is not None and isinstance(first, torch.Tensor) and self._ring.release(first, after)
+
     def close(self) -> None:
         """Stop the current epoch's threads."""
         if self._epoch is not None:
