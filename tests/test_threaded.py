@@ -139,8 +139,10 @@ def test_on_error_skip_replaces_and_counts(corpus: Path, tmp_path: Path) -> None
     shutil.copytree(corpus, root)
     victim = sorted(root.glob("class_1/*"))[0]
     victim.write_bytes(victim.read_bytes()[:300])
+    iterator = iter(ThreadLoader(ImageFolder(root, size=16), batch_size=4))
     with pytest.raises(Exception, match=victim.name):
-        list(ThreadLoader(ImageFolder(root, size=16), batch_size=4))
+        list(iterator)
+    assert list(iterator) == [], "after the error the epoch is over; it does not hang"
     with pytest.warns(UserWarning, match=victim.name):
         batches = list(ThreadLoader(ImageFolder(root, size=16, on_error="skip"), batch_size=4))
     assert sum(len(b[1]) for b in batches) == 20

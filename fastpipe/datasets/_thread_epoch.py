@@ -10,6 +10,7 @@ order: the batches before it first. ``close()`` (or dropping the iterator) stops
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -100,10 +101,13 @@ class ThreadEpoch(Iterator[Any]):
         item = self._workers.done.get()
         plan.counters["wait_s"] += time.perf_counter() - started
         if item is _END:
-            self._workers.done.put(_END)  # later calls stop too
+            with contextlib.suppress(queue.Full):
+                self._workers.done.put_nowait(_END)  # later calls stop too
             raise StopIteration
         if isinstance(item, BaseException):
             self.close()
+            with contextlib.suppress(queue.Full):  # the threads have stopped: later calls end the epoch instead of waiting
+                self._workers.done.put_nowait(_END)
             raise item
         if plan.ring is None:
             return item

@@ -144,14 +144,19 @@ class ThreadLoader:
             raise ConfigError(f"ThreadLoader.with_dataset cannot change {sorted(unknown)}; it takes {sorted(settings)}")
         settings.update({k: v for k, v in overrides.items() if k != "num_workers"})
         custom_batches = self._indices.batch_size is None
+        memo = {id(self.dataset): self.dataset, id(dataset): dataset}  # a sampler's dataset is shared, not copied
+
+        def own(value: Any) -> Any:
+            return copy.deepcopy(value, dict(memo))
+
         return ThreadLoader(
             dataset,
             batch_size=None if custom_batches else self.batch_size,
             shuffle=None,
-            sampler=None if custom_batches else copy.deepcopy(self.sampler),
-            batch_sampler=copy.deepcopy(self.batch_sampler) if custom_batches else None,
+            sampler=None if custom_batches else own(self.sampler),
+            batch_sampler=own(self.batch_sampler) if custom_batches else None,
             drop_last=self.drop_last,
-            generator=copy.deepcopy(self.generator),
+            generator=own(self.generator),
             **settings,
         )
 
