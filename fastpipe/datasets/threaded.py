@@ -40,6 +40,7 @@ from fastpipe.datasets._thread_epoch import Plan, ThreadEpoch
 from fastpipe.datasets._thread_ring import BufferRing
 from fastpipe.datasets.crop import DecodeCrop
 from fastpipe.errors import ConfigError
+from fastpipe.loading.recycle._loader import _LIVE
 from fastpipe.ops.jpeg_batch import MAX_THREADS
 
 #: Why the per-stage cache points do not apply: the diagnosis reads it (StagesOutsideWorkers).
@@ -114,6 +115,7 @@ class ThreadLoader:
         self._counters: Counter[str] = Counter()
         self._ring: BufferRing | None = None
         self._epoch: ThreadEpoch | None = None
+        _LIVE.add(self)  # fastpipe.release(batch) and releasing(batch) ask every live loader, recycled ones and this
 
     # The DataLoader settings, for code (and the diagnosis) that reads them.
     batch_size = property(lambda self: self._indices.batch_size)
