@@ -172,3 +172,17 @@ def test_diagnose_takes_it_as_a_loader(corpus: Path) -> None:
     assert any(UNSUPPORTED_POINT_REASON in u.reason for u in report.unavailable)
     assert any("batches went into reused buffers" in note for note in report.notes)
     assert loader.stats()["batches"] == 0, "the diagnosis iterated its own copies, not the user's loader"
+
+
+@pytest.mark.gpu
+def test_pinned_buffers_and_cuda_prefetch_gpu(corpus: Path) -> None:
+    """On CUDA the ring's buffers are page-locked, batches arrive on the GPU in order, and buffers go back after the copy."""
+    from fastpipe.loading import DevicePrefetcher
+
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=2, pin_memory=True)
+    images, _ = next(iter(loader))
+    assert images.is_pinned()
+    seen = [labels.cpu().tolist() for images, labels in DevicePrefetcher(loader, "cuda")]
+    assert sum(seen, []) == [label for _, label in loader.dataset.samples]
+    torch.cuda.synchronize()
+    assert loader.stats()["released"] >= 3 and loader.stats()["pinning"] == "page-locked buffers"
