@@ -1,9 +1,15 @@
 """Datasets that decode only what training uses: drop-ins for torchvision's ``ImageFolder`` recipe.
 
-* :class:`ImageFolder`: torchvision's classes, order and labels; samples are the usual
-  ``RandomResizedCrop`` + ``RandomHorizontalFlip`` as uint8 tensors, decoded crop-only.
-  ``on_error="raise" | "pil" | "skip"`` chooses what a damaged file does; skips are counted
-  in ``dataset.skipped`` across workers and warned about with :class:`SkippedImageWarning`.
+* :class:`ImageFolder`: a drop-in for ``torchvision.datasets.ImageFolder`` (a subclass, same
+  constructor): ``ImageFolder(root, transform=the_same_transform)``. The crop the transform
+  begins with (``RandomResizedCrop``, ``Resize`` + ``CenterCrop``, ...) is decoded crop-only,
+  with torchvision's random draws; ``dataset.fast_path`` (:class:`FastPath`, from
+  :func:`absorb`) says what was absorbed. ``ImageFolder(root, size=224)`` is the explicit form
+  (uint8 tensors out). ``on_error="raise" | "pil" | "skip"`` chooses what a damaged file does;
+  skips are counted in ``dataset.skipped`` across workers and warned about with
+  :class:`SkippedImageWarning`.
+* :class:`DecodeResized`: the validation recipe's stage (``Resize`` + ``CenterCrop``, decoded
+  at the DCT scale that covers the resized size).
 * :class:`DecodeCropLoader`: the same as a ``loader=`` for torchvision's own ``ImageFolder``
   (:class:`DecodeCrop` is the stage itself, on a file's bytes).
 * :class:`EncodedImageFolder`, :func:`collate_encoded`, :class:`DecodeCropOnDevice`: the
@@ -14,9 +20,11 @@ Normalize after the copy with :class:`fastpipe.transforms.Normalize`. The real-p
 these are benchmarked on comes from :func:`fastpipe.photos.build_corpus`.
 """
 
+from fastpipe.datasets.absorb import FastPath, absorb
 from fastpipe.datasets.crop import DecodeCrop, DecodeCropLoader, crop_params, draw_flip
 from fastpipe.datasets.device_decode import DecodeCropOnDevice, EncodedBatch, collate_encoded, decode_rgb
 from fastpipe.datasets.folder import EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning
+from fastpipe.datasets.resized import DecodeResized
 
 __all__ = [
     "ImageFolder",
@@ -28,6 +36,9 @@ __all__ = [
     "EncodedBatch",
     "collate_encoded",
     "DecodeCropOnDevice",
+    "DecodeResized",
+    "FastPath",
+    "absorb",
     "decode_rgb",
     "crop_params",
     "draw_flip",
