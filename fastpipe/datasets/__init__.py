@@ -23,11 +23,12 @@ these are benchmarked on comes from :func:`fastpipe.photos.build_corpus`.
 from fastpipe.datasets.absorb import FastPath, absorb
 from fastpipe.datasets.crop import DecodeCrop, DecodeCropLoader, crop_params, draw_flip
 from fastpipe.datasets.device_decode import DecodeCropOnDevice, EncodedBatch, collate_encoded, decode_rgb
-from fastpipe.datasets.folder import EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning
+from fastpipe.datasets.folder import DatasetFolder, EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning
 from fastpipe.datasets.resized import DecodeResized
 
 __all__ = [
     "ImageFolder",
+    "DatasetFolder",
     "SkipCount",
     "SkippedImageWarning",
     "DecodeCrop",

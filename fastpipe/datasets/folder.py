@@ -123,54 +123,24 @@ class _Folder(Dataset):
         return f"{type(self).__name__}(root={self.root!r}, {len(self)} files, {len(self.classes)} classes)"
 
 
-class ImageFolder(torchvision.datasets.ImageFolder):
-    """torchvision's ``ImageFolder``, same contract, with the crop at the start of its transform decoded crop-only.
+class DatasetFolder(torchvision.datasets.DatasetFolder):
+    """torchvision's ``DatasetFolder``, same contract, with the crop at the start of its transform decoded crop-only.
 
-    A drop-in: ``fastpipe.datasets.ImageFolder(root, transform=the_same_transform)`` takes the
-    constructor, attributes and overrides of ``torchvision.datasets.ImageFolder`` (it is a
-    subclass: ``find_classes``, ``make_dataset``, ``loader``, ``is_valid_file``,
-    ``allow_empty``, ``classes``, ``samples``, ``targets``, ``imgs``, ``transforms``), and
-    returns what torchvision's class returns: a PIL image with no transform. When the transform
-    begins with ``RandomResizedCrop``, ``Resize`` + ``CenterCrop``, ``CenterCrop`` or ``Resize``
-    (optionally + ``RandomHorizontalFlip``), that prefix is decoded by the JPEG op with
-    torchvision's own random draws, and the rest runs on the decoded tensor when it begins with
-    ``ToTensor``/``PILToTensor``/``ToImage``, else on a PIL image of the crop
-    (:mod:`fastpipe.datasets.absorb`). :attr:`fast_path` (and the repr) says which prefix was
-    absorbed and why the rest was not.
+    What :class:`ImageFolder` is built on (its docstring says what both do); use it directly as
+    torchvision's ``DatasetFolder(root, loader, extensions, ...)``. With a loader other than
+    torchvision's ``default_loader`` or ``pil_loader``, nothing is absorbed (fastpipe cannot know
+    what the loader returns), and it is torchvision's class with declared stages.
 
-    The explicit fast form, ``ImageFolder(root, size=224, scale=..., ratio=..., hflip=0.5)``
-    (keywords), decodes ``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip(hflip)``
-    and returns uint8 (3, h, w) tensors; ``transform`` then runs on that tensor. Normalize on the
-    device after the copy (:class:`fastpipe.transforms.Normalize`).
-
-    Args:
-        root, transform, target_transform, loader, is_valid_file, allow_empty: torchvision's.
-        size, scale, ratio, hflip: the explicit fast form (any of them given turns it on; their
-            defaults are then 224, torchvision's scale and ratio, and 0.5).
-        extensions: the extensions kept when ``is_valid_file`` is None (torchvision's image ones).
-        on_error: what a file that cannot be decoded does (a
-            :class:`~fastpipe.errors.CorruptImageError`, including a file over the pixel limit):
-            ``"raise"`` (the default) raises it, naming the file; ``"pil"`` decodes through PIL
-            what the op refused, as torchvision's ``ImageFolder`` would (the op treats libjpeg's
-            warnings about damaged data as errors; PIL decodes through them), and raises what
-            PIL cannot decode; ``"skip"`` returns the next sample that decodes instead (index + 1,
-            wrapping around, so the same files give the same replacements), counts it in
-            :attr:`skipped` and warns with :class:`SkippedImageWarning` naming the file.
-
-    Attributes:
-        fast_path: a :class:`~fastpipe.datasets.absorb.FastPath`; rebuilt when ``transform`` is set.
-        skipped: a :class:`SkipCount`: samples replaced under ``on_error="skip"``, summed over
-            the DataLoader's workers; ``skipped.reset()`` at each epoch's end gives the epoch's.
-        stages: the declared :class:`fastpipe.stages.Stages` (the raw load, the decode, the rest),
-            so ``fastpipe diagnose`` caches and times each.
+    See :class:`ImageFolder` for the rest.
     """
 
     def __init__(
         self,
         root: "str | os.PathLike[str]",
+        loader: Callable[[str], Any],
+        extensions: tuple[str, ...] | None = None,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
-        loader: Callable[[str], Any] = default_loader,
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
         *,
@@ -178,7 +148,6 @@ class ImageFolder(torchvision.datasets.ImageFolder):
         scale: Sequence[float] | None = None,
         ratio: Sequence[float] | None = None,
         hflip: float | None = None,
-        extensions: tuple[str, ...] | None = IMG_EXTENSIONS,
         on_error: str = "raise",
     ) -> None:
         self.on_error = check_on_error(on_error, ON_ERROR)
@@ -195,13 +164,12 @@ class ImageFolder(torchvision.datasets.ImageFolder):
             self,
             root,
             loader,
-            extensions if is_valid_file is None else None,
+            extensions,
             transform=transform,
             target_transform=target_transform,
             is_valid_file=is_valid_file,
             allow_empty=allow_empty,
         )
-        self.imgs = self.samples
         self._plan()
 
     @property
@@ -279,6 +247,81 @@ class ImageFolder(torchvision.datasets.ImageFolder):
                     raise
                 exc = corrupt
         raise CorruptImageError(f"{self.root}: none of the {n} files could be decoded (on_error='skip'); the last: {exc}")
+
+
+class ImageFolder(DatasetFolder, torchvision.datasets.ImageFolder):
+    """torchvision's ``ImageFolder``, same contract, with the crop at the start of its transform decoded crop-only.
+
+    A drop-in: ``fastpipe.datasets.ImageFolder(root, transform=the_same_transform)`` takes the
+    constructor, attributes and overrides of ``torchvision.datasets.ImageFolder`` (it is a
+    subclass: ``find_classes``, ``make_dataset``, ``loader``, ``is_valid_file``,
+    ``allow_empty``, ``classes``, ``samples``, ``targets``, ``imgs``, ``transforms``), and
+    returns what torchvision's class returns: a PIL image with no transform. When the transform
+    begins with ``RandomResizedCrop``, ``Resize`` + ``CenterCrop``, ``CenterCrop`` or ``Resize``
+    (optionally + ``RandomHorizontalFlip``), that prefix is decoded by the JPEG op with
+    torchvision's own random draws, and the rest runs on the decoded tensor when it begins with
+    ``ToTensor``/``PILToTensor``/``ToImage``, else on a PIL image of the crop
+    (:mod:`fastpipe.datasets.absorb`). :attr:`fast_path` (and the repr) says which prefix was
+    absorbed and why the rest was not.
+
+    The explicit fast form, ``ImageFolder(root, size=224, scale=..., ratio=..., hflip=0.5)``
+    (keywords), decodes ``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip(hflip)``
+    and returns uint8 (3, h, w) tensors; ``transform`` then runs on that tensor. Normalize on the
+    device after the copy (:class:`fastpipe.transforms.Normalize`).
+
+    Args:
+        root, transform, target_transform, loader, is_valid_file, allow_empty: torchvision's.
+        size, scale, ratio, hflip: the explicit fast form (any of them given turns it on; their
+            defaults are then 224, torchvision's scale and ratio, and 0.5).
+        extensions: the extensions kept when ``is_valid_file`` is None (torchvision's image ones).
+        on_error: what a file that cannot be decoded does (a
+            :class:`~fastpipe.errors.CorruptImageError`, including a file over the pixel limit):
+            ``"raise"`` (the default) raises it, naming the file; ``"pil"`` decodes through PIL
+            what the op refused, as torchvision's ``ImageFolder`` would (the op treats libjpeg's
+            warnings about damaged data as errors; PIL decodes through them), and raises what
+            PIL cannot decode; ``"skip"`` returns the next sample that decodes instead (index + 1,
+            wrapping around, so the same files give the same replacements), counts it in
+            :attr:`skipped` and warns with :class:`SkippedImageWarning` naming the file.
+
+    Attributes:
+        fast_path: a :class:`~fastpipe.datasets.absorb.FastPath`; rebuilt when ``transform`` is set.
+        skipped: a :class:`SkipCount`: samples replaced under ``on_error="skip"``, summed over
+            the DataLoader's workers; ``skipped.reset()`` at each epoch's end gives the epoch's.
+        stages: the declared :class:`fastpipe.stages.Stages` (the raw load, the decode, the rest),
+            so ``fastpipe diagnose`` caches and times each.
+    """
+
+    def __init__(
+        self,
+        root: "str | os.PathLike[str]",
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        loader: Callable[[str], Any] = default_loader,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+        *,
+        size: Size | None = None,
+        scale: Sequence[float] | None = None,
+        ratio: Sequence[float] | None = None,
+        hflip: float | None = None,
+        extensions: tuple[str, ...] | None = IMG_EXTENSIONS,
+        on_error: str = "raise",
+    ) -> None:
+        super().__init__(
+            root,
+            loader,
+            extensions if is_valid_file is None else None,  # torchvision's rule: they are exclusive
+            transform,
+            target_transform,
+            is_valid_file,
+            allow_empty,
+            size=size,
+            scale=scale,
+            ratio=ratio,
+            hflip=hflip,
+            on_error=on_error,
+        )
+        self.imgs = self.samples
 
 
 def corrupt_cause(exc: BaseException) -> CorruptImageError | None:
