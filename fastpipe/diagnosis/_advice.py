@@ -183,11 +183,22 @@ import torchvision
 from fastpipe.datasets import DecodeCropLoader, ImageFolder
 from fastpipe.transforms import Normalize
 
-# decode only the random crop, uint8 out: replaces RandomResizedCrop({out}) + RandomHorizontalFlip() + ToTensor()
-dataset = ImageFolder(root, size={out})
-# or keep torchvision's ImageFolder, with the crop drawn and decoded by its loader (no transform):
+# no change but the class: your own transform; the crop (and flip) it begins with is decoded crop-only,
+# with torchvision's random draws (print(dataset.fast_path) says what was taken over)
+dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.ImageFolder(root, transform=transform)
+# further: uint8 out, Normalize after the copy (replaces RandomResizedCrop({out}) + RandomHorizontalFlip() + ToTensor()):
+# dataset = ImageFolder(root, size={out})
+# normalize = Normalize(mean={mean}, std={std})  # images = normalize(images.to(device, non_blocking=True))
+# or keep torchvision's class, with the crop drawn and decoded by its loader (no transform):
 # dataset = torchvision.datasets.ImageFolder(root, loader=DecodeCropLoader({out}))
-normalize = Normalize(mean={mean}, std={std})  # after the copy: images = normalize(images.to(device, non_blocking=True))
+"""
+
+_VALIDATION_SNIPPET = """\
+from fastpipe.datasets import ImageFolder
+
+# no change but the class: Resize + CenterCrop at the start of your transform are decoded in one pass, at the
+# 1/2, 1/4 or 1/8 DCT scale that covers the resized size (print(dataset.fast_path) says what was taken over)
+dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.ImageFolder(root, transform=transform)
 """
 
 _UINT8_SNIPPET = """\
@@ -304,6 +315,16 @@ def _decode_box(
             "; " + caveat if caveat else ""
         )
     what = "resized" if crop == "Resize" else "cropped"
+    if crop in ("Resize", "CenterCrop") and not converted:
+        return Advice(
+            summary=(
+                f"{label}: the image is decoded whole to be {what} by {crop}. Change only the dataset class: "
+                "fastpipe.datasets.ImageFolder(root, transform=the_same_transform) decodes Resize and CenterCrop at the "
+                "start of the transform in one pass, at the DCT scale (1/2, 1/4, 1/8) that still covers the resized size."
+            ),
+            snippet=_VALIDATION_SNIPPET,
+            caveat=caveat,
+        )
     if crop in _BOXES:
         name, box = _BOXES[crop]
         return Advice(
@@ -317,9 +338,10 @@ def _decode_box(
         )
     return Advice(
         summary=(
-            f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop: "
-            f"fastpipe.datasets.ImageFolder(root, size={out}) draws torchvision's box from the header and decodes only it "
-            f"(or DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
+            f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop, changing only the dataset "
+            "class: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) draws torchvision's box from the "
+            f"header and decodes only it (then, for uint8 out, fastpipe.datasets.ImageFolder(root, size={out}); or "
+            f"DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
         ),
         snippet=_decode_crop(transform),
         caveat=caveat,
@@ -369,8 +391,9 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     if name == "RandomHorizontalFlip":
         return Advice(
             summary=(
-                "RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize "
-                f"(fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}, hflip=0.5)), at no extra cost."
+                "RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize, "
+                "at no extra cost: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) takes a flip right "
+                f"after the crop over (or ImageFolder(root, size={_out_size(transform)}, hflip=0.5) for uint8 out)."
             ),
             snippet=_decode_crop(transform),
         )
@@ -378,7 +401,8 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
         return Advice(
             summary=(
                 "PILToTensor: it copies every pixel it is given; crop before it, or let the decoder return the "
-                f"cropped uint8 tensor itself (fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}))."
+                "cropped uint8 tensor itself: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) drops a "
+                f"PILToTensor that follows the crop (or ImageFolder(root, size={_out_size(transform)}))."
             ),
             snippet=_decode_crop(transform),
         )
