@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, find_classes, make_dataset, pil_loader
 
 from fastpipe.datasets.absorb import absorb, explicit
-from fastpipe.datasets.crop import DEFAULT_RATIO, DEFAULT_SCALE, Size, check_on_error, crop_settings, naming_errors
+from fastpipe.datasets.crop import BYTES_PLACEHOLDER, DEFAULT_RATIO, DEFAULT_SCALE, Size, check_on_error, crop_settings, naming_errors
 from fastpipe.errors import CorruptImageError
 from fastpipe.ops.jpeg import read_bytes
 from fastpipe.stages import StageError, Stages
@@ -80,6 +80,11 @@ class SkipCount:
         count = self.count
         memoryview(self._slots).cast("B")[:] = bytes(8 * self.SLOTS)
         return count
+
+    def set(self, count: int) -> None:
+        """Put the count back to ``count`` (while no worker is decoding): how a diagnosis leaves the user's count as it was."""
+        self.reset()
+        self._slots[0] = count
 
     def __getstate__(self) -> dict[str, Any]:
         if get_spawning_popen() is not None:  # a worker process being started: share the same memory
@@ -220,11 +225,17 @@ class DatasetFolder(torchvision.datasets.DatasetFolder):
         try:
             with naming_errors(path):
                 image = self.stages(index)  # looked up on self each time: fastpipe swaps it on a copy to time each stage
-        except (CorruptImageError, StageError) as exc:
+        except StageError as exc:  # a diagnosis runs the stages wrapped: name the file there too
             corrupt = corrupt_cause(exc)
-            if self.on_error != "skip" or corrupt is None:
+            if corrupt is None:
                 raise
-            image, target = self._replacement(index, corrupt)
+            if self.on_error != "skip":
+                raise StageError(str(exc).replace(BYTES_PLACEHOLDER, path, 1)) from exc
+            image, target = self._replacement(index, named(corrupt, path))
+        except CorruptImageError as exc:
+            if self.on_error != "skip":
+                raise
+            image, target = self._replacement(index, exc)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
@@ -245,7 +256,7 @@ class DatasetFolder(torchvision.datasets.DatasetFolder):
                 corrupt = corrupt_cause(next_exc)
                 if corrupt is None:
                     raise
-                exc = corrupt
+                exc = named(corrupt, path)
         raise CorruptImageError(f"{self.root}: none of the {n} files could be decoded (on_error='skip'); the last: {exc}")
 
 
@@ -322,6 +333,12 @@ class ImageFolder(DatasetFolder, torchvision.datasets.ImageFolder):
             on_error=on_error,
         )
         self.imgs = self.samples
+
+
+def named(exc: CorruptImageError, path: str) -> CorruptImageError:
+    """``exc`` with the file's path in place of the op's placeholder for unnamed bytes (itself when it names the file)."""
+    message = str(exc)
+    return type(exc)(message.replace(BYTES_PLACEHOLDER, path, 1)) if BYTES_PLACEHOLDER in message else exc
 
 
 def corrupt_cause(exc: BaseException) -> CorruptImageError | None:
