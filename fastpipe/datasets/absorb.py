@@ -113,12 +113,13 @@ def _bilinear(t: Any) -> str | None:
     from torchvision.transforms import InterpolationMode
 
     mode = getattr(t, "interpolation", InterpolationMode.BILINEAR)
-    if mode not in (InterpolationMode.BILINEAR, 2):  # 2: PIL.Image.BILINEAR, which torchvision still accepts
-        return f"{type(t).__name__} uses {getattr(mode, 'value', mode)} interpolation; the decoder resizes bilinearly"
+    name = getattr(mode, "value", mode)  # an InterpolationMode, its value as a str (some v2 transforms), or PIL's int
+    if name not in ("bilinear", 2):  # 2: PIL.Image.BILINEAR, which torchvision still accepts
+        return f"{type(t).__name__} uses {name} interpolation; the decoder resizes bilinearly"
     return None
 
 
-def _crop_prefix(leaves: Sequence[Any], hflip: float) -> tuple[Any, list[str], int, str | None]:
+def _crop_prefix(leaves: Sequence[Any]) -> tuple[Any, list[str], int, str | None]:
     """The decode stage for the crop at the start of ``leaves``: (stage or None, names absorbed, leaves used, why not)."""
     kinds = _kinds()
     if not leaves:
@@ -174,7 +175,7 @@ def absorb(transform: Any, loader_is_default: bool = True, on_error: str = "rais
     if transform is None:
         return FastPath((), why_not="no transform: each item is the whole image, decoded by PIL as torchvision does")
     leaves = [stage.transform for stage in split_transform(transform)]
-    prefix, names, used, why = _crop_prefix(leaves, 0.0)
+    prefix, names, used, why = _crop_prefix(leaves)
     if prefix is None:
         return FastPath((), why_not=why)
     kinds = _kinds()
