@@ -34,11 +34,13 @@ could not be measured (DALI not installed, or the loader table skipped): it prin
 CenterCrop(224) + ToTensor + Normalize), ``torchvision.datasets.ImageFolder(root, transform=recipe)[i]``
 against ``fastpipe.datasets.ImageFolder(root, transform=recipe)[i]`` with the same seed: the crop
 boxes each drew, the pixels' mean absolute difference, and each one's cost per image, side by
-side (``bench_jpeg_dropin.{md,json}``; exits 1 if the boxes or pixels disagree).
+side (``bench_jpeg_dropin.{md,json}``; exits 1 if the boxes or pixels disagree). ``--upscale 4``
+runs it on the files enlarged 4x (``bench_jpeg_dropin_x4.*``): camera-sized photos, where the
+validation resize decodes at a DCT scale.
 
 Usage:
     python benchmarks/bench_jpeg.py [--root FOLDER] [--n 300] [--rounds 5] [--workers 2] [--threads 1] [--allow-missing]
-    python benchmarks/bench_jpeg.py --dropin [--root CLASS_FOLDERS] [--n 300] [--rounds 5]
+    python benchmarks/bench_jpeg.py --dropin [--root CLASS_FOLDERS] [--n 300] [--rounds 5] [--upscale 4]
 """
 
 from __future__ import annotations
@@ -576,8 +578,28 @@ def dropin_agreement(theirs: Any, ours: Any, indices: list[int]) -> dict[str, An
     }
 
 
-def dropin_main(files: list[Path], origin: str, rounds: int, out: Path) -> int:
+def dropin_upscaled(files: list[Path], factor: int) -> tuple[list[Path], str]:
+    """The files enlarged ``factor`` times (bicubic, JPEG quality 90) into two class folders, cached: photos the size
+    of a camera's, where the validation resize can decode at a DCT scale (the corpus' own ~500 px photos cannot)."""
+    from PIL import Image
+
+    folder = Path.home() / ".cache" / "fastpipe" / f"bench-jpeg-dropin-{len(files)}-x{factor}"
+    out = []
+    for i, path in enumerate(files):
+        target = folder / f"class_{i % 2}" / f"{i:05d}.jpg"
+        out.append(target)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with Image.open(path) as im:
+                rgb = im.convert("RGB")
+                rgb.resize((rgb.width * factor, rgb.height * factor), Image.BICUBIC).save(target, quality=90)
+    return out, f"{folder}: the files enlarged {factor}x (bicubic, quality 90)"
+
+
+def dropin_main(files: list[Path], origin: str, rounds: int, out: Path, upscale: int = 1) -> int:
     """``--dropin``: per-image cost of torchvision's ImageFolder and fastpipe's, same transform, side by side in one run."""
+    if upscale > 1:
+        files, origin = dropin_upscaled(files, upscale)
     rows: dict[str, Row] = {}
     fns: dict[str, Callable[[], list[float]]] = {}
     agreement = {}
@@ -616,8 +638,9 @@ def dropin_main(files: list[Path], origin: str, rounds: int, out: Path) -> int:
     print()
     print(text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_jpeg_dropin.md").write_text(text + "\n")
-    (out / "bench_jpeg_dropin.json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem = "bench_jpeg_dropin" if upscale == 1 else f"bench_jpeg_dropin_x{upscale}"
+    (out / f"{stem}.md").write_text(text + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     bad = [n for n, a in agreement.items() if not a["within_tolerance"] or a["boxes_equal"] != a["boxes_compared"]]
     if bad:
         print(f"bench_jpeg --dropin: FAILED agreement for {', '.join(bad)}")
@@ -637,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         "--allow-missing", action="store_true", help="a target that could not be measured (e.g. DALI not installed) does not fail the run"
     )
     parser.add_argument("--dropin", action="store_true", help="only the ImageFolder drop-in table (torchvision's class vs fastpipe's)")
+    parser.add_argument("--upscale", type=int, default=1, help="--dropin on the files enlarged this many times (camera-sized photos)")
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()[0]
@@ -646,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     files, origin = corpus_files(args.root, args.n)
     print(f"bench_jpeg: {len(files)} files from {origin}; {fjpeg.jpeg_op_status()}")
     if args.dropin:
-        return dropin_main(files, origin, args.rounds, Path(args.out))
+        return dropin_main(files, origin, args.rounds, Path(args.out), args.upscale)
 
     rows: dict[str, Row] = {}
     fns: dict[str, Callable[[], float]] = {}

@@ -8,9 +8,10 @@
   (uint8 tensors out). ``on_error="raise" | "pil" | "skip"`` chooses what a damaged file does;
   skips are counted in ``dataset.skipped`` across workers and warned about with
   :class:`SkippedImageWarning`.
+* :class:`DatasetFolder`: the same for torchvision's ``DatasetFolder(root, loader, extensions, ...)``.
 * :class:`DecodeResized`: the validation recipe's stage (``Resize`` + ``CenterCrop``, decoded
   at the DCT scale that covers the resized size).
-* :class:`DecodeCropLoader`: the same as a ``loader=`` for torchvision's own ``ImageFolder``
+* :class:`DecodeCropLoader`: the explicit form's RandomResizedCrop + flip as a ``loader=`` for torchvision's own ``ImageFolder``
   (:class:`DecodeCrop` is the stage itself, on a file's bytes).
 * :class:`EncodedImageFolder`, :func:`collate_encoded`, :class:`DecodeCropOnDevice`: the
   workers ship file bytes and the GPU decodes, crops and flips.
