@@ -160,9 +160,9 @@ class Report:
     elapsed_s: float = 0.0
     stage_costs: dict[str, Any] | None = None
     ranked_by: str = "the ladder's time"
+    """How the named stages are ordered (the in-worker timing joins in when it was measured)."""
     skipped_samples: int | None = None
     """Samples an ``ImageFolder(on_error="skip")`` replaced during the diagnosis (None: the dataset counts none)."""
-    """How the named stages are ordered (the in-worker timing joins in when it was measured)."""
     stage_cost_lines: list[str] = field(default_factory=list, repr=False)
     """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
 
