@@ -177,8 +177,10 @@ def test_training_recipe_draws_torchvisions_boxes(corpus: Path, monkeypatch: pyt
         T.Compose([T.Resize(30, max_size=36), T.PILToTensor()]),
         T.Compose([T.CenterCrop(100), T.RandomHorizontalFlip(1.0), T.PILToTensor()]),
         T.Compose([T.Resize(20), T.CenterCrop(32), T.PILToTensor()]),  # larger than the image: padded, as torchvision does
+        v2.Compose([v2.Resize(size=None, max_size=40), v2.PILToTensor()]),
+        T.Compose([T.CenterCrop(48), T.RandomHorizontalFlip(0.0), T.RandomHorizontalFlip(), T.PILToTensor()]),  # p=0 draws too
     ],
-    ids=["resize-center-v1", "resize-center-v2", "resize-hw", "max-size", "center-flip", "padded"],
+    ids=["resize-center-v1", "resize-center-v2", "resize-hw", "max-size", "center-flip", "padded", "max-size-only", "flip-p0"],
 )
 def test_validation_recipes_match_torchvision(corpus: Path, recipe) -> None:
     assert ImageFolder(corpus, transform=recipe).fast_path.active

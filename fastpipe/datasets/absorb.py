@@ -180,7 +180,8 @@ def absorb(transform: Any, loader_is_default: bool = True, on_error: str = "rais
         return FastPath((), why_not=why)
     kinds = _kinds()
     hflip = 0.0
-    if used < len(leaves) and isinstance(leaves[used], kinds["flip"]):
+    # a flip with p=0 still draws its coin in torchvision, and the decoder draws none for p=0: it stays in the rest
+    if used < len(leaves) and isinstance(leaves[used], kinds["flip"]) and leaves[used].p > 0:
         hflip = float(leaves[used].p)
         names.append(type(leaves[used]).__name__)
         used += 1

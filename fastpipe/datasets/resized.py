@@ -54,8 +54,8 @@ class DecodeResized:
         hflip: float = 0.0,
         on_error: str = "raise",
     ) -> None:
-        if resize is None and crop is None:
-            raise ConfigError("DecodeResized needs a resize, a crop, or both")
+        if resize is None and max_size is None and crop is None:
+            raise ConfigError("DecodeResized needs a resize (size or max_size), a crop, or both")
         if not 0.0 <= hflip <= 1.0:
             raise ConfigError(f"hflip is a probability in [0, 1], got {hflip}")
         self.resize = None if resize is None else [int(v) for v in resize]
