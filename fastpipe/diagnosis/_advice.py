@@ -5,8 +5,8 @@ names the remedy that fits the stage that was found (cropping is not sped up by 
 kernel; a Python pixel loop is), gives a snippet that runs against fastpipe's real API, and
 says when a drop-in cannot pay off (DCT scaling on images smaller than twice the output).
 
-Snippets use the names a training script has: ``root`` (the image folder), ``dataset``,
-``loader``, ``device`` (a torch.device) and ``step(batch)``.
+Snippets use the names a training script has: ``root`` (the image folder), ``transform`` (the
+dataset's transform, unchanged), ``dataset``, ``loader``, ``device`` (a torch.device) and ``step(batch)``.
 """
 
 from __future__ import annotations
