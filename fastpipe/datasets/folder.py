@@ -200,6 +200,11 @@ class DatasetFolder(torchvision.datasets.DatasetFolder):
         else:
             self.stages = Stages(load=self.load, transforms=[] if self._transform is None else [self._transform])
 
+    @property
+    def decode(self) -> Any:
+        """The decode stage (``DecodeCrop`` or ``DecodeResized``, with its ``size``...), or None when nothing was absorbed."""
+        return self.fast_path.decode
+
     def read(self, index: int) -> torch.Tensor:
         """The raw load of the fast path: sample ``index``'s file, as a 1-D uint8 tensor of its bytes."""
         return read_bytes(self.samples[index][0])
