@@ -74,6 +74,22 @@ def test_random_resized_crop_gets_decode_and_crop_not_a_compiled_kernel() -> Non
     assert "RandomMask" not in advice.summary
 
 
+def test_the_to_tensor_fastpipes_image_folder_keeps_gets_the_uint8_advice() -> None:
+    import fastpipe.datasets
+
+    val_recipe = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    stages = fastpipe.datasets.absorb(IMAGENET).decode, *fastpipe.datasets.absorb(IMAGENET).rest  # as a diagnosis holds them
+    advice = recommend("ToTensor", TRANSFORM, transform=list(stages))
+    assert "Ship uint8" in advice.summary and "fastpipe's own part" not in advice.summary
+    assert "fastpipe's own part" in recommend("DecodeCrop", TRANSFORM, transform=list(stages)).summary
+    namespace = run_snippet(advice)  # the uint8 recipe writes the absorbed crop and flip back as the user's transforms
+    assert [type(t).__name__ for t in namespace["transform"].transforms] == ["RandomResizedCrop", "RandomHorizontalFlip", "PILToTensor"]
+    val = [fastpipe.datasets.absorb(val_recipe).decode, *fastpipe.datasets.absorb(val_recipe).rest]
+    namespace = run_snippet(recommend("Normalize", TRANSFORM, transform=val))
+    assert [type(t).__name__ for t in namespace["transform"].transforms] == ["Resize", "CenterCrop", "PILToTensor"]
+    assert namespace["transform"].transforms[0].size == 256 and list(namespace["transform"].transforms[1].size) == [224, 224]
+
+
 def test_a_slow_custom_transform_gets_compile_or_move_to_the_device() -> None:
     advice = recommend("ConvertColor", TRANSFORM)
     assert "Numba" in advice.summary and "TORCH_LIBRARY" in advice.summary and "DevicePrefetcher" in advice.summary

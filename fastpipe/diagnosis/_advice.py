@@ -372,7 +372,9 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
 
 def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
     stage, before = _find(transform, name)
-    if _is_fastpipe_part(stage) and not (name == "RandomMask"):
+    # the float conversions fastpipe's ImageFolder keeps from the user's transform (its ToTensor) are not compiled parts:
+    # their remedy is uint8 out and Normalize on the device, as for torchvision's
+    if _is_fastpipe_part(stage) and name != "RandomMask" and name not in _FLOAT_OUT:
         return _fastpipe_part(name)
     converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage")), None)
     if name in _CROPS:
@@ -424,6 +426,21 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     )
 
 
+def _absorbed_code(stage: object) -> list[str]:
+    """The torchvision transforms a decode stage of fastpipe's ImageFolder stands for, as Python."""
+    code = []
+    if type(stage).__name__ == "DecodeCrop":
+        code.append(
+            f"T.RandomResizedCrop({list(getattr(stage, 'size'))}, scale={getattr(stage, 'scale')}, ratio={getattr(stage, 'ratio')})"
+        )
+    else:
+        resize, crop = getattr(stage, "resize", None), getattr(stage, "crop", None)
+        code += [f"T.Resize({resize[0] if resize and len(resize) == 1 else resize})"] if resize else []
+        code += [f"T.CenterCrop({list(crop)})"] if crop else []
+    hflip = getattr(stage, "hflip", 0.0)
+    return code + ([f"T.RandomHorizontalFlip(p={hflip})"] if hflip else [])
+
+
 def _head(transform: object | None, stop: str) -> str:
     """The transforms before ``stop`` as Python, for the uint8 recipe; ones fastpipe cannot write out are named in a comment."""
     code, unknown = [], []
@@ -436,6 +453,8 @@ def _head(transform: object | None, stop: str) -> str:
             code.append(f"T.{name}({list(size) if isinstance(size, (list, tuple)) else size})")
         elif name == "RandomHorizontalFlip":
             code.append(f"T.RandomHorizontalFlip(p={getattr(leaf, 'p', 0.5)})")
+        elif name in ("DecodeCrop", "DecodeResized") and _is_fastpipe_part(leaf):
+            code += _absorbed_code(leaf)  # what fastpipe's ImageFolder took over, written back as the user's transforms
         else:
             unknown.append(name)
     text = "".join(c + ", " for c in code)
