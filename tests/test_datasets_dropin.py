@@ -201,3 +201,4 @@ def test_what_follows_a_crop_on_pil_runs_unchanged_on_the_crop(corpus: Path) -> 
 def test_a_transform_that_ends_with_the_crop_gives_a_pil_image(corpus: Path) -> None:
     image, _ = ImageFolder(corpus, transform=T.RandomResizedCrop(24))[0]
     assert image.size == (24, 24) and image.mode == "RGB"
+    assert "returns the crop as a PIL image" in str(ImageFolder(corpus, transform=T.RandomResizedCrop(24)).fast_path)

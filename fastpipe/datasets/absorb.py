@@ -64,6 +64,8 @@ class FastPath:
             return f"not absorbed: {self.why_not}; the file is decoded whole by the loader, as torchvision does"
         head = f"decoder does {' + '.join(self.absorbed)} ({self.decode!r})"
         rest = "" if self.rest_on == "nothing" else f"; the rest runs on a {self.rest_on}"
+        if len(self.rest) == 1 and isinstance(self.rest[0], ToPIL) and self.rest_on == "nothing":
+            rest = "; returns the crop as a PIL image, as torchvision does"
         return f"{head}{rest}" + (f"; not absorbed: {self.why_not}" if self.why_not else "")
 
 
