@@ -29,8 +29,18 @@ one of the targets is not met in this run (the tables are written either way), a
 could not be measured (DALI not installed, or the loader table skipped): it prints
 ``NOT MEASURED: <target>: <reason>``, and only ``--allow-missing`` lets the run pass without it.
 
+``--dropin`` runs only the drop-in table instead: for the classic training recipe
+(RandomResizedCrop(224) + flip + ToTensor + Normalize) and validation recipe (Resize(256) +
+CenterCrop(224) + ToTensor + Normalize), ``torchvision.datasets.ImageFolder(root, transform=recipe)[i]``
+against ``fastpipe.datasets.ImageFolder(root, transform=recipe)[i]`` with the same seed: the crop
+boxes each drew, the pixels' mean absolute difference, and each one's cost per image, side by
+side (``bench_jpeg_dropin.{md,json}``; exits 1 if the boxes or pixels disagree). ``--upscale 4``
+runs it on the files enlarged 4x (``bench_jpeg_dropin_x4.*``): camera-sized photos, where the
+validation resize decodes at a DCT scale.
+
 Usage:
     python benchmarks/bench_jpeg.py [--root FOLDER] [--n 300] [--rounds 5] [--workers 2] [--threads 1] [--allow-missing]
+    python benchmarks/bench_jpeg.py --dropin [--root CLASS_FOLDERS] [--n 300] [--rounds 5] [--upscale 4]
 """
 
 from __future__ import annotations
@@ -492,6 +502,151 @@ def plot(rows: list[Row], path: Path) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------
+# The drop-in: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) against torchvision's class
+
+#: fastpipe.ops.jpeg's documented tolerance against PIL: mean absolute difference in 0..255 levels when the
+#: decoder scales in the DCT (under 0.5 when it does not).
+DROPIN_TOLERANCE = 2.5
+
+
+def dropin_recipes() -> dict[str, Any]:
+    """The classic training and validation transforms, exactly as a torchvision script writes them."""
+    import torchvision.transforms as T
+
+    return {
+        "train": T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
+        "val": T.Compose([T.Resize(256), T.CenterCrop(SIZE), T.ToTensor(), T.Normalize(MEAN, STD)]),
+    }
+
+
+def dropin_datasets(files: list[Path], recipe: Any) -> tuple[Any, Any, list[int]]:
+    """(torchvision's ImageFolder, fastpipe's, the indices of ``files``) over the class folders that hold ``files``."""
+    import torchvision
+
+    from fastpipe.datasets import ImageFolder
+
+    root = files[0].parent.parent
+    theirs, ours = torchvision.datasets.ImageFolder(root, transform=recipe), ImageFolder(root, transform=recipe)
+    wanted = {str(f) for f in files}
+    indices = [i for i, (path, _) in enumerate(theirs.samples) if path in wanted]
+    if not indices:
+        sys.exit(f"bench_jpeg --dropin: {root} is not a folder of class folders holding the files")
+    return theirs, ours, indices
+
+
+def dropin_agreement(theirs: Any, ours: Any, indices: list[int]) -> dict[str, Any]:
+    """Same seed per item for both: the crop boxes each drew (torchvision's where it crops, fastpipe's where the op
+    decodes) and the mean absolute pixel difference in 0..255 levels (undoing ToTensor and Normalize)."""
+    import torchvision.transforms.functional as F
+
+    import fastpipe.datasets.crop as crop_module
+
+    boxes: dict[str, list[tuple[int, ...]]] = {"torchvision": [], "fastpipe": []}
+    real_crop, real_decode = F.resized_crop, crop_module.jpeg_ops.decode_jpeg_crop
+
+    def theirs_box(img: Any, top: int, left: int, height: int, width: int, *args: Any, **kwargs: Any) -> Any:
+        boxes["torchvision"].append((top, left, height, width))
+        return real_crop(img, top, left, height, width, *args, **kwargs)
+
+    def ours_box(source: Any, box: Any, size: Any, hflip: bool = False) -> torch.Tensor:
+        boxes["fastpipe"].append(tuple(box))
+        return real_decode(source, box, size, hflip=hflip)
+
+    std = torch.tensor(STD)[:, None, None]
+    diffs = []
+    F_module = sys.modules["torchvision.transforms.transforms"].F
+    try:
+        F_module.resized_crop, crop_module.jpeg_ops.decode_jpeg_crop = theirs_box, ours_box
+        for i in indices:
+            torch.manual_seed(i)
+            a, _ = ours[i]
+            torch.manual_seed(i)
+            b, _ = theirs[i]
+            diffs.append(((a - b).abs() * 255 * std).mean().item())
+    finally:
+        F_module.resized_crop, crop_module.jpeg_ops.decode_jpeg_crop = real_crop, real_decode
+    drawn = len(boxes["torchvision"])
+    same = sum(x == y for x, y in zip(boxes["torchvision"], boxes["fastpipe"])) if drawn == len(boxes["fastpipe"]) else 0
+    return {
+        "boxes_compared": drawn,
+        "boxes_equal": same,
+        "mean_abs_levels": statistics.mean(diffs),
+        "max_image_mean_abs_levels": max(diffs),
+        "within_tolerance": max(diffs) < DROPIN_TOLERANCE,
+        "fast_path": str(ours.fast_path),
+    }
+
+
+def dropin_upscaled(files: list[Path], factor: int) -> tuple[list[Path], str]:
+    """The files enlarged ``factor`` times (bicubic, JPEG quality 90) into two class folders, cached: photos the size
+    of a camera's, where the validation resize can decode at a DCT scale (the corpus' own ~500 px photos cannot)."""
+    from PIL import Image
+
+    folder = Path.home() / ".cache" / "fastpipe" / f"bench-jpeg-dropin-{len(files)}-x{factor}"
+    out = []
+    for i, path in enumerate(files):
+        target = folder / f"class_{i % 2}" / f"{i:05d}.jpg"
+        out.append(target)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with Image.open(path) as im:
+                rgb = im.convert("RGB")
+                rgb.resize((rgb.width * factor, rgb.height * factor), Image.BICUBIC).save(target, quality=90)
+    return out, f"{folder}: the files enlarged {factor}x (bicubic, quality 90)"
+
+
+def dropin_main(files: list[Path], origin: str, rounds: int, out: Path, upscale: int = 1) -> int:
+    """``--dropin``: per-image cost of torchvision's ImageFolder and fastpipe's, same transform, side by side in one run."""
+    if upscale > 1:
+        files, origin = dropin_upscaled(files, upscale)
+    rows: dict[str, Row] = {}
+    fns: dict[str, Callable[[], list[float]]] = {}
+    agreement = {}
+    for name, recipe in dropin_recipes().items():
+        theirs, ours, indices = dropin_datasets(files, recipe)
+        agreement[name] = dropin_agreement(theirs, ours, indices)
+        for who, dataset in (("torchvision", theirs), ("fastpipe", ours)):
+            key = f"{name}/{who}"
+            rows[key] = Row(key, f"{type(dataset).__module__}.ImageFolder(root, transform={name} recipe)[i]", "thread CPU")
+            fns[key] = over_files(lambda i, d=dataset: (torch.manual_seed(i), d[i]), indices, time.thread_time)  # type: ignore[arg-type]
+    for fn in fns.values():  # warm-up: page cache, lazy imports
+        fn()
+    print(f"drop-in, {rounds} rounds over {len(files)} files, one thread (ms per image):")
+    time_rounds(rows, fns, rounds, len(files))
+    lines = [
+        "# bench_jpeg --dropin: torchvision's ImageFolder against fastpipe's, the same transform",
+        "",
+        f"Corpus: {origin}. {fjpeg.jpeg_op_status()}. {rounds} rounds, shuffled order each round, thread CPU time, "
+        "median of the rounds' mean cost per image (an item: dataset[i], file read to normalized float tensor).",
+        "",
+        "| recipe | torchvision ms/image | fastpipe ms/image | ratio (torchvision / fastpipe) | boxes equal | mean abs diff (levels) | worst image | within op tolerance (< 2.5) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    payload: dict[str, Any] = {"corpus": origin, "files": len(files), "rounds": rounds, "op": fjpeg.jpeg_op_status(), "recipes": {}}
+    for name in dropin_recipes():
+        tv, fp, agree = rows[f"{name}/torchvision"], rows[f"{name}/fastpipe"], agreement[name]
+        ratio = tv.median_ms / fp.median_ms
+        boxes = f"{agree['boxes_equal']}/{agree['boxes_compared']}" if agree["boxes_compared"] else "no random box"
+        lines.append(
+            f"| {name} | {tv.median_ms:.2f} | {fp.median_ms:.2f} | {ratio:.2f}x | {boxes} | {agree['mean_abs_levels']:.2f} | "
+            f"{agree['max_image_mean_abs_levels']:.2f} | {'yes' if agree['within_tolerance'] else 'NO'} |"
+        )
+        payload["recipes"][name] = {"torchvision_ms": tv.median_ms, "fastpipe_ms": fp.median_ms, "ratio": ratio, **agree}
+    lines += ["", *(f"- {name}: fastpipe's fast path: {agreement[name]['fast_path']}" for name in agreement), ""]
+    text = "\n".join(lines)
+    print()
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "bench_jpeg_dropin" if upscale == 1 else f"bench_jpeg_dropin_x{upscale}"
+    (out / f"{stem}.md").write_text(text + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    bad = [n for n, a in agreement.items() if not a["within_tolerance"] or a["boxes_equal"] != a["boxes_compared"]]
+    if bad:
+        print(f"bench_jpeg --dropin: FAILED agreement for {', '.join(bad)}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", help="a folder of JPEGs (default: fastpipe.workloads.photos' corpus, built and cached on first use)")
@@ -504,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--allow-missing", action="store_true", help="a target that could not be measured (e.g. DALI not installed) does not fail the run"
     )
+    parser.add_argument("--dropin", action="store_true", help="only the ImageFolder drop-in table (torchvision's class vs fastpipe's)")
+    parser.add_argument("--upscale", type=int, default=1, help="--dropin on the files enlarged this many times (camera-sized photos)")
     parser.add_argument(
         "--thread-loader", action="store_true", help="run only the thread-loader section (issue 25: benchmarks/thread_loaders.py)"
     )
@@ -516,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     files, origin = corpus_files(args.root, args.n)
     print(f"bench_jpeg: {len(files)} files from {origin}; {fjpeg.jpeg_op_status()}")
+    if args.dropin:
+        return dropin_main(files, origin, args.rounds, Path(args.out), args.upscale)
     if args.thread_loader:
         return thread_loader_run(files, origin, args)
 

@@ -67,9 +67,27 @@ def test_every_snippet_compiles_and_every_summary_names_the_stage(stage: str, ki
 
 def test_random_resized_crop_gets_decode_and_crop_not_a_compiled_kernel() -> None:
     advice = recommend("RandomResizedCrop", TRANSFORM, transform=IMAGENET)
-    assert "fastpipe.datasets.ImageFolder(root, size=224)" in advice.summary and "DecodeCropLoader(224)" in advice.summary
+    zero_change = advice.summary.index("fastpipe.datasets.ImageFolder(root, transform=the_same_transform)")
+    assert zero_change < advice.summary.index("ImageFolder(root, size=224)") < advice.summary.index("DecodeCropLoader(224)")
+    assert "dataset = ImageFolder(root, transform=transform)" in advice.snippet.splitlines()[6]  # the first code line
     assert not any(word in advice.summary for word in COMPILED_KERNEL_WORDS)
     assert "RandomMask" not in advice.summary
+
+
+def test_the_to_tensor_fastpipes_image_folder_keeps_gets_the_uint8_advice() -> None:
+    import fastpipe.datasets
+
+    val_recipe = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    stages = fastpipe.datasets.absorb(IMAGENET).decode, *fastpipe.datasets.absorb(IMAGENET).rest  # as a diagnosis holds them
+    advice = recommend("ToTensor", TRANSFORM, transform=list(stages))
+    assert "Ship uint8" in advice.summary and "fastpipe's own part" not in advice.summary
+    assert "fastpipe's own part" in recommend("DecodeCrop", TRANSFORM, transform=list(stages)).summary
+    namespace = run_snippet(advice)  # the uint8 recipe writes the absorbed crop and flip back as the user's transforms
+    assert [type(t).__name__ for t in namespace["transform"].transforms] == ["RandomResizedCrop", "RandomHorizontalFlip", "PILToTensor"]
+    val = [fastpipe.datasets.absorb(val_recipe).decode, *fastpipe.datasets.absorb(val_recipe).rest]
+    namespace = run_snippet(recommend("Normalize", TRANSFORM, transform=val))
+    assert [type(t).__name__ for t in namespace["transform"].transforms] == ["Resize", "CenterCrop", "PILToTensor"]
+    assert namespace["transform"].transforms[0].size == 256 and list(namespace["transform"].transforms[1].size) == [224, 224]
 
 
 def test_a_slow_custom_transform_gets_compile_or_move_to_the_device() -> None:
@@ -112,11 +130,15 @@ def test_raw_load_without_a_crop_says_the_drop_in_cannot_help() -> None:
 
 def test_decode_and_crop_snippet_runs(image_root: Path) -> None:
     pytest.importorskip("fastpipe.datasets")
-    namespace = run_snippet(recommend("RandomResizedCrop", TRANSFORM, transform=IMAGENET), root=str(image_root))
+    import torchvision
+
+    namespace = run_snippet(recommend("RandomResizedCrop", TRANSFORM, transform=IMAGENET), root=str(image_root), transform=IMAGENET)
+    torch.manual_seed(3)
     image, label = namespace["dataset"][0]
-    assert image.dtype == torch.uint8 and tuple(image.shape) == (3, 224, 224) and label == 0
-    out = namespace["normalize"](image[None])
-    assert out.dtype == torch.float32 and tuple(out.shape) == (1, 3, 224, 224)
+    torch.manual_seed(3)
+    expected, _ = torchvision.datasets.ImageFolder(str(image_root), transform=IMAGENET)[0]
+    assert image.dtype == torch.float32 and tuple(image.shape) == (3, 224, 224) and label == 0
+    assert ((image - expected).abs() * 255 * 0.226).mean().item() < 2.5  # the user's own output, in 0..255 levels
 
 
 @pytest.mark.parametrize(
@@ -130,9 +152,11 @@ def test_decode_and_crop_snippet_runs(image_root: Path) -> None:
 def test_box_loader_snippets_run(image_root: Path, transform: T.Compose, shape: tuple[int, ...]) -> None:
     crop = type(transform.transforms[0]).__name__
     advice = recommend(crop, TRANSFORM, transform=transform, image_size=(375, 500))
-    namespace = run_snippet(advice, root=str(image_root))
+    namespace = run_snippet(advice, root=str(image_root), transform=transform)
     image, _ = namespace["dataset"][0]
-    assert image.dtype == torch.uint8 and tuple(image.shape) == shape
+    # RandomCrop gets a loader that returns the uint8 box; CenterCrop and Resize the zero-change class, whose
+    # transform still ends with the user's ToTensor
+    assert image.dtype == (torch.uint8 if crop == "RandomCrop" else torch.float32) and tuple(image.shape) == shape
 
 
 def test_uint8_and_device_normalize_snippet_matches_torchvision() -> None:

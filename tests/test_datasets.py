@@ -265,6 +265,8 @@ def test_stages_are_declared_for_diagnose(corpus: Path, tmp_path: Path) -> None:
     bad.parent.mkdir()
     bad.write_bytes(b"\xff\xd8\xff\xe0 truncated")
     with pytest.raises(FastpipeError, match="broken/x.jpg"):
+        ImageFolder(tmp_path, size=8)[0]
+    with pytest.raises(OSError):  # nothing absorbed: PIL decodes, and raises what torchvision's class raises
         ImageFolder(tmp_path)[0]
 
 

@@ -156,3 +156,59 @@ def test_copies_outside_worker_start_get_their_own_count(damaged: dict[str, Path
         assert clone.skipped.count == 1
         clone.skipped.add()
         assert clone.skipped.count == 2 and dataset.skipped.count == 1
+
+
+@requires_op
+@pytest.mark.parametrize("point", ["baseline", "raw", "after:DecodeCrop"])
+def test_skip_works_where_a_diagnosis_replays_the_stages(damaged: dict[str, Path], point: str) -> None:
+    """A diagnosis runs the declared stages wrapped (a StageError around the CorruptImageError): still skipped and counted;
+    under "raise" the error names the file, not the op's placeholder for unnamed bytes."""
+    from fastpipe.diagnosis._cache import CachePointDataset
+    from fastpipe.diagnosis._discovery import find_pipeline
+
+    dataset = ImageFolder(damaged["root"], size=24, on_error="skip")
+    pipeline, _ = find_pipeline(dataset)
+    cached = CachePointDataset(dataset, pipeline, point)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        items = [cached[i] for i in (index_of(dataset, damaged["truncated"]), 0, 5)]
+    assert all(image.shape == (3, 24, 24) for image, _ in items) and dataset.skipped.count >= 1
+    raising = ImageFolder(damaged["root"], size=24)
+    replay = CachePointDataset(raising, pipeline=find_pipeline(raising)[0], point="baseline")
+    with pytest.raises(Exception, match="DecodeCrop") as info:
+        replay[index_of(raising, damaged["truncated"])]
+    assert str(damaged["truncated"]) in str(info.value) and jpeg.UNNAMED_SOURCE not in str(info.value)
+
+
+def test_a_diagnosis_snapshot_puts_the_users_skip_count_back(damaged: dict[str, Path]) -> None:
+    from fastpipe.diagnosis._snapshot import UserState
+
+    dataset = ImageFolder(damaged["root"], size=24, on_error="skip")
+    dataset.skipped.add()
+    loader = DataLoader(torch.utils.data.Subset(dataset, [0, 1]), batch_size=2)  # found through the Subset too
+    state = UserState(loader=loader)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for index in (index_of(dataset, damaged["truncated"]), index_of(dataset, damaged["warned"])):
+            dataset[index]
+    assert state.skipped_during() == dataset.skipped.count - 1 >= 2
+    state.restore()
+    assert dataset.skipped.count == 1
+    assert UserState(loader=DataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))).skipped_during() is None
+
+
+@pytest.mark.slow
+@requires_op
+def test_diagnose_runs_over_damaged_files_and_reports_the_skips(damaged: dict[str, Path]) -> None:
+    import torchvision.transforms as T
+
+    import fastpipe
+
+    dataset = ImageFolder(damaged["root"], transform=T.Compose([T.RandomResizedCrop(32), T.ToTensor()]), on_error="skip")
+    loader = DataLoader(dataset, batch_size=2, shuffle=True, num_workers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedImageWarning)
+        report = fastpipe.diagnose(loader, lambda batch: None, "sim:10", steps=3, warmup=1, budget=2, progress=False, stage_costs=False)
+    assert report.skipped_samples and report.skipped_samples > 0 and dataset.skipped.count == 0
+    assert any(f"skipped {report.skipped_samples} damaged sample" in note for note in report.notes)
+    assert '"skipped_samples"' in report.to_json()

@@ -72,6 +72,23 @@ def test_threads_shuffles_as_optimized_does(root: Path) -> None:
     assert torch.equal(labels["optimized"], labels["threads"])
 
 
+def test_decode_crop_rung_changes_only_the_dataset_class(root: Path) -> None:
+    """The rung is the naive code with fastpipe's class in place of torchvision's: same transform object layout, same
+    batches for the same seed (within the op's tolerance), and the decoder took the crop, the flip and ToTensor over."""
+    naive = make_workload("naive", parse_device("cpu"), root=root, **{**SMALL, "batch_size": 12})
+    fast = make_workload("decode-crop", parse_device("cpu"), root=root, **{**SMALL, "batch_size": 12})
+    assert type(naive.loader.dataset).__name__ == type(fast.loader.dataset).__name__ == "ImageFolder"
+    assert repr(naive.loader.dataset.transform) == repr(fast.loader.dataset.transform)
+    assert fast.loader.dataset.fast_path.absorbed == ("RandomResizedCrop", "RandomHorizontalFlip", "ToTensor")
+    torch.manual_seed(5)
+    images_naive, labels_naive = first_batch(naive)
+    torch.manual_seed(5)
+    images_fast, labels_fast = first_batch(fast)
+    assert torch.equal(labels_naive, labels_fast) and images_fast.dtype == images_naive.dtype
+    levels = (images_naive - images_fast).abs() * 255 * 0.224  # back to 0..255 levels, roughly
+    assert levels.mean().item() < 2.5
+
+
 def test_sim_runs_no_model_and_the_default_sim_step_is_scaled_from_the_toys(root: Path) -> None:
     assert JPEG_SIM_STEP_MS == pytest.approx(DEFAULT_SIM_STEP_MS * (224 / 256) ** 2)
     assert DEFAULT_SIM_SPEC == f"sim:{round(JPEG_SIM_STEP_MS)}" == "sim:222"

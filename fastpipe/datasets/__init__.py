@@ -1,10 +1,17 @@
 """Datasets that decode only what training uses: drop-ins for torchvision's ``ImageFolder`` recipe.
 
-* :class:`ImageFolder`: torchvision's classes, order and labels; samples are the usual
-  ``RandomResizedCrop`` + ``RandomHorizontalFlip`` as uint8 tensors, decoded crop-only.
-  ``on_error="raise" | "pil" | "skip"`` chooses what a damaged file does; skips are counted
-  in ``dataset.skipped`` across workers and warned about with :class:`SkippedImageWarning`.
-* :class:`DecodeCropLoader`: the same as a ``loader=`` for torchvision's own ``ImageFolder``
+* :class:`ImageFolder`: a drop-in for ``torchvision.datasets.ImageFolder`` (a subclass, same
+  constructor): ``ImageFolder(root, transform=the_same_transform)``. The crop the transform
+  begins with (``RandomResizedCrop``, ``Resize`` + ``CenterCrop``, ...) is decoded crop-only,
+  with torchvision's random draws; ``dataset.fast_path`` (:class:`FastPath`, from
+  :func:`absorb`) says what was absorbed. ``ImageFolder(root, size=224)`` is the explicit form
+  (uint8 tensors out). ``on_error="raise" | "pil" | "skip"`` chooses what a damaged file does;
+  skips are counted in ``dataset.skipped`` across workers and warned about with
+  :class:`SkippedImageWarning`.
+* :class:`DatasetFolder`: the same for torchvision's ``DatasetFolder(root, loader, extensions, ...)``.
+* :class:`DecodeResized`: the validation recipe's stage (``Resize`` + ``CenterCrop``, decoded
+  at the DCT scale that covers the resized size).
+* :class:`DecodeCropLoader`: the explicit form's RandomResizedCrop + flip as a ``loader=`` for torchvision's own ``ImageFolder``
   (:class:`DecodeCrop` is the stage itself, on a file's bytes).
 * :class:`EncodedImageFolder`, :func:`collate_encoded`, :class:`DecodeCropOnDevice`: the
   workers ship file bytes and the GPU decodes, crops and flips.
@@ -14,13 +21,16 @@ Normalize after the copy with :class:`fastpipe.transforms.Normalize`. The real-p
 these are benchmarked on comes from :func:`fastpipe.photos.build_corpus`.
 """
 
+from fastpipe.datasets.absorb import FastPath, absorb
 from fastpipe.datasets.crop import DecodeCrop, DecodeCropLoader, crop_params, draw_flip
 from fastpipe.datasets.device_decode import DecodeCropOnDevice, EncodedBatch, collate_encoded, decode_rgb
-from fastpipe.datasets.folder import EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning
+from fastpipe.datasets.folder import DatasetFolder, EncodedImageFolder, ImageFolder, SkipCount, SkippedImageWarning
+from fastpipe.datasets.resized import DecodeResized
 from fastpipe.datasets.threaded import ThreadLoader
 
 __all__ = [
     "ImageFolder",
+    "DatasetFolder",
     "SkipCount",
     "SkippedImageWarning",
     "ThreadLoader",
@@ -30,6 +40,9 @@ __all__ = [
     "EncodedBatch",
     "collate_encoded",
     "DecodeCropOnDevice",
+    "DecodeResized",
+    "FastPath",
+    "absorb",
     "decode_rgb",
     "crop_params",
     "draw_flip",

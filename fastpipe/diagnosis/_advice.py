@@ -5,8 +5,8 @@ names the remedy that fits the stage that was found (cropping is not sped up by 
 kernel; a Python pixel loop is), gives a snippet that runs against fastpipe's real API, and
 says when a drop-in cannot pay off (DCT scaling on images smaller than twice the output).
 
-Snippets use the names a training script has: ``root`` (the image folder), ``dataset``,
-``loader``, ``device`` (a torch.device) and ``step(batch)``.
+Snippets use the names a training script has: ``root`` (the image folder), ``transform`` (the
+dataset's transform, unchanged), ``dataset``, ``loader``, ``device`` (a torch.device) and ``step(batch)``.
 """
 
 from __future__ import annotations
@@ -183,11 +183,22 @@ import torchvision
 from fastpipe.datasets import DecodeCropLoader, ImageFolder
 from fastpipe.transforms import Normalize
 
-# decode only the random crop, uint8 out: replaces RandomResizedCrop({out}) + RandomHorizontalFlip() + ToTensor()
-dataset = ImageFolder(root, size={out})
-# or keep torchvision's ImageFolder, with the crop drawn and decoded by its loader (no transform):
+# no change but the class: your own transform; the crop (and flip) it begins with is decoded crop-only,
+# with torchvision's random draws (print(dataset.fast_path) says what was taken over)
+dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.ImageFolder(root, transform=transform)
+# further: uint8 out, Normalize after the copy (replaces RandomResizedCrop({out}) + RandomHorizontalFlip() + ToTensor()):
+# dataset = ImageFolder(root, size={out})
+# normalize = Normalize(mean={mean}, std={std})  # images = normalize(images.to(device, non_blocking=True))
+# or keep torchvision's class, with the crop drawn and decoded by its loader (no transform):
 # dataset = torchvision.datasets.ImageFolder(root, loader=DecodeCropLoader({out}))
-normalize = Normalize(mean={mean}, std={std})  # after the copy: images = normalize(images.to(device, non_blocking=True))
+"""
+
+_VALIDATION_SNIPPET = """\
+from fastpipe.datasets import ImageFolder
+
+# no change but the class: Resize + CenterCrop at the start of your transform are decoded in one pass, at the
+# 1/2, 1/4 or 1/8 DCT scale that covers the resized size (print(dataset.fast_path) says what was taken over)
+dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.ImageFolder(root, transform=transform)
 """
 
 _UINT8_SNIPPET = """\
@@ -304,6 +315,16 @@ def _decode_box(
             "; " + caveat if caveat else ""
         )
     what = "resized" if crop == "Resize" else "cropped"
+    if crop in ("Resize", "CenterCrop") and not converted:
+        return Advice(
+            summary=(
+                f"{label}: the image is decoded whole to be {what} by {crop}. Change only the dataset class: "
+                "fastpipe.datasets.ImageFolder(root, transform=the_same_transform) decodes Resize and CenterCrop at the "
+                "start of the transform in one pass, at the DCT scale (1/2, 1/4, 1/8) that still covers the resized size."
+            ),
+            snippet=_VALIDATION_SNIPPET,
+            caveat=caveat,
+        )
     if crop in _BOXES:
         name, box = _BOXES[crop]
         return Advice(
@@ -317,9 +338,10 @@ def _decode_box(
         )
     return Advice(
         summary=(
-            f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop: "
-            f"fastpipe.datasets.ImageFolder(root, size={out}) draws torchvision's box from the header and decodes only it "
-            f"(or DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
+            f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop, changing only the dataset "
+            "class: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) draws torchvision's box from the "
+            f"header and decodes only it (then, for uint8 out, fastpipe.datasets.ImageFolder(root, size={out}); or "
+            f"DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
         ),
         snippet=_decode_crop(transform),
         caveat=caveat,
@@ -350,7 +372,9 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
 
 def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
     stage, before = _find(transform, name)
-    if _is_fastpipe_part(stage) and not (name == "RandomMask"):
+    # the float conversions fastpipe's ImageFolder keeps from the user's transform (its ToTensor) are not compiled parts:
+    # their remedy is uint8 out and Normalize on the device, as for torchvision's
+    if _is_fastpipe_part(stage) and name != "RandomMask" and name not in _FLOAT_OUT:
         return _fastpipe_part(name)
     converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage")), None)
     if name in _CROPS:
@@ -369,8 +393,9 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     if name == "RandomHorizontalFlip":
         return Advice(
             summary=(
-                "RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize "
-                f"(fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}, hflip=0.5)), at no extra cost."
+                "RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize, "
+                "at no extra cost: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) takes a flip right "
+                f"after the crop over (or ImageFolder(root, size={_out_size(transform)}, hflip=0.5) for uint8 out)."
             ),
             snippet=_decode_crop(transform),
         )
@@ -378,7 +403,8 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
         return Advice(
             summary=(
                 "PILToTensor: it copies every pixel it is given; crop before it, or let the decoder return the "
-                f"cropped uint8 tensor itself (fastpipe.datasets.ImageFolder(root, size={_out_size(transform)}))."
+                "cropped uint8 tensor itself: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) drops a "
+                f"PILToTensor that follows the crop (or ImageFolder(root, size={_out_size(transform)}))."
             ),
             snippet=_decode_crop(transform),
         )
@@ -400,6 +426,21 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     )
 
 
+def _absorbed_code(stage: object) -> list[str]:
+    """The torchvision transforms a decode stage of fastpipe's ImageFolder stands for, as Python."""
+    code = []
+    if type(stage).__name__ == "DecodeCrop":
+        code.append(
+            f"T.RandomResizedCrop({list(getattr(stage, 'size'))}, scale={getattr(stage, 'scale')}, ratio={getattr(stage, 'ratio')})"
+        )
+    else:
+        resize, crop = getattr(stage, "resize", None), getattr(stage, "crop", None)
+        code += [f"T.Resize({resize[0] if resize and len(resize) == 1 else resize})"] if resize else []
+        code += [f"T.CenterCrop({list(crop)})"] if crop else []
+    hflip = getattr(stage, "hflip", 0.0)
+    return code + ([f"T.RandomHorizontalFlip(p={hflip})"] if hflip else [])
+
+
 def _head(transform: object | None, stop: str) -> str:
     """The transforms before ``stop`` as Python, for the uint8 recipe; ones fastpipe cannot write out are named in a comment."""
     code, unknown = [], []
@@ -412,6 +453,8 @@ def _head(transform: object | None, stop: str) -> str:
             code.append(f"T.{name}({list(size) if isinstance(size, (list, tuple)) else size})")
         elif name == "RandomHorizontalFlip":
             code.append(f"T.RandomHorizontalFlip(p={getattr(leaf, 'p', 0.5)})")
+        elif name in ("DecodeCrop", "DecodeResized") and _is_fastpipe_part(leaf):
+            code += _absorbed_code(leaf)  # what fastpipe's ImageFolder took over, written back as the user's transforms
         else:
             unknown.append(name)
     text = "".join(c + ", " for c in code)

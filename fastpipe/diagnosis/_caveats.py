@@ -251,7 +251,18 @@ def ddp_spread(facts: Facts) -> str | None:
     )
 
 
-NOTES: list[Rule] = [without_costs, split_spans, vetoed, by_in_worker_cost, copies, ddp_spread]
+def skipped_files(facts: Facts) -> str | None:
+    skipped = facts.report.skipped_samples
+    if not skipped:
+        return None
+    return (
+        f"the dataset skipped {skipped} damaged sample{'s' if skipped != 1 else ''} during the diagnosis "
+        "(on_error='skip': each replaced by the next file that decodes, and warned about with the file's name); "
+        "the points that decode files paid for the failed attempts too, and your dataset's skip count was left as it was"
+    )
+
+
+NOTES: list[Rule] = [without_costs, split_spans, vetoed, by_in_worker_cost, copies, ddp_spread, skipped_files]
 
 
 def apply(rules: list[Rule], facts: Facts) -> list[str]:

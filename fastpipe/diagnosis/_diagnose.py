@@ -487,7 +487,9 @@ def diagnose(
             f"{device.spec} simulates the step: the training step itself is not run "
             "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)"
         )
-    with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
+    with preserve_user_state(
+        workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler
+    ) as state:
         try:
             diagnosis.run()
         except KeyboardInterrupt:
@@ -505,6 +507,7 @@ def diagnose(
             costs, why_not = _stage_costs(
                 diagnosis.report, workload, device, steps=options.steps, warmup=options.warmup, worker_timeout=options.worker_timeout
             )
+        diagnosis.report.skipped_samples = state.skipped_during()  # before finish: a note says so
         report = diagnosis.finish(time.perf_counter() - started, costs, why_not)
         report.notes += _ray_notes(workload.loader)
     report.elapsed_s = time.perf_counter() - started

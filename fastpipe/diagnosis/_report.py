@@ -32,6 +32,7 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "components": [StageTime],               # every span between neighbouring points, named or not, in order
       "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
       "ranked_by": str,                        # what orders "bottlenecks"
+      "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
       "stage_costs": null | {...}              # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
     }
 
@@ -160,6 +161,8 @@ class Report:
     stage_costs: dict[str, Any] | None = None
     ranked_by: str = "the ladder's time"
     """How the named stages are ordered (the in-worker timing joins in when it was measured)."""
+    skipped_samples: int | None = None
+    """Samples an ``ImageFolder(on_error="skip")`` replaced during the diagnosis (None: the dataset counts none)."""
     stage_cost_lines: list[str] = field(default_factory=list, repr=False)
     """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
 

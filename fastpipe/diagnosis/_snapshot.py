@@ -12,7 +12,10 @@ What :func:`preserve_user_state` restores when its block exits, however it exits
 * a ``torch.amp.GradScaler`` passed in: its ``state_dict`` (scale, growth tracker and factors);
 * random number generators: torch's CPU generator, every CUDA device's, NumPy's global one,
   Python's ``random``, and the generators of the loader, its sampler and its batch sampler's
-  sampler.
+  sampler;
+* the skip counts of fastpipe's ``ImageFolder(on_error="skip")`` (its ``skipped``, found on the
+  loader's dataset and the datasets it wraps): the diagnosis decodes the same damaged files
+  again, and :meth:`UserState.skipped_during` says how many it replaced, for the report.
 
 Snapshots live in host memory: tensors are copied to the CPU (not cloned on the GPU, which
 would take as much device memory again as the model and optimizer). Meta tensors hold no data
@@ -56,6 +59,25 @@ def host_copy(state: Any) -> Any:
     return copy.deepcopy(state, memo)
 
 
+def _skip_counters(loader: Any) -> list[Any]:
+    """The ``skipped`` counters (fastpipe's SkipCount) of the loader's dataset and of the datasets it wraps."""
+    from fastpipe.datasets.folder import SkipCount
+
+    found: list[Any] = []
+    todo, seen = [getattr(loader, "dataset", None)], set()
+    while todo:
+        dataset = todo.pop()
+        if dataset is None or id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        counter = vars(dataset).get("skipped") if hasattr(dataset, "__dict__") else None
+        if isinstance(counter, SkipCount) and all(counter is not c for c in found):
+            found.append(counter)
+        inner = getattr(dataset, "datasets", None)
+        todo += [getattr(dataset, "dataset", None), *(inner if isinstance(inner, (list, tuple)) else ())]
+    return found
+
+
 class _ModelState:
     def __init__(self, model: torch.nn.Module) -> None:
         self.values = {name: to_host(value) for name, value in model.state_dict(keep_vars=True).items()}
@@ -92,6 +114,13 @@ class UserState:
         self.generator_states = [g.get_state() for g in self.generators]
         self.rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.skip_counts = [(counter, counter.count) for counter in _skip_counters(loader)]
+
+    def skipped_during(self) -> int | None:
+        """Samples replaced under ``on_error="skip"`` since the snapshot (None when the dataset counts no skips)."""
+        if not self.skip_counts:
+            return None
+        return sum(counter.count - before for counter, before in self.skip_counts)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the snapshot holds (for checking where its memory lives)."""
@@ -118,6 +147,8 @@ class UserState:
         random.setstate(self.rng[2])
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+        for counter, count in self.skip_counts:
+            counter.set(count)
 
 
 @contextlib.contextmanager

@@ -7,8 +7,9 @@ in the order ``fastpipe compare jpeg`` climbs them (:data:`LADDER`):
 
 =======================  ======================================================================
 ``jpeg:naive``           the usual recipe (above)
-``jpeg:decode-crop``     + decode only the crop (fastpipe.datasets.ImageFolder); Normalize still
-                         in the workers, float32 still over the copy
+``jpeg:decode-crop``     + decode only the crop: the naive code with only the dataset class
+                         changed (fastpipe.datasets.ImageFolder, same transform); Normalize
+                         still in the workers, float32 still over the copy
 ``jpeg:uint8-host``      + uint8 over the copy, Normalize on the device (the ``device_transform``)
 ``jpeg:optimized``       + the prefetcher (``prefetch_depth=2``)
 ``jpeg:threads``         ``jpeg:optimized`` with fastpipe's ThreadLoader in place of the DataLoader:
@@ -118,8 +119,8 @@ def make_jpeg_variant(
     loader_kwargs: dict[str, Any] = {}
     if variant == "naive":
         dataset: Dataset = torchvision.datasets.ImageFolder(root_path, transform=usual_recipe(img_size))
-    elif variant == "decode-crop":
-        dataset = ImageFolder(root_path, size=img_size, transform=Normalize.imagenet())
+    elif variant == "decode-crop":  # only the class changes: fastpipe's ImageFolder absorbs the crop and flip
+        dataset = ImageFolder(root_path, transform=usual_recipe(img_size))
     elif variant == "device-decode":
         dataset = EncodedImageFolder(root_path)
         loader_kwargs["collate_fn"] = collate_encoded

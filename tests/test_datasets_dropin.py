@@ -1,0 +1,204 @@
+"""fastpipe.datasets.ImageFolder as a drop-in for torchvision's: same contract, and the user's transform absorbed.
+
+The contract checks are fastpipe's own (torchvision's test suite is run against the class apart, outside
+the repository); the absorbed pipelines are compared with torchvision's class on the same seed: the same
+crop boxes, pixels within the op's tolerance (fastpipe.ops.jpeg's docstring: mean absolute difference
+under 2.5 levels when the decoder scales in the DCT, under 0.5 when it does not).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+
+import fastpipe.ops.jpeg as jpeg
+from fastpipe.datasets import DatasetFolder, ImageFolder
+from fastpipe.datasets.absorb import ToPIL
+
+pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
+requires_op = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+#: fastpipe.ops.jpeg's documented tolerance against PIL, in 0..255 levels (mean absolute difference, DCT-scaled decode)
+TOLERANCE = 2.5
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fastpipe.workloads.photos import build_corpus
+
+    return build_corpus(tmp_path_factory.mktemp("photos") / "corpus", n=8, seed=0, classes=2)
+
+
+def pairs(root: Path, transform, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(fastpipe's item, torchvision's item) for every sample, each drawn right after the same torch.manual_seed."""
+    ours, theirs = ImageFolder(root, transform=transform), torchvision.datasets.ImageFolder(root, transform=transform)
+    out = []
+    for i in range(len(ours)):
+        torch.manual_seed(seed + i)
+        a, label_a = ours[i]
+        torch.manual_seed(seed + i)
+        b, label_b = theirs[i]
+        assert label_a == label_b
+        out.append((a, b))
+    return out
+
+
+def levels(a: torch.Tensor, b: torch.Tensor, normalized: bool = False) -> float:
+    """Mean absolute difference in 0..255 levels (undoing ToTensor's /255 and Normalize's /std)."""
+    diff = (a.float() - b.float()).abs()
+    if a.is_floating_point():
+        diff = diff * 255 * (torch.tensor(STD)[:, None, None] if normalized else 1)
+    return diff.mean().item()
+
+
+def test_it_is_torchvisions_class_with_torchvisions_signature(corpus: Path) -> None:
+    dataset = ImageFolder(corpus, T.ToTensor())  # transform is the second positional argument, as in torchvision
+    reference = torchvision.datasets.ImageFolder(corpus, T.ToTensor())
+    assert isinstance(dataset, torchvision.datasets.ImageFolder) and isinstance(dataset, torchvision.datasets.VisionDataset)
+    assert dataset.samples == reference.samples and dataset.imgs == dataset.samples and dataset.targets == reference.targets
+    assert dataset.classes == reference.classes and dataset.class_to_idx == reference.class_to_idx
+    assert torch.equal(dataset[3][0], reference[3][0])  # nothing to absorb: PIL decodes, exactly as torchvision
+    assert dataset.transforms is not None and not dataset.fast_path.active and "starts with ToTensor" in str(dataset.fast_path)
+
+
+def test_no_transform_gives_torchvisions_pil_image(corpus: Path) -> None:
+    image, label = ImageFolder(corpus)[5]
+    expected, expected_label = torchvision.datasets.ImageFolder(corpus)[5]
+    assert type(image) is type(expected) and image.mode == "RGB" and label == expected_label
+    assert np.array_equal(np.asarray(image), np.asarray(expected))
+
+
+def test_find_classes_and_make_dataset_overrides_are_honoured(corpus: Path) -> None:
+    class OneClass(ImageFolder):
+        def find_classes(self, directory):
+            return ["class_1"], {"class_1": 0}
+
+    class FirstTwo(ImageFolder):
+        @staticmethod
+        def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+            return torchvision.datasets.ImageFolder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)[:2]
+
+    one = OneClass(corpus, transform=T.Compose([T.RandomResizedCrop(32), T.PILToTensor()]))
+    assert one.classes == ["class_1"] and all("class_1" in path for path, _ in one.samples) and one.targets == [0] * len(one)
+    assert one[0][0].shape == (3, 32, 32)
+    assert len(FirstTwo(corpus)) == 2
+
+
+def test_dataset_folder_takes_torchvisions_arguments(corpus: Path) -> None:
+    from torchvision.datasets.folder import pil_loader
+
+    dataset = DatasetFolder(corpus, pil_loader, extensions=(".jpg",), transform=T.Compose([T.CenterCrop(24), T.PILToTensor()]))
+    assert isinstance(dataset, torchvision.datasets.DatasetFolder) and dataset.fast_path.active
+    assert dataset[0][0].shape == (3, 24, 24) and dataset[0][0].dtype == torch.uint8
+
+
+def test_transforms_v2_wrapper_and_a_transform_set_later(corpus: Path) -> None:
+    dataset = ImageFolder(corpus)
+    wrapped = torchvision.datasets.wrap_dataset_for_transforms_v2(dataset)
+    assert wrapped[0][0].size == ImageFolder(corpus)[0][0].size
+    dataset.transform = T.Compose([T.Resize(40), T.CenterCrop(32), T.PILToTensor()])  # as torchvision users do
+    assert dataset.fast_path.absorbed == ("Resize", "CenterCrop", "PILToTensor") and dataset[0][0].shape == (3, 32, 32)
+    assert "Fast path: decoder does Resize + CenterCrop + PILToTensor" in repr(dataset)
+
+
+@pytest.mark.parametrize(
+    "transform, absorbed, rest_on, why",
+    [
+        (
+            T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
+            ("RandomResizedCrop", "RandomHorizontalFlip", "ToTensor"),
+            "tensor",
+            None,
+        ),
+        (
+            v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]),
+            ("RandomResizedCrop", "RandomHorizontalFlip"),
+            "tensor",
+            None,
+        ),
+        (T.Compose([T.RandomResizedCrop(32), T.ColorJitter(0.4), T.ToTensor()]), ("RandomResizedCrop",), "PIL image", "ColorJitter"),
+        (T.Compose([T.RandomResizedCrop(32, interpolation=T.InterpolationMode.BICUBIC), T.ToTensor()]), (), "nothing", "bicubic"),
+        (v2.Compose([v2.ToImage(), v2.RandomResizedCrop(32)]), (), "nothing", "put ToImage after the crop"),
+        (T.Compose([T.RandomHorizontalFlip(), T.RandomResizedCrop(32)]), (), "nothing", "starts with RandomHorizontalFlip"),
+    ],
+)
+def test_fast_path_says_what_was_absorbed_and_why_not_the_rest(corpus: Path, transform, absorbed, rest_on, why) -> None:
+    path = ImageFolder(corpus, transform=transform).fast_path
+    assert path.absorbed == absorbed and path.rest_on == rest_on
+    assert (path.why_not is None) if why is None else (why in path.why_not)
+
+
+def test_a_custom_loader_is_kept_as_it_is(corpus: Path) -> None:
+    dataset = ImageFolder(corpus, transform=T.RandomResizedCrop(16), loader=lambda path: torchvision.datasets.folder.pil_loader(path))
+    assert not dataset.fast_path.active and "custom loader" in dataset.fast_path.why_not and dataset[0][0].size == (16, 16)
+
+
+@requires_op
+def test_training_recipe_draws_torchvisions_boxes(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same seed, same RandomResizedCrop boxes: recorded where torchvision crops and where the op decodes."""
+    import torchvision.transforms.functional as F
+
+    import fastpipe.datasets.crop as crop_module
+
+    theirs, ours = [], []
+    real_resized_crop, real_decode = F.resized_crop, crop_module.jpeg_ops.decode_jpeg_crop
+
+    def record_theirs(img, top, left, height, width, *args, **kwargs):
+        theirs.append((top, left, height, width))
+        return real_resized_crop(img, top, left, height, width, *args, **kwargs)
+
+    def record_ours(source, box, size, hflip=False):
+        ours.append(tuple(box))
+        return real_decode(source, box, size, hflip=hflip)
+
+    monkeypatch.setattr(torchvision.transforms.transforms.F, "resized_crop", record_theirs)
+    monkeypatch.setattr(crop_module.jpeg_ops, "decode_jpeg_crop", record_ours)
+    recipe = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    for a, b in pairs(corpus, recipe, seed=100):
+        assert a.shape == b.shape == (3, 48, 48) and a.dtype == b.dtype == torch.float32
+        assert levels(a, b, normalized=True) < TOLERANCE  # a flip drawn differently would be tens of levels off
+    assert len(ours) == len(theirs) == 8 and ours == theirs
+
+
+@requires_op
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        T.Compose([T.Resize(64), T.CenterCrop(56), T.ToTensor(), T.Normalize(MEAN, STD)]),
+        v2.Compose([v2.Resize(64), v2.CenterCrop(56), v2.PILToTensor()]),
+        T.Compose([T.Resize((40, 50)), T.PILToTensor()]),
+        T.Compose([T.Resize(30, max_size=36), T.PILToTensor()]),
+        T.Compose([T.CenterCrop(100), T.RandomHorizontalFlip(1.0), T.PILToTensor()]),
+        T.Compose([T.Resize(20), T.CenterCrop(32), T.PILToTensor()]),  # larger than the image: padded, as torchvision does
+        v2.Compose([v2.Resize(size=None, max_size=40), v2.PILToTensor()]),
+        T.Compose([T.CenterCrop(48), T.RandomHorizontalFlip(0.0), T.RandomHorizontalFlip(), T.PILToTensor()]),  # p=0 draws too
+    ],
+    ids=["resize-center-v1", "resize-center-v2", "resize-hw", "max-size", "center-flip", "padded", "max-size-only", "flip-p0"],
+)
+def test_validation_recipes_match_torchvision(corpus: Path, recipe) -> None:
+    assert ImageFolder(corpus, transform=recipe).fast_path.active
+    for a, b in pairs(corpus, recipe):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert levels(a, b, normalized=a.is_floating_point()) < TOLERANCE
+
+
+@requires_op
+def test_what_follows_a_crop_on_pil_runs_unchanged_on_the_crop(corpus: Path) -> None:
+    recipe = T.Compose([T.RandomResizedCrop(40), T.Grayscale(3), T.PILToTensor()])
+    assert isinstance(ImageFolder(corpus, transform=recipe).fast_path.rest[0], ToPIL)
+    for a, b in pairs(corpus, recipe, seed=7):
+        assert a.shape == b.shape == (3, 40, 40) and levels(a, b) < TOLERANCE
+
+
+@requires_op
+def test_a_transform_that_ends_with_the_crop_gives_a_pil_image(corpus: Path) -> None:
+    image, _ = ImageFolder(corpus, transform=T.RandomResizedCrop(24))[0]
+    assert image.size == (24, 24) and image.mode == "RGB"
+    assert "returns the crop as a PIL image" in str(ImageFolder(corpus, transform=T.RandomResizedCrop(24)).fast_path)
