@@ -154,6 +154,7 @@ def test_dict_samples(need: float) -> None:
 
 def test_dict_samples_with_a_custom_batch_sampler() -> None:
     report = diagnosed(Planted(three_stages(1, 10.0), as_dict=True), device_for(10.0, 1.3), batch_sampler=Batches())
+    assert report.batch_size == BATCH, "the batch size is read from the delivered batches (the loader has none)"
     assert_named_first(report, "Expensive", FREE)
 
 
@@ -161,6 +162,7 @@ def test_dict_samples_with_a_custom_batch_sampler() -> None:
 @pytest.mark.parametrize("need", [1.3, 3.0])
 def test_custom_batch_sampler(need: float) -> None:
     report = diagnosed(Planted(three_stages(2, 10.0)), device_for(10.0, need), batch_sampler=Batches())
+    assert report.batch_size == BATCH, "the batch size is read from the delivered batches (the loader has none)"
     assert_named_first(report, "Expensive", FREE)
 
 

@@ -91,10 +91,7 @@ class _Diagnosis:
 
     def batch_size(self) -> int | None:
         """The loader's batch size; with a custom batch sampler, the size of the batches it delivered (the host point's)."""
-        size = loader_batch_size(self.workload.loader)
-        if size is None and self.runner.host_batches:
-            size = _leading_size(self.runner.host_batches[0])
-        return size
+        return loader_batch_size(self.workload.loader) or self.runner.delivered_batch_size
 
     def measure(self, point: str, **kwargs: Any) -> ExperimentResult | None:
         """Measure a point (its run's result); a middle point that cannot be built or fails is dropped from the plan
@@ -250,6 +247,7 @@ class _Diagnosis:
         ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis._caveats`."""
         report, results = self.report, self.runner.results
         report.elapsed_s = elapsed
+        report.batch_size = report.batch_size or self.batch_size()  # a custom batch sampler's: from its batches
         report.unavailable = list(self.plan.unavailable)
         measured = [p for p in self.plan.points if p in results]
         report.experiments = [results[p] for p in measured]
@@ -324,20 +322,6 @@ class _Diagnosis:
         if isinstance(self.runner.baseline_loader, ReportsStats):
             report.notes += _loader_stat_notes(self.runner.baseline_loader.stats())
         return report
-
-
-def _leading_size(batch: Any) -> int | None:
-    """The first dimension of a batch's first tensor (through tuples, lists and dicts), or None."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else None
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        size = _leading_size(item)
-        if size is not None:
-            return size
-    return None
 
 
 def _loader_stat_notes(stats: LoaderStats) -> list[str]:

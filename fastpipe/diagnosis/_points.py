@@ -104,6 +104,9 @@ class PointRunner:
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
+        self.delivered_batch_size: int | None = None
+        """The first dimension of the first host batch, kept after the batches are released (a custom batch
+        sampler's loader has no ``batch_size``; attribution needs the samples per step)."""
         self._host_loader: Any = None
         """The loader the host batches came from: they may live in its buffers, so it is discarded with them."""
         self.rank_spreads: dict[str, ddp.RankSpread] = {}
@@ -119,6 +122,7 @@ class PointRunner:
                 self.host_batches = [next(cycle) for _ in range(self.pool)]
             finally:
                 cycle.close()
+            self.delivered_batch_size = leading_size(self.host_batches[0])
         return self.host_batches
 
     def close(self) -> None:
@@ -426,3 +430,17 @@ def measure_points(
         finally:
             runner.close()  # the progress line, and the loader behind the cached host batches
     return dict(runner.results)
+
+
+def leading_size(batch: Any) -> int | None:
+    """The first dimension of a batch's first tensor (through tuples, lists and dicts), or None."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = leading_size(item)
+        if size is not None:
+            return size
+    return None
