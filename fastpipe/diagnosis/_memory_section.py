@@ -10,7 +10,7 @@ Measuring memory must not perturb the timing, so nothing here runs inside a time
 * **The loader pass**, optional (``diagnose(..., loader_memory=True)``; ``fastpipe diagnose`` runs it unless
   ``--no-memory``): after the ladder and the stage costs, one short pass of
   :func:`~fastpipe.diagnosis._loader_memory.measure_loader_memory` over a rebuilt copy of the user's loader,
-  bounded by the per-point budget: the peak shared memory (the loop stalls until every batch in flight waits) against
+  bounded by the per-point budget (at least :data:`MIN_PASS_S`): the peak shared memory (the loop stalls until every batch in flight waits) against
   the prediction, and each worker's USS growth per 1,000 samples; copy-on-read growth is then named
   (:mod:`~fastpipe.diagnosis._copy_on_read`). A separate pass, because growth needs samples counted per worker
   (a wrapper around the dataset) and the peak needs a stalled loop: neither belongs in a timed run.
@@ -34,6 +34,10 @@ from fastpipe.diagnosis._loader_memory import LoaderMemory, loader_budget_warnin
 from fastpipe.diagnosis._memory import pinned_host_bytes, shm_segments
 from fastpipe.diagnosis._shm_budget import loader_settings, size_text
 from fastpipe.loading._protocols import stages_outside_workers
+
+
+#: The loader pass's least time: its stall needs the loader's batches in flight to fill and then 2 s of quiet.
+MIN_PASS_S = 10.0
 
 
 @dataclass
@@ -248,7 +252,7 @@ def finish_memory_section(
         section.not_run = why_not
         return section
     try:
-        section.loader = measure_loader_memory(workload.loader, check=False, device=device, budget_s=budget_s)
+        section.loader = measure_loader_memory(workload.loader, check=False, device=device, budget_s=max(budget_s, MIN_PASS_S))
     except KeyboardInterrupt:
         section.interrupted, section.not_run = True, "interrupted"
         return section
