@@ -497,7 +497,8 @@ def diagnose(
             "(fastpipe diagnose --check-step runs it once on a real batch on the CPU)"
         )
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
-        memory = start_memory_section(workload, on_warning)  # before any worker starts: a run that would die says why first
+        # before any worker starts: a run that would die says why first
+        memory = start_memory_section(workload, on_warning, timeout=options.worker_timeout)
         if memory.budget_warning:
             diagnosis.report.caveats.append(memory.caveat())
         try:

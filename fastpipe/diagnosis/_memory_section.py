@@ -29,15 +29,19 @@ from torch.utils.data import IterableDataset
 
 from fastpipe._render import render_table
 from fastpipe.diagnosis import _ddp as ddp
+from fastpipe.diagnosis._cache import _within
 from fastpipe.diagnosis._copy_on_read import name_copy_on_read
 from fastpipe.diagnosis._loader_memory import LoaderMemory, loader_budget_warning, measure_loader_memory, private_memory
 from fastpipe.diagnosis._memory import pinned_host_bytes, shm_segments
 from fastpipe.diagnosis._shm_budget import loader_settings, size_text
 from fastpipe.loading._protocols import stages_outside_workers
 
-
 #: The loader pass's least time: its stall needs the loader's batches in flight to fill and then 2 s of quiet.
 MIN_PASS_S = 10.0
+#: The longest the budget check may take to read its sample before the check is skipped.
+CHECK_TIMEOUT_S = 30.0
+#: The loader pass reads up to this many samples within its time: a fast loader gives growth more samples to resolve.
+PASS_SAMPLES = 20_000
 
 
 @dataclass
@@ -203,13 +207,18 @@ class MemorySection:
         return out
 
 
-def start_memory_section(workload: Any, on_warning: Callable[[str], None] | None) -> MemorySection:
+def start_memory_section(workload: Any, on_warning: Callable[[str], None] | None, timeout: float | None = None) -> MemorySection:
     """The section, with the shared-memory budget checked before any worker starts; the warning goes to ``on_warning``
-    (default :func:`warnings.warn`) at once. A dataset that fails to give its first sample here is left to the
-    measurement, which reports the failure with its stage."""
+    (default :func:`warnings.warn`) at once.
+
+    The check reads one sample in this process, in a daemon thread given at most ``timeout`` seconds (capped at
+    :data:`CHECK_TIMEOUT_S`), as the plan's probe does: a dataset that fails or hangs here is left to the
+    measurement, which reports it with its stage, and the check is skipped.
+    """
     warning = None
+    limit = CHECK_TIMEOUT_S if timeout is None else min(timeout, CHECK_TIMEOUT_S)
     try:
-        warning = loader_budget_warning(workload.loader)
+        warning = _within(limit, lambda: loader_budget_warning(workload.loader), "the shared-memory check's sample")
     except Exception:  # noqa: BLE001 - the user's own code: the ladder runs it again and reports it with its stage
         warning = None
     if warning:
@@ -252,7 +261,9 @@ def finish_memory_section(
         section.not_run = why_not
         return section
     try:
-        section.loader = measure_loader_memory(workload.loader, check=False, device=device, budget_s=max(budget_s, MIN_PASS_S))
+        section.loader = measure_loader_memory(
+            workload.loader, check=False, device=device, samples=PASS_SAMPLES, budget_s=max(budget_s, MIN_PASS_S)
+        )
     except KeyboardInterrupt:
         section.interrupted, section.not_run = True, "interrupted"
         return section

@@ -259,6 +259,7 @@ def rung_memory(workload: Any, device: Device, budget_s: float) -> RungMemory | 
     """One rung's memory, read after its timing rounds so it cannot slow them; None for a loader it cannot read
     (no workers, an IterableDataset, stages outside the workers), a reason when its pipeline failed."""
     from fastpipe.diagnosis._loader_memory import measure_loader_memory
+    from fastpipe.diagnosis._memory_section import MIN_PASS_S
     from fastpipe.diagnosis._shm_budget import loader_settings
     from fastpipe.loading._protocols import stages_outside_workers
 
@@ -268,7 +269,7 @@ def rung_memory(workload: Any, device: Device, budget_s: float) -> RungMemory | 
         return None
     with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
-            measured = measure_loader_memory(loader, check=False, device=device, samples=1, budget_s=budget_s)
+            measured = measure_loader_memory(loader, check=False, device=device, samples=1, budget_s=max(budget_s, MIN_PASS_S))
         except Exception as exc:  # noqa: BLE001 - the rung's timing stands; its memory row says why it is missing
             return RungMemory(0, None, False, None, 0, None, not_run=f"{type(exc).__name__}: {exc}")
     return RungMemory.of(measured)
@@ -310,7 +311,7 @@ def compare(
     after a discarded warm-up pass of each variant (see the module docstring).
 
     With ``memory`` (``fastpipe compare`` sets it; off here for its time), each rung's loader is then read once more,
-    at most ``budget`` seconds (:func:`rung_memory`): its shared-memory peak against the prediction, its workers'
+    within ``budget`` seconds, at least 10 (:func:`rung_memory`): its shared-memory peak against the prediction, its workers'
     unique memory and its pinned bytes.
     """
     MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
