@@ -378,11 +378,13 @@ def _plot_memory(ax: Any, bars: list[tuple[str, float]]) -> None:
     colors = [
         COLORS["device"] if "predicted" in label else COLORS["cost"] if label.startswith("shm") else COLORS["minor"] for label in labels
     ]
-    ax.barh(labels, values, color=colors)
+    low = min([v for v in values if v > 0] + [1.0]) / 2
+    ax.barh(labels, [max(v - low, 0.0) for v in values], left=low, color=colors)  # each bar ends at its value
     for y, mb in enumerate(values):
-        ax.text(mb, y, f" {mb:,.1f} MB", va="center", fontsize=8)
-    ax.set_xlim(0, max(values + [1.0]) * 1.25)
-    ax.set_xlabel("megabytes (loader pass: shared memory at the stalled peak, each worker's unique memory, the training process)")
+        ax.text(max(mb, low), y, f" {mb:,.1f} MB", va="center", fontsize=8)
+    ax.set_xscale("log")  # a worker's batches (kB to GB) and the training process's RSS (GB) on one axis
+    ax.set_xlim(low, max(values + [1.0]) * 4)
+    ax.set_xlabel("MB, log scale (loader pass: shared memory at the stalled peak, workers' unique memory, training RSS)")
     ax.tick_params(axis="y", labelsize=8)
 
 
