@@ -21,7 +21,7 @@ from fastpipe.diagnosis._loader_memory import (
     fit_growth,
     floors,
 )
-from fastpipe.diagnosis._memory import batch_nbytes
+from fastpipe.diagnosis._memory import PAGE, batch_shm_bytes
 from fastpipe.diagnosis._memory_section import MemorySection, start_memory_section
 from fastpipe.diagnosis._shm_budget import MemoryLimits, predict_shm, size_text
 from fastpipe.experiments._compare import Comparison, RungMemory, VariantResult, rung_memory
@@ -64,6 +64,12 @@ def test_a_few_hundred_samples_cannot_resolve_growth() -> None:
     worker = _worker(points, 130)
     assert worker.growth_per_1000 is not None and worker.growth_per_1000 > GROWTH_FLOOR
     assert worker.rise is not None and worker.rise < RISE_FLOOR and not worker.grows
+
+
+def test_shared_memory_is_counted_in_whole_pages() -> None:
+    batch = (torch.zeros(32, 3, dtype=torch.int64), torch.zeros(4, PAGE + 1, dtype=torch.uint8))
+    assert batch_shm_bytes(batch) == PAGE + 5 * PAGE
+    assert batch_shm_bytes(torch.zeros(1, 100, dtype=torch.uint8), 41) == 2 * PAGE  # a one-sample batch scaled to 41
 
 
 def test_floors_keep_the_least_memory_of_each_batch() -> None:
@@ -113,7 +119,7 @@ def test_budget_warning_comes_before_any_worker_starts(monkeypatch) -> None:
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.utils.data.dataloader._MultiProcessingDataLoaderIter, "__init__", spy)
-    # 4 samples of 768 bytes a batch x (2 workers x prefetch_factor 2 + 1) = 15 kB of batches; 10 kB free
+    # a batch: 3 kB of samples and 32 bytes of labels, a page each in shared memory; x (2 workers x 2 + 1) = 41 kB; 10 kB free
     monkeypatch.setattr(_shm_budget, "read_limits", lambda *a, **k: MemoryLimits(10_000, 10_000, None, None))
     report = _run(DataLoader(PlantedDataset(length=32), batch_size=4, num_workers=2), on_warning=events.append)
     warning = events[0]
@@ -145,7 +151,7 @@ def test_compare_shows_memory_per_rung() -> None:
     workload = Workload(loader=DataLoader(PlantedDataset(length=64), batch_size=4, num_workers=2), step=lambda b: None)
     memory = rung_memory(workload, parse_device("sim:5"), 10.0)
     assert memory is not None and memory.not_run is None
-    batch_bytes = batch_nbytes(next(iter(DataLoader(PlantedDataset(length=64), batch_size=4))))[0]
+    batch_bytes = batch_shm_bytes(next(iter(DataLoader(PlantedDataset(length=64), batch_size=4))))
     assert memory.shm_predicted == batch_bytes * (2 * 2 + 1) and memory.shm_peak and memory.shm_peak > 0
     assert memory.worker_uss_peak and memory.worker_uss_peak > 0 and memory.pinned_predicted == 0
     no_workers = Workload(loader=DataLoader(PlantedDataset(length=8), batch_size=4), step=lambda b: None)

@@ -54,7 +54,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastpipe._render import render_table
-from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, pinned_host_bytes, shm_filesystem, shm_segments
+from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, batch_shm_bytes, pinned_host_bytes, shm_filesystem, shm_segments
 from fastpipe.diagnosis._shm_budget import ShmPrediction, check_shm_budget, loader_settings, predict_shm, size_text
 from fastpipe.loading._rebuild import rebuild_loader
 
@@ -137,6 +137,19 @@ class WorkerMemory:
             return False
         sustained = self.late_ratio is None or self.late_ratio >= SUSTAINED
         return g >= GROWTH_FLOOR and g > GROWTH_SIGNIFICANCE * se and rise >= RISE_FLOOR and sustained
+
+    def why_not(self) -> str | None:
+        """Why this worker's growth does not count, in words; None when it does."""
+        g, se, rise = self.growth_per_1000, self.growth_stderr, self.rise
+        if g is None or se is None or rise is None:
+            return "too few samples past its warm-up to fit"
+        if g < GROWTH_FLOOR or g <= GROWTH_SIGNIFICANCE * se:
+            return f"{size_text(g)} ± {size_text(se)} per 1,000 samples is within noise or under {size_text(GROWTH_FLOOR)}"
+        if rise < RISE_FLOOR:
+            return f"a rise of {size_text(rise)} over the {self.fitted_samples} samples fitted, under the {size_text(RISE_FLOOR)} that resolves growth"
+        if self.late_ratio is not None and self.late_ratio < SUSTAINED:
+            return f"it levels off (its second half rose {self.late_ratio:.0%} as fast as its first): a warm-up"
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,8 +242,16 @@ class LoaderMemory:
         out.append(f"training process RSS: {size_text(self.main_rss_start)} at the start, {size_text(self.main_rss_peak)} at the peak")
         growth = self.growth_per_1000
         if self.workers:
-            verdict = "grows with the samples read" if self.grows else "does not grow beyond noise"
-            out.append(f"worker unique memory {verdict}: mean {size_text(growth)} per 1,000 samples")
+            if self.grows:
+                out.append(f"worker unique memory grows with the samples read: mean {size_text(growth)} per 1,000 samples")
+            else:
+                growing = [w.worker for w in self.workers if w.grows]
+                reasons = [f"worker {w.worker}: {w.why_not()}" for w in self.workers if not w.grows]
+                majority = f"only {len(growing)} of {len(self.workers)} workers grow; " if growing else ""
+                out.append(
+                    f"worker unique memory: no growth that counts (mean {size_text(growth)} per 1,000 samples): {majority}"
+                    + "; ".join(reasons)
+                )
         if self.budget_warning:
             out.append(self.budget_warning)
         return out
@@ -469,7 +490,7 @@ def measure_loader_memory(
     prediction = None
     if check:
         batch = first_batch(loader)
-        batch_bytes, float32_bytes = batch_nbytes(batch)
+        batch_bytes, float32_bytes = batch_shm_bytes(batch), batch_nbytes(batch)[1]
         del batch
         prediction = predict_shm(loader, batch_bytes)
         warning = check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits)
@@ -517,7 +538,7 @@ def measure_loader_memory(
     try:
         held = next(iterator)  # the loop's batch, held through the stall
         if prediction is None:
-            prediction = predict_shm(loader, batch_nbytes(held)[0])
+            prediction = predict_shm(loader, batch_shm_bytes(held))
         read += batch_size
         settled = _stall(sampler, min(stall_max_s, max(0.0, deadline - time.perf_counter()) / 2))
         del held
@@ -571,7 +592,7 @@ def _stall(sampler: _Sampler, stall_max_s: float) -> bool:
 
 
 def estimated_batch_bytes(loader: Any) -> tuple[int, int] | None:
-    """(bytes, float32 bytes) of one batch, from one sample collated with the loader's own ``collate_fn``, times the batch size.
+    """(shared-memory bytes, float32 bytes) of one batch: one sample collated with the loader's own ``collate_fn``, times the batch size.
 
     Reading one sample, not a batch: a heavy pipeline (toy:naive's 256 samples of 1024-pixel float images) would take
     seconds to make a whole batch in one process. Exact for collates that stack samples (the default); None when the
@@ -585,8 +606,8 @@ def estimated_batch_bytes(loader: Any) -> tuple[int, int] | None:
     from torch.utils.data import default_collate
 
     collate = getattr(source, "collate_fn", None) or default_collate
-    one, float32 = batch_nbytes(collate([dataset[0]]))
-    return one * batch_size, float32 * batch_size
+    one = collate([dataset[0]])
+    return batch_shm_bytes(one, batch_size), batch_nbytes(one)[1] * batch_size
 
 
 def loader_budget_warning(loader: Any, *, limits: Any = None) -> str | None:
@@ -596,5 +617,8 @@ def loader_budget_warning(loader: Any, *, limits: Any = None) -> str | None:
     if workers == 0 and slots is None:
         return None
     sized = estimated_batch_bytes(loader)
-    batch_bytes, float32_bytes = sized if sized is not None else batch_nbytes(first_batch(loader))
+    if sized is None:
+        batch = first_batch(loader)
+        sized = batch_shm_bytes(batch), batch_nbytes(batch)[1]
+    batch_bytes, float32_bytes = sized
     return check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits)
