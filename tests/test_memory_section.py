@@ -164,3 +164,15 @@ def test_compare_shows_memory_per_rung() -> None:
     assert json.loads(comparison.to_json())["variants"][0]["memory"]["shm_predicted"] == memory.shm_predicted
     cut = RungMemory(100, 50, False, None, 0, None)
     assert cut.cells()[0].startswith("≥")  # a stall cut short is a lower bound
+
+
+@pytest.mark.slow  # two diagnoses with their loader passes (10 s each at least): 60-90 s on the loaded 2-core machine
+def test_diagnosis_names_copy_on_read_and_not_a_numpy_index() -> None:
+    from tests.memory_fixtures import packed, records
+
+    options = dict(steps=4, warmup=1, budget=2.0, progress=False, stage_costs=False, loader_memory=True)
+    grown = diagnose(records(), device="sim:10", **options).memory
+    assert grown.loader is not None and grown.loader.grows, grown.loader.to_table()
+    assert grown.copy_on_read is not None and [c.path for c in grown.copy_on_read.containers] == ["Records.records"]
+    flat = diagnose(packed(), device="sim:10", **options).memory
+    assert flat.loader is not None and not flat.loader.grows and flat.copy_on_read is None, flat.loader.to_table()
