@@ -4,48 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from fastpipe.diagnosis._copy_on_read import MIN_OBJECTS, find_containers, name_copy_on_read
 from fastpipe.diagnosis._loader_memory import measure_loader_memory
 from fastpipe.diagnosis._shm_budget import MemoryLimits
+from tests.memory_fixtures import N, Packed, Records
+from tests.memory_fixtures import path_of as _path
 
-N = 200_000
 ROOMY = MemoryLimits(shm_size=64 << 30, shm_free=64 << 30, cgroup_limit=None, cgroup_usage=None)
-
-
-def _path(i: int) -> str:
-    return f"images/{i:07d}.jpg"
-
-
-class Records(Dataset):
-    """The usual index: one dict per sample."""
-
-    def __init__(self, n: int = N) -> None:
-        self.records = [{"path": _path(i), "label": i % 1000, "size": (i % 640, i % 480)} for i in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        r = self.records[i]
-        return torch.tensor([r["label"], len(r["path"]), r["size"][0]])
-
-
-class Packed(Dataset):
-    """The same index in NumPy arrays: no Python object per sample."""
-
-    def __init__(self, n: int = N) -> None:
-        self.labels = np.arange(n, dtype=np.int64) % 1000
-        self.paths = np.array([_path(i).encode() for i in range(n)], dtype="S18")
-        self.sizes = np.stack([np.arange(n) % 640, np.arange(n) % 480], axis=1)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([int(self.labels[i]), len(self.paths[i]), int(self.sizes[i, 0])])
 
 
 def _measure(dataset: Dataset):

@@ -108,12 +108,13 @@ def test_warning_comes_before_any_worker_starts(monkeypatch, small_toy_options) 
 
     monkeypatch.setattr(torch.utils.data.dataloader._MultiProcessingDataLoaderIter, "__init__", no_workers)
     workload = load_workload("toy:naive", parse_device("sim:10"), **{**small_toy_options, "num_workers": 2})
-    small = MemoryLimits(shm_size=100_000, shm_free=100_000, cgroup_limit=None, cgroup_usage=None)  # below 5 x 49 kB
+    # a batch holds 53 kB of shared memory (49 kB of images, 32 bytes of labels: each its own segment, whole pages)
+    small = MemoryLimits(shm_size=110_000, shm_free=110_000, cgroup_limit=None, cgroup_usage=None)  # below 5 x 53 kB
     warned: list[str] = []
     memory = measure_loader_memory(workload.loader, limits=small, on_warning=warned.append)
     assert memory.skipped and memory.workers == [] and memory.shm_peak is None
     assert warned and warned[0] == memory.budget_warning
-    assert "DataLoader(..., prefetch_factor=" not in warned[0]  # 49 kB x (2 + 1) is still over 100 kB: fewer workers then
+    assert "DataLoader(..., prefetch_factor=" not in warned[0]  # 53 kB x (2 + 1) is still over 110 kB: fewer workers then
     assert "num_workers=1" in warned[0] and "uint8 batches" in warned[0] and "--shm-size" in warned[0]
 
 

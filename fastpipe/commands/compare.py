@@ -31,6 +31,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the comparison as Markdown here")
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip each rung's short memory pass after the timing rounds (shared-memory peak, worker USS, pinned)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_toy_options(parser)
     parser.set_defaults(handler=run)
@@ -54,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         toy_options=toy_option_values(args, is_builtin),
         budget=args.budget,
         precision=args.precision,
+        memory=not args.no_memory,
     )
     write_outputs(comparison, args)
     return 0

@@ -48,6 +48,12 @@ def add_parser(subparsers: Any) -> None:
         help="first run your step once on one real batch (on the CPU for sim, which never runs it), "
         "and stop with its error if it fails; the model's state is restored",
     )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the short pass after the ladder that reads the loader for worker memory growth and the shared-memory peak "
+        "(each cache point's memory at its end is read either way)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -84,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         progress=not args.no_progress and sys.stderr.isatty(),
         stage_costs=not args.no_stage_costs,
+        loader_memory=not args.no_memory,
+        on_warning=lambda text: print(f"fastpipe: warning: {text}", file=sys.stderr, flush=True),
     )
     if checked is not None:
         report.notes.append(checked.line())

@@ -292,7 +292,10 @@ class CopyOnReadFinding:
         if not self.containers:
             return [
                 f"workers' unique memory grows by {size_text(self.growth_per_1000)} per 1,000 samples, but no container of "
-                f"{MIN_OBJECTS:,}+ Python objects was found in the dataset (look for one held outside it, e.g. in a global)"
+                f"{MIN_OBJECTS:,}+ Python objects was found in the dataset: look for one held outside it (e.g. in a global), "
+                "or read more samples (fastpipe memory SPEC --samples N) to see whether it levels off, as an allocator's "
+                "warm-up does; rerun with MALLOC_MMAP_THRESHOLD_=131072 in the environment: growth that goes away was "
+                "glibc's heap settling (benchmarks/memory_toy_warmup.py shows it on toy:naive)"
             ]
         out = [
             f"copy-on-read: workers' unique memory grows by {size_text(self.growth_per_1000)} per 1,000 samples each, "

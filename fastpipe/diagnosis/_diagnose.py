@@ -25,6 +25,7 @@ from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, ve
 from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
 from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
+from fastpipe.diagnosis._memory_section import finish_memory_section, start_memory_section
 from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._plan import COLLATE, COPY, Plan, point_label
 from fastpipe.diagnosis._points import PointRunner
@@ -381,6 +382,8 @@ def diagnose(
     worker_timeout: float = 300.0,
     name: str | None = None,
     stage_costs: bool = True,
+    loader_memory: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> Report:
     """Find where an input pipeline loses time, by caching data at successive points.
 
@@ -403,6 +406,12 @@ def diagnose(
             when the loader sets no timeout of its own.
         stage_costs: when a stage in the workers is named, time each stage inside the workers in
             one more short pass, to check the ladder against it and settle saturation caveats.
+        loader_memory: after the ladder, read the user's loader in one more short pass (at most ``budget``
+            seconds) for each worker's memory growth per 1,000 samples, copy-on-read growth named, and the
+            shared-memory peak against its prediction (:mod:`fastpipe.diagnosis._memory_section`). Off by default
+            here for its time; ``fastpipe diagnose`` runs it. Each point's memory at its end is read either way.
+        on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
+            batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
 
     Returns:
         A :class:`~fastpipe.diagnosis._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
@@ -474,6 +483,10 @@ def diagnose(
     with preserve_user_state(
         workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler
     ) as state:
+        # before any worker starts: a run that would die says why first
+        memory = start_memory_section(workload, on_warning, timeout=options.worker_timeout)
+        if memory.budget_warning:
+            diagnosis.report.caveats.append(memory.caveat())
         try:
             diagnosis.run()
         except KeyboardInterrupt:
@@ -494,6 +507,11 @@ def diagnose(
         diagnosis.report.skipped_samples = state.skipped_during()  # before finish: a note says so
         report = diagnosis.finish(time.perf_counter() - started, costs, why_not)
         report.notes += _ray_notes(workload.loader)
+        report.memory = finish_memory_section(
+            memory, runner.memory, [e.cache_point for e in report.experiments], workload, device,
+            loader_pass=loader_memory and not report.interrupted, budget_s=options.budget,
+        )  # fmt: skip
+        report.interrupted = report.interrupted or memory.interrupted
     report.elapsed_s = time.perf_counter() - started
     return report
 

@@ -17,11 +17,28 @@ and the held segments stop growing: every batch in flight is then collated and w
 :mod:`~fastpipe.diagnosis._shm_budget` predicts. Then the rest of the samples are read as fast as the loader goes,
 the loop also taking :data:`CHECKPOINTS` samples of its own spread over them.
 
-Growth per 1,000 samples is the least-squares slope of a worker's USS over the samples it read (past its first
-quarter of samples and two batches: the first ones pay for imports and allocator arenas). Forked workers share the parent's pages until
-they write to them, and reading a Python object writes its reference count: a worker reading a dataset index
-held in lists and dicts slowly copies all of it (:mod:`~fastpipe.diagnosis._copy_on_read` names the container).
-A growth counts when the slope is beyond :data:`GROWTH_SIGNIFICANCE` standard errors and above :data:`GROWTH_FLOOR`.
+Growth per 1,000 samples is the least-squares slope of a worker's USS over the samples it read, fitted on its
+floor: the least USS seen within each batch (a batch's transient buffers come and go; what the worker keeps
+between batches is what grows), past its warm-up (its first quarter of samples and two batches: the first ones
+pay for imports, first touches and allocator arenas). Forked workers share the parent's pages until they write to
+them, and reading a Python object writes its reference count: a worker reading a dataset index held in lists and
+dicts slowly copies all of it (:mod:`~fastpipe.diagnosis._copy_on_read` names the container).
+
+A worker's growth counts (:attr:`WorkerMemory.grows`) only when all of these hold:
+
+* the slope is beyond :data:`GROWTH_SIGNIFICANCE` standard errors and at least :data:`GROWTH_FLOOR` per 1,000;
+* the rise it fits over the samples it was fitted on is at least :data:`RISE_FLOOR` (a slope fitted on a few
+  hundred samples turns a megabyte of noise into megabytes per 1,000 samples);
+* it does not level off: the second half of the fitted samples rises at least :data:`SUSTAINED` times as fast as
+  the first. An allocator's warm-up stops (``toy:naive``'s workers, 256-pixel raw images in batches of 32: about
+  22 MB over their first 2,000 samples each, then flat to 4,500; its second half rose 0-17% as fast as its first;
+  with ``MALLOC_MMAP_THRESHOLD_`` fixed the rise was gone, so it was glibc's heap settling, not copy-on-read). A leak
+  grows with every sample; copy-on-read slows only as the pages already copied are read again and stops once the
+  whole index is copied (the planted 200,000-record list, 10,000 samples per worker: 43-46%). A warm-up longer than
+  the pass can still read as growth; then no container is named.
+
+The loader grows (:attr:`LoaderMemory.grows`) when more than half of its workers do: copy-on-read and leaks happen
+in every worker that reads the same dataset; one worker's allocator state does not make a loader grow.
 """
 
 from __future__ import annotations
@@ -39,16 +56,20 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastpipe._render import render_table
-from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, pinned_host_bytes, shm_filesystem, shm_segments
-from fastpipe.diagnosis._shm_budget import ShmPrediction, check_shm_budget, predict_shm, size_text
+from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, batch_shm_bytes, pinned_host_bytes, shm_filesystem, shm_segments
+from fastpipe.diagnosis._shm_budget import ShmPrediction, check_shm_budget, loader_settings, predict_shm, size_text
 from fastpipe.loading._rebuild import rebuild_loader
 
 MAX_WORKERS = 256
 #: A worker's growth counts when its slope is this many standard errors above zero...
 GROWTH_SIGNIFICANCE = 4.0
 #: ...and at least this many bytes per 1,000 samples: the resolution of a few thousand samples (decoders' and
-#: allocators' warm-up reached 1.2 MB on jpeg:optimized; a list of 200k dicts read at random grows ~9 MB).
+#: allocators' warm-up reached 1.2 MB on jpeg:optimized; a list of 200k dicts read at random grows ~9 MB)...
 GROWTH_FLOOR = 2 * 1024 * 1024
+#: ...and the rise fitted over the samples it was fitted on is at least this many bytes...
+RISE_FLOOR = 4 * 1024 * 1024
+#: ...and the second half of those samples rises at least this share as fast as the first (it does not level off).
+SUSTAINED = 0.25
 DEFAULT_SAMPLES = 2000
 #: The loop also samples itself this many times over the run, so a fast loader still gives points to fit.
 CHECKPOINTS = 40
@@ -100,11 +121,37 @@ class WorkerMemory:
     growth_stderr: float | None
     points: list[tuple[int, int]] = field(default_factory=list, repr=False)
     """(samples read, USS) as sampled."""
+    fitted_samples: int = 0
+    """The samples the growth was fitted over (past the warm-up)."""
+    late_ratio: float | None = None
+    """The second half's slope over the first half's (None: too few points in a half to tell)."""
+
+    @property
+    def rise(self) -> float | None:
+        """Bytes the fitted growth adds over the samples it was fitted on."""
+        return None if self.growth_per_1000 is None else self.growth_per_1000 * self.fitted_samples / 1000
 
     @property
     def grows(self) -> bool:
-        g, se = self.growth_per_1000, self.growth_stderr
-        return g is not None and se is not None and g >= GROWTH_FLOOR and g > GROWTH_SIGNIFICANCE * se
+        """Growth beyond noise, large enough to resolve, and not levelling off (the rules in the module docstring)."""
+        g, se, rise = self.growth_per_1000, self.growth_stderr, self.rise
+        if g is None or se is None or rise is None:
+            return False
+        sustained = self.late_ratio is None or self.late_ratio >= SUSTAINED
+        return g >= GROWTH_FLOOR and g > GROWTH_SIGNIFICANCE * se and rise >= RISE_FLOOR and sustained
+
+    def why_not(self) -> str | None:
+        """Why this worker's growth does not count, in words; None when it does."""
+        g, se, rise = self.growth_per_1000, self.growth_stderr, self.rise
+        if g is None or se is None or rise is None:
+            return "too few samples past its warm-up to fit"
+        if g < GROWTH_FLOOR or g <= GROWTH_SIGNIFICANCE * se:
+            return f"{size_text(g)} ± {size_text(se)} per 1,000 samples is within noise or under {size_text(GROWTH_FLOOR)}"
+        if rise < RISE_FLOOR:
+            return f"a rise of {size_text(rise)} over the {self.fitted_samples} samples fitted, under the {size_text(RISE_FLOOR)} that resolves growth"
+        if self.late_ratio is not None and self.late_ratio < SUSTAINED:
+            return f"it levels off (its second half rose {self.late_ratio:.0%} as fast as its first): a warm-up"
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +164,8 @@ class WorkerMemory:
             "samples": self.samples,
             "growth_per_1000_samples": self.growth_per_1000,
             "growth_stderr": self.growth_stderr,
+            "fitted_samples": self.fitted_samples,
+            "late_ratio": self.late_ratio,
             "grows": self.grows,
         }
 
@@ -141,10 +190,14 @@ class LoaderMemory:
     budget_warning: str | None = None
     skipped: str | None = None
     """Why nothing was run (the budget check failed), else None."""
+    settled: bool = True
+    """Whether the stall after the first batch ended with every batch in flight waiting (then ``shm_peak`` is the
+    peak); False when a time budget cut it short, so ``shm_peak`` is a lower bound."""
 
     @property
     def grows(self) -> bool:
-        return any(w.grows for w in self.workers)
+        """More than half of the workers grow (see the module docstring)."""
+        return bool(self.workers) and sum(w.grows for w in self.workers) * 2 > len(self.workers)
 
     @property
     def growth_per_1000(self) -> float | None:
@@ -169,6 +222,7 @@ class LoaderMemory:
             "growth_per_1000_samples": self.growth_per_1000,
             "budget_warning": self.budget_warning,
             "skipped": self.skipped,
+            "settled": self.settled,
         }
 
     def lines(self) -> list[str]:
@@ -177,6 +231,8 @@ class LoaderMemory:
         if self.skipped:
             out.append(f"not run: {self.skipped}")
         measured = "not measured" if self.shm_peak is None else size_text(self.shm_peak)
+        if self.shm_peak is not None and not self.settled:
+            measured = f"at least {measured} (the stall was cut short by the time budget before every batch in flight was waiting)"
         ratio = f" ({self.shm_peak / p.shm_bytes:.0%} of the prediction)" if self.shm_peak is not None and p.shm_bytes else ""
         out.append(f"shared memory: predicted peak {size_text(p.shm_bytes)} ({p.formula()}); measured {measured}{ratio}")
         out.append(
@@ -188,8 +244,16 @@ class LoaderMemory:
         out.append(f"training process RSS: {size_text(self.main_rss_start)} at the start, {size_text(self.main_rss_peak)} at the peak")
         growth = self.growth_per_1000
         if self.workers:
-            verdict = "grows with the samples read" if self.grows else "does not grow beyond noise"
-            out.append(f"worker unique memory {verdict}: mean {size_text(growth)} per 1,000 samples")
+            if self.grows:
+                out.append(f"worker unique memory grows with the samples read: mean {size_text(growth)} per 1,000 samples")
+            else:
+                growing = [w.worker for w in self.workers if w.grows]
+                reasons = [f"worker {w.worker}: {w.why_not()}" for w in self.workers if not w.grows]
+                majority = f"only {len(growing)} of {len(self.workers)} workers grow; " if growing else ""
+                out.append(
+                    f"worker unique memory: no growth that counts (mean {size_text(growth)} per 1,000 samples): {majority}"
+                    + "; ".join(reasons)
+                )
         if self.budget_warning:
             out.append(self.budget_warning)
         return out
@@ -328,6 +392,31 @@ class _Sampler:
         self.sample()
 
 
+def floors(points: list[tuple[int, int]], batch_size: int) -> list[tuple[int, int]]:
+    """(first samples-read count, least USS) per batch the worker was reading: a batch's transient buffers left out."""
+    least: dict[int, tuple[int, int]] = {}
+    for n, uss in points:
+        batch = n // max(1, batch_size)
+        first, low = least.get(batch, (n, uss))
+        least[batch] = (min(first, n), min(low, uss))
+    return [least[b] for b in sorted(least)]
+
+
+def fit_growth(points: list[tuple[int, int]], samples: int, batch_size: int) -> tuple[float | None, float | None, int, float | None]:
+    """(growth per 1,000 samples, its standard error, samples fitted over, late/early slope ratio) of one worker's
+    (samples read, USS) points: on the per-batch floors past the warm-up (see the module docstring)."""
+    start = max(2 * batch_size, samples // 4)  # past the first batches' one-off allocations
+    warm = floors([(n, uss) for n, uss in points if n >= start], batch_size)
+    growth, stderr = _slope(warm)
+    late_ratio = None
+    if len(warm) >= 6:
+        half = (warm[0][0] + warm[-1][0]) / 2
+        early, late = _slope([p for p in warm if p[0] <= half])[0], _slope([p for p in warm if p[0] >= half])[0]
+        if early is not None and late is not None and early > 0:
+            late_ratio = late / early
+    return growth, stderr, (warm[-1][0] - warm[0][0] if warm else 0), late_ratio
+
+
 def _workers(sampler: _Sampler, batch_size: int) -> list[WorkerMemory]:
     counts = sampler.counts()
     rows = {int(pid): i for i, (_, pid) in enumerate(sampler.ledger[1:].tolist()) if pid}
@@ -335,9 +424,7 @@ def _workers(sampler: _Sampler, batch_size: int) -> list[WorkerMemory]:
     for pid, series in sampler.series.items():
         if pid not in rows or not series:
             continue  # a child that never read a sample (not one of the loader's workers)
-        start = max(2 * batch_size, counts.get(pid, 0) // 4)  # past the first batches' one-off allocations
-        warm = [(n, uss) for n, uss, _ in series if n >= start]
-        growth, stderr = _slope(warm)
+        growth, stderr, fitted, late_ratio = fit_growth([(n, uss) for n, uss, _ in series], counts.get(pid, 0), batch_size)
         result.append(
             WorkerMemory(
                 worker=rows[pid],
@@ -350,6 +437,8 @@ def _workers(sampler: _Sampler, batch_size: int) -> list[WorkerMemory]:
                 growth_per_1000=growth,
                 growth_stderr=stderr,
                 points=[(n, uss) for n, uss, _ in series],
+                fitted_samples=fitted,
+                late_ratio=late_ratio,
             )
         )
     return sorted(result, key=lambda w: w.worker)
@@ -375,6 +464,7 @@ def measure_loader_memory(
     check: bool = True,
     limits: Any = None,
     on_warning: Callable[[str], None] | None = None,
+    budget_s: float | None = None,
 ) -> LoaderMemory:
     """Measure the memory a rebuilt copy of ``loader`` takes as it reads ``samples`` samples (see the module docstring).
 
@@ -385,25 +475,34 @@ def measure_loader_memory(
         interval_s: the sampling period.
         stall_max_s: the longest stall after the first batch (it ends sooner, once the workers stop reading).
         check: run :func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` first (on one batch read here, before any
-            worker starts) and measure nothing when the loader would not fit.
+            worker starts) and measure nothing when the loader would not fit. Without the check no batch is read
+            here: the batch's size is taken from the first batch the workers deliver.
         limits: the machine's limits for the check (tests pass their own); read when None.
         on_warning: called with the budget warning as soon as it is known.
+        budget_s: seconds the whole pass may take once the workers start (the stall gets at most half; reading
+            stops when it is spent, with fewer samples than asked); None: no limit. A cut stall sets ``settled`` False.
     """
     if samples is not None and samples < 1:
         raise ValueError(f"samples must be >= 1. Got {samples}")
     if interval_s <= 0:
         raise ValueError(f"interval_s must be > 0. Got {interval_s}")
-    batch = first_batch(loader)
-    batch_bytes, float32_bytes = batch_nbytes(batch)
-    del batch
-    prediction = predict_shm(loader, batch_bytes)
-    warning = check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits) if check else None
+    if budget_s is not None and budget_s <= 0:
+        raise ValueError(f"budget_s must be > 0. Got {budget_s}")
+    warning = None
+    prediction = None
+    if check:
+        batch = first_batch(loader)
+        batch_bytes, float32_bytes = batch_shm_bytes(batch), batch_nbytes(batch)[1]
+        del batch
+        prediction = predict_shm(loader, batch_bytes)
+        warning = check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits)
     if warning and on_warning is not None:
         on_warning(warning)
     fs = shm_filesystem() if limits is None else (limits.shm_size, limits.shm_free)
     shm_size, shm_free = fs if fs else (None, None)
     rss = psutil.Process().memory_info().rss
     if warning:
+        assert prediction is not None
         return LoaderMemory(
             prediction,
             [],
@@ -421,7 +520,8 @@ def measure_loader_memory(
         )
 
     batch_size = getattr(getattr(loader, "source", loader), "batch_size", None) or 1
-    in_flight = max(prediction.batches, 1) + 2
+    workers, prefetch, slots = loader_settings(loader)
+    in_flight = (max(1, workers) * slots if slots is not None else workers * prefetch + 1) + 2
     samples = max(samples or DEFAULT_SAMPLES, in_flight * batch_size)
     ledger = torch.zeros((MAX_WORKERS + 1, 2), dtype=torch.int64).share_memory_()
     dataset = loader.dataset
@@ -432,16 +532,20 @@ def measure_loader_memory(
     known = {c.pid for c in psutil.Process().children()}
     sampler = _Sampler(ledger, known, interval_s)
     start = time.perf_counter()
+    deadline = math.inf if budget_s is None else start + budget_s
     sampler.start()
     read = 0
+    settled = True
     iterator = copy.iter_for_device(device) if device is not None and hasattr(copy, "iter_for_device") else iter(copy)
     try:
         held = next(iterator)  # the loop's batch, held through the stall
+        if prediction is None:
+            prediction = predict_shm(loader, batch_shm_bytes(held))
         read += batch_size
-        _stall(sampler, stall_max_s)
+        settled = _stall(sampler, min(stall_max_s, max(0.0, deadline - time.perf_counter()) / 2))
         del held
         every = max(batch_size, samples // CHECKPOINTS)
-        while read < samples:
+        while read < samples and time.perf_counter() < deadline:
             try:
                 next(iterator)
             except StopIteration:
@@ -469,11 +573,12 @@ def measure_loader_memory(
         sampler.pinned_peak,
         time.perf_counter() - start,
         None,
+        settled=settled,
     )
 
 
-def _stall(sampler: _Sampler, stall_max_s: float) -> None:
-    """Hold still until the workers stop reading and the shared memory stops growing (or ``stall_max_s``)."""
+def _stall(sampler: _Sampler, stall_max_s: float) -> bool:
+    """Hold still until the workers stop reading and the shared memory stops growing (True), or ``stall_max_s`` passes (False)."""
     deadline = time.perf_counter() + stall_max_s
     last = (-1, -1)
     quiet_since = time.perf_counter()
@@ -484,10 +589,38 @@ def _stall(sampler: _Sampler, stall_max_s: float) -> None:
         if now != last:
             last, quiet_since = now, time.perf_counter()
         elif time.perf_counter() - quiet_since >= SETTLE_S:
-            return
+            return True
+    return False
+
+
+def estimated_batch_bytes(loader: Any) -> tuple[int, int] | None:
+    """(shared-memory bytes, float32 bytes) of one batch: one sample collated with the loader's own ``collate_fn``, times the batch size.
+
+    Reading one sample, not a batch: a heavy pipeline (toy:naive's 256 samples of 1024-pixel float images) would take
+    seconds to make a whole batch in one process. Exact for collates that stack samples (the default); None when the
+    batch size is not fixed (a batch sampler) or the dataset has no index, and :func:`first_batch` decides instead.
+    """
+    source = getattr(loader, "source", loader)
+    batch_size = getattr(source, "batch_size", None)
+    dataset = loader.dataset
+    if not batch_size or isinstance(dataset, IterableDataset):
+        return None
+    from torch.utils.data import default_collate
+
+    collate = getattr(source, "collate_fn", None) or default_collate
+    one = collate([dataset[0]])
+    return batch_shm_bytes(one, batch_size), batch_nbytes(one)[1] * batch_size
 
 
 def loader_budget_warning(loader: Any, *, limits: Any = None) -> str | None:
-    """:func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` on one batch read in this process: call it before any worker starts."""
-    batch_bytes, float32_bytes = batch_nbytes(first_batch(loader))
+    """:func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` before any worker starts: None without workers (nothing
+    goes through shared memory), else on :func:`estimated_batch_bytes` (one sample read here), or one batch read here."""
+    workers, _, slots = loader_settings(loader)
+    if workers == 0 and slots is None:
+        return None
+    sized = estimated_batch_bytes(loader)
+    if sized is None:
+        batch = first_batch(loader)
+        sized = batch_shm_bytes(batch), batch_nbytes(batch)[1]
+    batch_bytes, float32_bytes = sized
     return check_shm_budget(loader, batch_bytes, float32_bytes=float32_bytes, limits=limits)

@@ -153,6 +153,34 @@ def batch_nbytes(batch: Any) -> tuple[int, int]:
     return 0, 0
 
 
+#: Shared memory is handed out in whole pages.
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _tensor_sizes(batch: Any) -> list[int]:
+    import numpy as np
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [batch.numel() * batch.element_size()]
+    if isinstance(batch, np.ndarray):
+        return [batch.nbytes]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [n for item in batch for n in _tensor_sizes(item)]
+    return []
+
+
+def batch_shm_bytes(batch: Any, scale: int = 1) -> int:
+    """Bytes ``batch`` takes in shared memory, each tensor scaled by ``scale`` (a one-sample batch times the batch size).
+
+    Each tensor a worker hands over is its own segment, in whole pages: a batch of 32 int64 triples (768 bytes)
+    holds 4 kB, five times its bytes; a batch of images rounds by less than a page per tensor.
+    """
+    return sum(-(-n * scale // PAGE) * PAGE for n in _tensor_sizes(batch))
+
+
 def pinned_host_bytes() -> int | None:
     """Pinned host memory PyTorch's caching host allocator holds now; None without CUDA (or where the stats are missing)."""
     import torch

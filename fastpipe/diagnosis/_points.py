@@ -22,6 +22,7 @@ from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, stage
 from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
+from fastpipe.diagnosis._memory_section import PointMemory, child_pids, point_memory
 from fastpipe.diagnosis._noise import pool
 from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
@@ -112,6 +113,8 @@ class PointRunner:
         self.rank_spreads: dict[str, ddp.RankSpread] = {}
         self.baseline_loader: Any = None
         self.progress = Progress(progress and ddp.is_rank0())
+        self.memory: dict[str, PointMemory] = {}
+        """What each point's processes held when its timed steps ended (the largest over its runs)."""
 
     # ----- batch sources -----------------------------------------------------------------
     def _host_batches(self) -> list[Any]:
@@ -206,7 +209,9 @@ class PointRunner:
         """One measurement of ``point`` and the cache's copy time per sample (ms); failures as PipelineError."""
         close, dataset = None, None
         try:
+            known = child_pids()
             next_batch, close, dataset = self._batch_source(point)
+            close = self._memory_then(point, known, close)
             measurement = measure_until(
                 next_batch,
                 self._run_step,
@@ -227,6 +232,20 @@ class PointRunner:
             if close is not None:
                 close()
         return measurement, copy_ms(dataset, point)
+
+    def _memory_then(self, point: str, known: set[int], close: Callable[[], None]) -> Callable[[], None]:
+        """``close``, after reading what the point's processes hold (:func:`~fastpipe.diagnosis._memory_section.point_memory`):
+        the timed steps are over, the workers still alive; a failed read leaves the point without figures."""
+
+        def read_then_close() -> None:
+            try:
+                now = point_memory(point, known)
+                if now is not None:
+                    self.memory[point] = self.memory[point].merged(now) if point in self.memory else now
+            finally:
+                close()
+
+        return read_then_close
 
     def _measure_on_every_rank(self, point: str, budget_s: float | None) -> tuple[Measurement, float]:
         """:meth:`_measure_once` under DDP, where a point that fails on one rank must fail on all (see ``_ddp``).

@@ -33,7 +33,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
       "ranked_by": str,                        # what orders "bottlenecks"
       "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
-      "stage_costs": null | {...}              # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
+      "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
+      "memory": null | {...}                   # fastpipe.diagnosis._memory_section.MemorySection.to_dict()
     }
 
     StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
@@ -51,9 +52,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastpipe._render import COLORS, pyplot, render_table
+
+if TYPE_CHECKING:
+    from fastpipe.diagnosis._memory_section import MemorySection
 
 SCHEMA = "fastpipe.report/2"
 TOO_NOISY = "too noisy to decide"
@@ -165,14 +169,21 @@ class Report:
     """Samples an ``ImageFolder(on_error="skip")`` replaced during the diagnosis (None: the dataset counts none)."""
     stage_cost_lines: list[str] = field(default_factory=list, repr=False)
     """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
+    memory: MemorySection | None = field(default=None, repr=False)
+    """What each cache point held, the loader's growth and shared-memory peak (see ``_memory_section``)."""
 
     def experiment(self, cache_point: str) -> ExperimentResult | None:
         return next((e for e in self.experiments if e.cache_point == cache_point), None)
 
     # ----- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        memory, self.memory = self.memory, None  # its own to_dict: asdict would copy every sampled point
+        try:
+            data = asdict(self)
+        finally:
+            self.memory = memory
         data.pop("stage_cost_lines")
+        data["memory"] = None if memory is None else memory.to_dict()
         data = {"schema": SCHEMA, **data}
         added = self._added_by_point()
         for experiment, result in zip(data["experiments"], self.experiments):
@@ -281,6 +292,8 @@ class Report:
             out += ["", f"Fix for {b.stage}:", "", "```python", b.snippet.rstrip(), "```"]
         if self.stage_cost_lines:
             out += ["", self.STAGE_COSTS_TITLE, "", "```", *self.stage_cost_lines, "```"]
+        if self.memory is not None:
+            out += self.memory.to_markdown(_point_label)
         return "\n".join(out) + "\n"
 
     def to_table(self) -> str:
@@ -292,7 +305,8 @@ class Report:
                 lines += ["", f"Fix for {b.stage}:", *("    " + line for line in b.snippet.rstrip().splitlines())]
         if self.stage_cost_lines:
             lines += ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]
-        return render_table(self.title(), columns, self._rows(), lines)
+        text = render_table(self.title(), columns, self._rows(), lines)
+        return text if self.memory is None else text + "\n" + self.memory.to_text(_point_label)
 
     def __str__(self) -> str:
         return self.to_table()
@@ -321,7 +335,14 @@ class Report:
         """
         plt = pyplot()
         bars = self.waterfall()
-        fig, ax = plt.subplots(figsize=(9, 0.45 * max(1, len(bars)) + 1.8))
+        memory = self.memory.bars() if self.memory is not None else []
+        height = 0.45 * max(1, len(bars)) + 1.8
+        if memory:  # the memory panel below the waterfall: the shared-memory peak against its prediction, workers, RSS
+            fig, (ax, mem_ax) = plt.subplots(
+                2, 1, figsize=(9, height + 0.35 * len(memory) + 1.2), gridspec_kw={"height_ratios": [height, 0.35 * len(memory) + 0.6]}
+            )
+        else:
+            fig, ax = plt.subplots(figsize=(9, height))
         labels = [b[0] for b in bars][::-1]
         ax.barh(labels, [b[2] for b in bars][::-1], left=[b[1] for b in bars][::-1], color=[b[3] for b in bars][::-1])
         for y, (label, start, width, _) in enumerate(bars[::-1]):
@@ -345,10 +366,29 @@ class Report:
         ax.set_xlabel("milliseconds per step (each bar starts where the one above ends; together they make the baseline step)")
         ax.set_xlim(0, max([b[1] + max(b[2], 0.0) for b in bars] + [self.baseline_step_ms or 0]) * 1.15 or 1)
         ax.set_title(f"{self.workload} on {self.device}: {self.verdict}", fontsize=10, pad=36)
+        if memory:
+            _plot_memory(mem_ax, memory)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def _plot_memory(ax: Any, bars: list[tuple[str, float]]) -> None:
+    """The memory panel: one bar per figure, in MB, the prediction in the device's colour, the measured in the cost's."""
+    labels = [label for label, _ in bars][::-1]
+    values = [mb for _, mb in bars][::-1]
+    colors = [
+        COLORS["device"] if "predicted" in label else COLORS["cost"] if label.startswith("shm") else COLORS["minor"] for label in labels
+    ]
+    low = min([v for v in values if v > 0] + [1.0]) / 2
+    ax.barh(labels, [max(v - low, 0.0) for v in values], left=low, color=colors)  # each bar ends at its value
+    for y, mb in enumerate(values):
+        ax.text(max(mb, low), y, f" {mb:,.1f} MB", va="center", fontsize=8)
+    ax.set_xscale("log")  # a worker's batches (kB to GB) and the training process's RSS (GB) on one axis
+    ax.set_xlim(low, max(values + [1.0]) * 4)
+    ax.set_xlabel("MB, log scale (loader pass: shared memory at the stalled peak, workers' unique memory, training RSS)")
+    ax.tick_params(axis="y", labelsize=8)
 
 
 def _point_label(point: str) -> str:

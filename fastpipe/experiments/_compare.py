@@ -19,6 +19,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from fastpipe._render import COLORS, pyplot, render_table
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE
@@ -27,6 +29,8 @@ from fastpipe.diagnosis._noise import difference_noise, pool
 from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis._points import measure_points
 from fastpipe.diagnosis._report import ExperimentResult
+from fastpipe.diagnosis._shm_budget import size_text
+from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import family_of, load_workload
 
@@ -68,6 +72,40 @@ class VariantResult:
     """Relative standard error of this rung's mean step time: the precision reached."""
     spread: float
     cpu_util: float
+    memory: RungMemory | None = None
+    """What the rung's loader held, from a short pass after the timing rounds (None: not measured)."""
+
+
+@dataclass
+class RungMemory:
+    """A rung's memory, measured by :func:`~fastpipe.diagnosis._loader_memory.measure_loader_memory` after the timing
+    rounds (never during them): the loop stalls until every batch in flight waits in shared memory; bytes."""
+
+    shm_predicted: int
+    shm_peak: int | None
+    settled: bool
+    """False when the time budget cut the stall short: ``shm_peak`` is then a lower bound."""
+    worker_uss_peak: int | None
+    """The largest worker's unique memory (its batches in shared memory left out)."""
+    pinned_predicted: int
+    pinned_peak: int | None
+    """Measured where CUDA reports it; None on a machine without CUDA."""
+    not_run: str | None = None
+
+    @classmethod
+    def of(cls, memory: Any) -> RungMemory:
+        p = memory.prediction
+        uss = max((w.uss_peak for w in memory.workers), default=None)
+        return cls(p.shm_bytes, memory.shm_peak, memory.settled, uss, p.pinned_bytes, memory.pinned_peak)
+
+    def cells(self) -> tuple[str, str, str]:
+        """(shared memory measured / predicted, worker USS, pinned) as table cells."""
+        if self.not_run is not None:
+            return ("not measured", "", "")
+        peak = "n/a" if self.shm_peak is None else ("≥" if not self.settled else "") + size_text(self.shm_peak)
+        uss = "no workers" if self.worker_uss_peak is None else size_text(self.worker_uss_peak)
+        pinned = f"{size_text(self.pinned_peak) if self.pinned_peak is not None else 'n/a'} / {size_text(self.pinned_predicted)}"
+        return (f"{peak} / {size_text(self.shm_predicted)}", uss, pinned)
 
 
 @dataclass
@@ -112,6 +150,15 @@ class Comparison:
         return rows
 
     HEADERS = ("variant", "ms/step", "steps/s", "of bound", "saved ms", "throughput", "gap closed", "verdict")
+    MEMORY_HEADERS = ("variant", "shm peak / predicted", "worker USS peak", "pinned / predicted")
+    MEMORY_NOTE = (
+        "Memory per rung, from a short pass after the timing rounds: the loop stalls until every batch in flight waits in "
+        "/dev/shm (≥: the time budget cut the stall short), each worker's unique memory at its largest, pinned host memory "
+        "(measured where CUDA reports it; 'n/a' without CUDA) against the prediction."
+    )
+
+    def _memory_rows(self) -> list[tuple[str, ...]]:
+        return [(v.name, *v.memory.cells()) for v in self.variants if v.memory is not None]
 
     def _title(self) -> str:
         return (
@@ -123,6 +170,10 @@ class Comparison:
         out = [f"### {self._title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 2) + "---|"]
         out += ["| " + " | ".join(row) + " |" for row in self._rows()]
         out += [""] + [f"Flag: {flag}  " for flag in self.flags]
+        memory = self._memory_rows()
+        if memory:
+            out += ["", "| " + " | ".join(self.MEMORY_HEADERS) + " |", "|---|---:|---:|---:|"]
+            out += ["| " + " | ".join(row) + " |" for row in memory] + ["", self.MEMORY_NOTE]
         return "\n".join(out) + "\n"
 
     def to_table(self) -> str:
@@ -134,7 +185,12 @@ class Comparison:
             "Each rung is compared with the row above: 'saved ms' per step, the 'throughput' that buys, and 'gap closed', "
             "the share of the row above's time over the device step that the rung removed."
         )
-        return render_table(self._title(), columns, self._rows(), lines)
+        text = render_table(self._title(), columns, self._rows(), lines)
+        memory = self._memory_rows()
+        if memory:
+            columns = [(header, "left" if header == "variant" else "right") for header in self.MEMORY_HEADERS]
+            text += "\n" + render_table("Memory per rung", columns, memory, [self.MEMORY_NOTE])
+        return text
 
     def __str__(self) -> str:
         return self.to_table()
@@ -199,6 +255,26 @@ def _pooled(runs: list[ExperimentResult], workload: Any) -> ExperimentResult:
     )
 
 
+def rung_memory(workload: Any, device: Device, budget_s: float) -> RungMemory | None:
+    """One rung's memory, read after its timing rounds so it cannot slow them; None for a loader it cannot read
+    (no workers, an IterableDataset, stages outside the workers), a reason when its pipeline failed."""
+    from fastpipe.diagnosis._loader_memory import measure_loader_memory
+    from fastpipe.diagnosis._memory_section import MIN_PASS_S
+    from fastpipe.diagnosis._shm_budget import loader_settings
+    from fastpipe.loading._protocols import stages_outside_workers
+
+    loader = workload.loader
+    workers, _, slots = loader_settings(loader)
+    if (workers == 0 and slots is None) or stages_outside_workers(loader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
+        try:
+            measured = measure_loader_memory(loader, check=False, device=device, samples=1, budget_s=max(budget_s, MIN_PASS_S))
+        except Exception as exc:  # noqa: BLE001 - the rung's timing stands; its memory row says why it is missing
+            return RungMemory(0, None, False, None, 0, None, not_run=f"{type(exc).__name__}: {exc}")
+    return RungMemory.of(measured)
+
+
 def resolve_variants(specs: list[str]) -> list[tuple[str, str]]:
     """``["toy"]`` means the toy ladder; anything else is a list of SPECs, each its own rung."""
     if specs == ["toy"]:
@@ -223,6 +299,7 @@ def compare(
     drift: float = 0.05,
     budget: float = 20.0,
     precision: float = 0.03,
+    memory: bool = False,
 ) -> Comparison:
     """Measure each variant's baseline, and the first variant's device bound, in one run, interleaved in rounds.
 
@@ -232,6 +309,10 @@ def compare(
     the drift between runs on a shared machine). Each rung is measured until its step time reaches
     ``precision`` (relative standard error) or ``budget`` seconds are spent, over :data:`ROUNDS` interleaved rounds
     after a discarded warm-up pass of each variant (see the module docstring).
+
+    With ``memory`` (``fastpipe compare`` sets it; off here for its time), each rung's loader is then read once more,
+    within ``budget`` seconds, at least 10 (:func:`rung_memory`): its shared-memory peak against the prediction, its workers'
+    unique memory and its pinned bytes.
     """
     MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
     device = parse_device(device)
@@ -255,6 +336,7 @@ def compare(
             for k in range(len(variants)):
                 i = (r + k) % len(variants)  # each round starts one variant later
                 runs[i].append(measure(i, [BASELINE], budget / ROUNDS)[BASELINE])
+        memories = [rung_memory(workload, device, budget) if memory else None for workload in workloads]
     finally:
         for workload in workloads:
             close = getattr(workload.loader, "close", None)  # e.g. a Ray cluster fastpipe started for this variant
@@ -298,6 +380,7 @@ def compare(
                 noise=result.noise,
                 spread=result.spread,
                 cpu_util=result.cpu_util,
+                memory=memories[len(comparison.variants)],
             )
         )
         previous = result

@@ -1,0 +1,178 @@
+"""The diagnosis report's memory section, the shared-memory check before any worker starts, compare's memory per rung,
+and the growth rule against an allocator's warm-up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastpipe.devices import parse_device
+from fastpipe.diagnosis import _shm_budget
+from fastpipe.diagnosis._diagnose import diagnose
+from fastpipe.diagnosis._loader_memory import (
+    GROWTH_FLOOR,
+    RISE_FLOOR,
+    SUSTAINED,
+    LoaderMemory,
+    WorkerMemory,
+    fit_growth,
+    floors,
+)
+from fastpipe.diagnosis._memory import PAGE, batch_shm_bytes
+from fastpipe.diagnosis._memory_section import MemorySection, start_memory_section
+from fastpipe.diagnosis._shm_budget import MemoryLimits, predict_shm, size_text
+from fastpipe.experiments._compare import Comparison, RungMemory, VariantResult, rung_memory
+from fastpipe.workloads._workload import Workload
+from tests.fakes import PlantedDataset
+
+MB = 1 << 20
+BATCH = 32
+
+
+def _jitter(n: int) -> int:
+    """A fixed, deterministic wobble of up to 1.2 MB, as a worker's transient buffers give."""
+    return (n * 7919 % 13) * 100_000
+
+
+def _worker(points: list[tuple[int, int]], samples: int) -> WorkerMemory:
+    growth, stderr, fitted, late = fit_growth(points, samples, BATCH)
+    return WorkerMemory(0, 1, points[0][1], 0, max(u for _, u in points), 0, samples, growth, stderr, points, fitted, late)
+
+
+def test_warm_up_that_levels_off_is_not_growth() -> None:
+    # the shape toy:naive's workers gave (glibc's heap settling): +11 kB a sample for 2,000-2,400 samples, then flat
+    points = [(n, 150 * MB + min(n, 2400) * 11_000 + _jitter(n)) for n in range(0, 3200, 60)]
+    worker = _worker(points, 3200)
+    assert worker.growth_per_1000 is not None and worker.growth_per_1000 > GROWTH_FLOOR  # the slope alone would say it grows
+    assert worker.late_ratio is not None and worker.late_ratio < SUSTAINED
+    assert not worker.grows
+
+
+def test_sustained_growth_counts() -> None:
+    points = [(n, 150 * MB + n * 9_000 + _jitter(n)) for n in range(0, 2600, 60)]  # 9 MB per 1,000 samples, all along
+    worker = _worker(points, 2600)
+    assert worker.growth_per_1000 == pytest.approx(9e6, rel=0.1)
+    assert worker.rise is not None and worker.rise >= RISE_FLOOR and worker.late_ratio >= SUSTAINED
+    assert worker.grows
+
+
+def test_a_few_hundred_samples_cannot_resolve_growth() -> None:
+    points = [(n, 10 * MB + n * 5_000) for n in range(0, 130, 8)]  # 5 MB per 1,000 on 130 samples: a 0.5 MB rise
+    worker = _worker(points, 130)
+    assert worker.growth_per_1000 is not None and worker.growth_per_1000 > GROWTH_FLOOR
+    assert worker.rise is not None and worker.rise < RISE_FLOOR and not worker.grows
+
+
+def test_shared_memory_is_counted_in_whole_pages() -> None:
+    batch = (torch.zeros(32, 3, dtype=torch.int64), torch.zeros(4, PAGE + 1, dtype=torch.uint8))
+    assert batch_shm_bytes(batch) == PAGE + 5 * PAGE
+    assert batch_shm_bytes(torch.zeros(1, 100, dtype=torch.uint8), 41) == 2 * PAGE  # a one-sample batch scaled to 41
+
+
+def test_floors_keep_the_least_memory_of_each_batch() -> None:
+    assert floors([(0, 5), (10, 9), (31, 7), (32, 8), (40, 6), (70, 1)], BATCH) == [(0, 5), (32, 6), (70, 1)]
+
+
+def test_the_loader_grows_when_most_workers_do() -> None:
+    steady = [(n, 150 * MB + n * 9_000 + _jitter(n)) for n in range(0, 2600, 60)]
+    flat = [(n, 150 * MB + _jitter(n)) for n in range(0, 2600, 60)]
+    prediction = predict_shm(DataLoader(PlantedDataset(), batch_size=4, num_workers=2), 1000, pin=False)
+
+    def loader(*series: list[tuple[int, int]]) -> LoaderMemory:
+        return LoaderMemory(prediction, [_worker(s, 2600) for s in series], 5200, None, None, None, None, 0, 0, None, 1.0)
+
+    assert loader(steady, steady).grows
+    assert not loader(steady, flat).grows  # one worker's allocator state does not make the loader grow
+    assert not loader().grows
+
+
+def _run(loader: DataLoader, **kwargs):
+    kwargs.setdefault("budget", 1.0)
+    return diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, progress=False, stage_costs=False, **kwargs)
+
+
+def test_report_has_each_points_memory_in_every_rendering(tmp_path) -> None:
+    report = _run(DataLoader(PlantedDataset(length=64), batch_size=4, num_workers=2))
+    memory = report.memory
+    assert memory is not None and memory.loader is None and "loader_memory=True" in memory.not_run
+    points = {p.cache_point: p for p in memory.points}
+    assert list(points) == [e.cache_point for e in report.experiments]
+    assert points["device"].uss == [] and points["device"].pss == []  # batches cached in this process: no workers
+    baseline = points["baseline"]
+    assert len(baseline.uss) == 2 and all(u > 0 for u in baseline.uss) and len(baseline.pss) == 2
+    assert baseline.shm_held > 0 and baseline.rss > 0  # the batches in flight, in the loader's own segments
+    data = json.loads(report.to_json())["memory"]
+    assert [p["cache_point"] for p in data["points"]] == list(points) and data["points"][-1]["uss"] == baseline.uss
+    assert "Memory at each cache point" in report.to_table()
+    assert "#### Memory" in report.to_markdown()
+
+
+def test_budget_warning_comes_before_any_worker_starts(monkeypatch) -> None:
+    events: list[str] = []
+    original = torch.utils.data.dataloader._MultiProcessingDataLoaderIter.__init__
+
+    def spy(self, *args, **kwargs):
+        events.append("a worker started")
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.data.dataloader._MultiProcessingDataLoaderIter, "__init__", spy)
+    # a batch: 3 kB of samples and 32 bytes of labels, a page each in shared memory; x (2 workers x 2 + 1) = 41 kB; 10 kB free
+    monkeypatch.setattr(_shm_budget, "read_limits", lambda *a, **k: MemoryLimits(10_000, 10_000, None, None))
+    report = _run(DataLoader(PlantedDataset(length=32), batch_size=4, num_workers=2), on_warning=events.append)
+    warning = events[0]
+    assert "shared memory will not fit" in warning and "Bus error" in warning
+    assert "prefetch_factor=1" in warning and "uint8 batches" in warning and "--shm-size=" in warning
+    assert "a worker started" in events[1:]  # the diagnosis then ran, the warning first
+    assert report.memory.budget_warning == warning
+    assert any(c.startswith("shared memory will not fit") for c in report.caveats)
+    assert "Warned before any worker started" in report.to_table()
+
+
+def test_budget_warning_defaults_to_a_python_warning(monkeypatch) -> None:
+    monkeypatch.setattr(_shm_budget, "read_limits", lambda *a, **k: MemoryLimits(10_000, 10_000, None, None))
+    workload = Workload(loader=DataLoader(PlantedDataset(length=8), batch_size=4, num_workers=2), step=lambda b: None)
+    with pytest.warns(RuntimeWarning, match="shared memory will not fit"):
+        section = start_memory_section(workload, None)
+    assert section.budget_warning is not None
+    no_workers = Workload(loader=DataLoader(PlantedDataset(length=8), batch_size=4), step=lambda b: None)
+    assert start_memory_section(no_workers, None).budget_warning is None  # nothing goes through shared memory
+
+
+def test_memory_section_without_points_renders() -> None:
+    section = MemorySection(not_run="why")
+    assert "not run (why)" in section.to_text(str) and section.to_dict()["loader_pass_not_run"] == "why"
+    assert section.bars() == []
+
+
+def test_compare_shows_memory_per_rung() -> None:
+    workload = Workload(loader=DataLoader(PlantedDataset(length=64), batch_size=4, num_workers=2), step=lambda b: None)
+    memory = rung_memory(workload, parse_device("sim:5"), 10.0)
+    assert memory is not None and memory.not_run is None
+    batch_bytes = batch_shm_bytes(next(iter(DataLoader(PlantedDataset(length=64), batch_size=4))))
+    assert memory.shm_predicted == batch_bytes * (2 * 2 + 1) and memory.shm_peak and memory.shm_peak > 0
+    assert memory.worker_uss_peak and memory.worker_uss_peak > 0 and memory.pinned_predicted == 0
+    no_workers = Workload(loader=DataLoader(PlantedDataset(length=8), batch_size=4), step=lambda b: None)
+    assert rung_memory(no_workers, parse_device("sim:5"), 10.0) is None
+    variant = VariantResult("naive", "x:y", 1.0, 0.5, 1000.0, None, None, None, None, 0.01, 0.0, 0.5, memory=memory)
+    comparison = Comparison(device="sim:5", device_bound_steps_per_s=2.0, steps=4, warmup=1, variants=[variant])
+    table = comparison.to_table()
+    assert "Memory per rung" in table and "shm peak / predicted" in table and size_text(memory.shm_predicted) in table
+    assert "shm peak / predicted" in comparison.to_markdown()
+    assert json.loads(comparison.to_json())["variants"][0]["memory"]["shm_predicted"] == memory.shm_predicted
+    cut = RungMemory(100, 50, False, None, 0, None)
+    assert cut.cells()[0].startswith("≥")  # a stall cut short is a lower bound
+
+
+@pytest.mark.slow  # two diagnoses with their loader passes (10 s each at least): 60-90 s on the loaded 2-core machine
+def test_diagnosis_names_copy_on_read_and_not_a_numpy_index() -> None:
+    from tests.memory_fixtures import packed, records
+
+    options = dict(steps=4, warmup=1, budget=2.0, progress=False, stage_costs=False, loader_memory=True)
+    grown = diagnose(records(), device="sim:10", **options).memory
+    assert grown.loader is not None and grown.loader.grows, grown.loader.to_table()
+    assert grown.copy_on_read is not None and [c.path for c in grown.copy_on_read.containers] == ["Records.records"]
+    flat = diagnose(packed(), device="sim:10", **options).memory
+    assert flat.loader is not None and not flat.loader.grows and flat.copy_on_read is None, flat.loader.to_table()
