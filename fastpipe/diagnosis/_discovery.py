@@ -113,7 +113,19 @@ def _stream_pipeline(dataset: IterableDataset) -> tuple[TransformPipeline | None
     return None, f"an IterableDataset ({why.split('; to split its stages')[0]}); to split its stages, {stream_hint(name)}"
 
 
-WEBDATASET_STAGES = ("map", "map_tuple", "map_dict", "to_tuple", "rename", "rename_keys", "decode", "select", "batched", "unbatched", "shuffle")
+WEBDATASET_STAGES = (
+    "map",
+    "map_tuple",
+    "map_dict",
+    "to_tuple",
+    "rename",
+    "rename_keys",
+    "decode",
+    "select",
+    "batched",
+    "unbatched",
+    "shuffle",
+)
 """The filters of ``webdataset.filters`` that work on samples: the longest run of these that ends a chain is its stages."""
 
 

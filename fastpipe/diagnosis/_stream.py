@@ -33,8 +33,8 @@ from fastpipe.diagnosis._cache import (
     PointProbe,
     UnavailablePoint,
     _Capture,
-    _entry_from,
     _Entry,
+    _entry_from,
     _Recorder,
     _within,
     fresh_copy,
@@ -170,7 +170,13 @@ class TimedStream(IterableDataset):
     counts as one sample (so with ``batched`` in the chain, costs stay per sample).
     """
 
-    def __init__(self, dataset: IterableDataset, pipeline: TransformPipeline | None, ledger: Callable[[], Any], runner: Callable[[TransformPipeline], Any]) -> None:
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        pipeline: TransformPipeline | None,
+        ledger: Callable[[], Any],
+        runner: Callable[[TransformPipeline], Any],
+    ) -> None:
         self.dataset, self.pipeline, self.ledger, self.runner = dataset, pipeline, ledger, runner
 
     def __iter__(self) -> Iterator[Any]:
@@ -206,7 +212,9 @@ class TimedStream(IterableDataset):
 class _Timed:
     """One step of a chain, timed: its own time per item is the time its ``next`` took less its upstream's."""
 
-    def __init__(self, name: str, step: Callable[[Iterator[Any]], Iterator[Any]] | None, ledger: Callable[[], Any], raw: bool = False) -> None:
+    def __init__(
+        self, name: str, step: Callable[[Iterator[Any]], Iterator[Any]] | None, ledger: Callable[[], Any], raw: bool = False
+    ) -> None:
         self.name, self.step, self.ledger, self.raw = name, step, ledger, raw
         self.upstream = [0.0, 0.0, 0.0]
 
