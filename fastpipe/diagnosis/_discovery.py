@@ -16,6 +16,12 @@ transform, and at each level tries, in order:
 6. wrappers: ``.dataset`` (``Subset``), ``.ds``, ``.base``, and failing those the one attribute
    that holds a Dataset.
 
+A streaming dataset (an ``IterableDataset``) is searched the same way for a transform its ``__iter__`` calls
+on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages` with ``source=``); a WebDataset
+``DataPipeline`` is read through its public ``.pipeline`` (each sample filter a stage, see
+:func:`_webdataset_pipeline`); a Hugging Face streaming dataset's ``.map()`` chain is private, so the why-not
+says which declaration to add. :mod:`fastpipe.diagnosis._stream` replays their points.
+
 Only attributes the object really holds (its own ``__dict__`` or slots) are followed or
 replaced: a ``transform`` exposed through a property is looked through to the dataset that
 owns it, so a replacement never reaches the user's objects. A pipeline that cannot be split
