@@ -265,3 +265,24 @@ def test_declared_stream_diagnosis_names_its_slow_stage() -> None:
         stage_costs=False,
     )
     assert [b.stage for b in report.bottlenecks] == ["slow"], report.to_table()
+
+
+def wait_10ms(sample: dict) -> dict:
+    time.sleep(0.01)
+    return sample
+
+
+def test_declared_stream_stage_costs_are_per_stage() -> None:
+    class Planted(IterableDataset):
+        def __init__(self) -> None:
+            self.stages = fastpipe.Stages(source=Numbers(100_000), transforms=[double, wait_10ms, plus_one])
+
+        def __iter__(self):
+            for sample in self.stages:
+                yield sample
+
+    loader = DataLoader(Planted(), batch_size=4, num_workers=2)
+    costs = measure_stage_costs(loader, STEP, step=lambda batch: None, steps=4, warmup=1)
+    assert [s.name for s in costs.stages] == ["raw load", "double", "wait_10ms", "plus_one", "collate"]
+    assert costs.stage("wait_10ms").ms_per_sample >= 9 and costs.stage("plus_one").ms_per_sample < 3
+    assert not costs.notes or all("whole as the raw load" not in note for note in costs.notes)
