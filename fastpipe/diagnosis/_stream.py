@@ -157,7 +157,6 @@ def probe_stream_point(dataset: Any, pipeline: TransformPipeline | None, point: 
 
 
 # ----- the stage-cost pass ------------------------------------------------------------------------
-Clock = Callable[[], float]
 
 
 class TimedStream(IterableDataset):
