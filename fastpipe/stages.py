@@ -24,7 +24,7 @@ import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torchvision.datasets.vision import StandardTransform
@@ -54,26 +54,48 @@ class Stages:
             def __getitem__(self, index):
                 return self.stages(index), self.labels[index]
 
+    A streaming dataset (an ``IterableDataset``) declares where its items come from with ``source=``
+    and iterates the declaration, so each item read is the raw load and each transform a stage::
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __init__(self, reader):
+                self.stages = fastpipe.Stages(source=reader, transforms=[decode, crop, to_tensor])
+
+            def __iter__(self):
+                return iter(self.stages)  # or: for x in self.stages: yield x, ...
+
+    There a cache point keeps the source's items (or a stage's outputs) and replays them in each
+    worker, so the source is read only while the cache fills.
+
     Args:
         load: optional; ``load(item)`` reads the raw value (its time is the raw load). Without it,
             ``stages(x)`` applies the transforms to ``x`` directly, like a Compose.
         transforms: the transforms, in order (a list, a Compose, or one callable); each is a stage.
+        source: optional; an iterable of raw items (re-iterable: each worker and epoch iterates it
+            anew, so it must shard itself across workers as the dataset would). ``iter(stages)``
+            yields ``stages(item)`` for each of its items.
 
     fastpipe replaces the attribute on a copy of the dataset (never on yours), so ``__getitem__``
-    must look it up on ``self`` each time, as above.
+    (or ``__iter__``) must look it up on ``self`` each time, as above.
     """
 
     def __init__(
-        self, load: Callable[[Any], Any] | None = None, transforms: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] = ()
+        self,
+        load: Callable[[Any], Any] | None = None,
+        transforms: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] = (),
+        source: Iterable[Any] | None = None,
     ) -> None:
         if load is not None and not callable(load):
             raise TypeError(f"fastpipe.Stages(load=...) must be callable, got {type(load).__name__}")
+        if source is not None and not hasattr(source, "__iter__"):
+            raise TypeError(f"fastpipe.Stages(source=...) must be iterable, got {type(source).__name__}")
         items = list(transforms) if isinstance(transforms, (list, tuple)) else [transforms]
         bad = [type(t).__name__ for t in items if not callable(t)]
         if bad:
             raise TypeError(f"fastpipe.Stages(transforms=...) takes callables; these are not: {bad}")
         self.load = load
         self.transforms = items
+        self.source = source
 
     def __call__(self, item: Any) -> Any:
         x = self.load(item) if self.load is not None else item
@@ -81,8 +103,16 @@ class Stages:
             x = transform(x)
         return x
 
+    def __iter__(self) -> Iterator[Any]:
+        """Each item of ``source`` through the stages (a declaration without ``source`` is not iterable)."""
+        if self.source is None:
+            raise TypeError("this fastpipe.Stages has no source= to iterate; call it on each item instead")
+        for item in self.source:
+            yield self(item)
+
     def __repr__(self) -> str:
-        return f"Stages(load={getattr(self.load, '__name__', self.load)!r}, transforms={self.transforms!r})"
+        source = "" if self.source is None else f", source={type(self.source).__name__}"
+        return f"Stages(load={getattr(self.load, '__name__', self.load)!r}, transforms={self.transforms!r}{source})"
 
 
 def _composites() -> tuple[type, ...]:
@@ -201,10 +231,13 @@ class TransformPipeline:
     timer: StageTimer | None = field(default=None, repr=False)
     """Called with (stage name, seconds) after each stage runs; set inside workers for stage costs."""
     kind: str = "attribute"
-    """How the slot is replaced: ``attribute``, ``standard`` (a StandardTransform), ``stages``, ``hf`` or ``parts``."""
+    """How the slot is replaced: ``attribute``, ``standard`` (a StandardTransform), ``stages``, ``hf`` or ``parts``;
+    ``webdataset`` for a WebDataset chain, whose stages are its filters (iterator in, iterator out) and have no slot."""
     parts: tuple["TransformPipeline", ...] = ()
     source: str = ""
     """Where it was found, in words, for reports (e.g. ``ConcatDataset of 2 x ImageFolder``)."""
+    offset: int = 0
+    """For ``webdataset``: how many steps of the chain come before the first stage (the shard read)."""
 
     def names(self) -> list[str]:
         return [stage.name for stage in self.stages]
@@ -250,6 +283,8 @@ class TransformPipeline:
         The user's objects are never modified: only the copies' attributes are replaced. With
         parts, every part gets ``transform``, marked with its part (:class:`InPart`).
         """
+        if self.kind == "webdataset":
+            raise TypeError("a WebDataset chain's stages are filters of the stream, not one transform slot; see fastpipe.diagnosis._stream")
         if self.parts:
             for index, part in enumerate(self.parts):
                 dataset = part.with_transform(dataset, InPart(transform, index))
@@ -288,7 +323,7 @@ def _replace_slot(pipeline: TransformPipeline, transform: Callable[[Any], Any], 
     joint = vars(owner).get("transforms") if hasattr(owner, "__dict__") else None
     if pipeline.kind == "stages":
         declared: Stages = getattr(owner, pipeline.attr)
-        setattr(clone, pipeline.attr, Stages(load=declared.load, transforms=[transform]))
+        setattr(clone, pipeline.attr, Stages(load=declared.load, transforms=[transform], source=declared.source))
     elif pipeline.kind == "standard":
         clone.transforms = StandardTransform(transform, joint.target_transform)
     else:

@@ -1,4 +1,4 @@
-"""The README's watch, Lightning and Hugging Face sections: their Python blocks run, in order, as printed."""
+"""The README's watch, Lightning, Hugging Face and streaming sections: their Python blocks run, in order, as printed."""
 
 from __future__ import annotations
 
@@ -47,9 +47,23 @@ def test_hf_section_runs(tmp_path, monkeypatch) -> None:
     assert namespace["callback"].watch.summary()["steps"] == 16
 
 
+def test_streaming_section_runs(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("webdataset")
+    namespace = run_section("Streaming datasets", tmp_path, monkeypatch, diagnose=False)
+    images, labels = next(iter(namespace["loader"]))
+    assert images.shape == (8, 3, 96, 128) and len(labels) == 8
+    printed = capsys.readouterr().out
+    assert "['decode', 'augment', 'to_tensor', 'batched']" in printed and "['strip', 'split']" in printed
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("section, package", [("In Lightning", "lightning"), ("In the Hugging Face Trainer", "transformers")])
+@pytest.mark.parametrize(
+    "section, package",
+    [("In Lightning", "lightning"), ("In the Hugging Face Trainer", "transformers"), ("Streaming datasets", "webdataset")],
+)
 def test_sections_with_their_diagnosis_run(tmp_path, monkeypatch, section, package) -> None:
     pytest.importorskip(package)
     namespace = run_section(section, tmp_path, monkeypatch, diagnose=True)
     assert namespace["report"].experiments
+    if section == "Streaming datasets":  # the printed comment says it names augment
+        assert [b.stage for b in namespace["report"].bottlenecks][:1] == ["augment"], namespace["report"].to_table()

@@ -48,7 +48,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         "spec",
         metavar="SPEC",
         help="toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function "
-        "(looked up in the current directory first, as python -m does)",
+        "(looked up in the current directory first, as python -m does) returning (loader, step), a fastpipe.Workload, "
+        "or (LightningModule, datamodule)",
     )
     add_device_argument(parser)
     add_toy_options(parser)
@@ -83,7 +84,17 @@ def workload_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
 
     check_steps(args)
     device = resolve_device(args.device, args.spec)
-    return device, load_workload(args.spec, device, **toy_options(args))
+    return device, load_workload(args.spec, device, adapt=trainer_objects, **toy_options(args))
+
+
+def trainer_objects(result: Any, device: Any, spec: str) -> Any:
+    """A factory's ``(LightningModule, datamodule or loader)`` as a Workload of the module's own step (as
+    ``fastpipe.integrations.lightning.diagnose`` builds it); None for anything else (``(loader, step)``, a Workload)."""
+    from fastpipe.integrations import lightning
+
+    if not lightning.is_module_pair(result):
+        return None
+    return lightning.workload(result[0], result[1], device, name=f"{spec} ({type(result[0]).__name__}, Lightning)")
 
 
 def toy_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastpipe.diagnosis._cachepoint import BASELINE, RAW, CachePoint
 from fastpipe.stages import StageError, TransformPipeline, current_part, read_sample
@@ -364,8 +364,13 @@ class CachePointDataset(Dataset):
         entry = self._entries.get(slot)
         if entry is None:
             entry = self._entries[slot] = self._entry(index)
+        return self._serve(entry)
+
+    def _serve(self, entry: _Entry) -> Any:
+        """One sample from a capture: the later stages rerun on (a copy of) each cached value, put back in place."""
         if self.cut is None:
             return entry.template
+        assert self.pipeline is not None
         began = self.clock()
         taken = [view.take() for view in entry.views]
         seconds = self.clock() - began
@@ -417,17 +422,21 @@ class CachePointDataset(Dataset):
 
     def _unplaceable(self, sample: Any, calls: list[_Call]) -> str | None:
         """Why the captured outputs cannot be put back in the sample, or None."""
-        owner = type(self.dataset).__name__
-        if not calls:
-            return f"{owner}.__getitem__ did not call its transform for this sample, so there is nothing to cache"
-        for call in calls:
-            if not _locate_all(sample, call.output) and not _unnested_in(sample, call.output):
-                return (
-                    f"{owner}.__getitem__ changes its transform's output before returning it (e.g. "
-                    "`return self.transform(img).float(), y`), so a cached value cannot be put back in its place; "
-                    "to get this point, make that last step the transform's final stage (e.g. append it to the Compose)"
-                )
-        return None
+        return unplaceable(f"{type(self.dataset).__name__}.__getitem__", sample, calls)
+
+
+def unplaceable(method: str, sample: Any, calls: list[_Call]) -> str | None:
+    """Why the transform outputs ``calls`` made cannot be put back in the ``sample`` that ``method`` returned, or None."""
+    if not calls:
+        return f"{method} did not call its transform for this sample, so there is nothing to cache"
+    for call in calls:
+        if not _locate_all(sample, call.output) and not _unnested_in(sample, call.output):
+            return (
+                f"{method} changes its transform's output before returning it (e.g. "
+                "`return self.transform(img).float(), y`), so a cached value cannot be put back in its place; "
+                "to get this point, make that last step the transform's final stage (e.g. append it to the Compose)"
+            )
+    return None
 
 
 def _entry_from(capture: _Capture, skip_copies: bool) -> _Entry:
@@ -440,6 +449,16 @@ def _entry_from(capture: _Capture, skip_copies: bool) -> _Entry:
         shared = call.shared if skip_copies else None
         entry.views.append(_View(path, call.part, call.pristine, shared, call.versions if shared is not None else None))
     return entry
+
+
+def cache_point_dataset(dataset: Any, pipeline: TransformPipeline | None, point: str, pool: int = 1) -> "CachePointDataset":
+    """The cache point's dataset for ``dataset``: :class:`CachePointDataset`, or for a streaming dataset (an
+    ``IterableDataset``) :class:`fastpipe.diagnosis._stream.CachePointIterable`, which captures in each worker and replays."""
+    if isinstance(dataset, IterableDataset):
+        from fastpipe.diagnosis._stream import CachePointIterable
+
+        return CachePointIterable(dataset, pipeline, point, pool)
+    return CachePointDataset(dataset, pipeline, point, pool)
 
 
 @dataclass(frozen=True)
@@ -465,6 +484,10 @@ def probe_point(
     With ``timeout``, the sample is read in a daemon thread and TimeoutError is raised if it takes
     longer (a pipeline that hangs must not hang the main process; the thread is left behind).
     """
+    if isinstance(dataset, IterableDataset):
+        from fastpipe.diagnosis._stream import probe_stream_point
+
+        return probe_stream_point(dataset, pipeline, point, timeout=timeout)
     try:
         cached = CachePointDataset(dataset, pipeline, point)
     except UnavailablePoint as exc:

@@ -16,6 +16,12 @@ transform, and at each level tries, in order:
 6. wrappers: ``.dataset`` (``Subset``), ``.ds``, ``.base``, and failing those the one attribute
    that holds a Dataset.
 
+A streaming dataset (an ``IterableDataset``) is searched the same way for a transform its ``__iter__`` calls
+on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages` with ``source=``); a WebDataset
+``DataPipeline`` is read through its public ``.pipeline`` (each sample filter a stage, see
+:func:`_webdataset_pipeline`); a Hugging Face streaming dataset's ``.map()`` chain is private, so the why-not
+says which declaration to add. :mod:`fastpipe.diagnosis._stream` replays their points.
+
 Only attributes the object really holds (its own ``__dict__`` or slots) are followed or
 replaced: a ``transform`` exposed through a property is looked through to the dataset that
 owns it, so a replacement never reaches the user's objects. A pipeline that cannot be split
@@ -30,6 +36,7 @@ Declaring a custom ``__getitem__`` (see :class:`fastpipe.Stages`)::
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +45,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 from torchvision.datasets.vision import StandardTransform
 
-from fastpipe.stages import Stages, TransformPipeline, split_transform
+from fastpipe.stages import Stage, Stages, TransformPipeline, split_transform, stage_name
 
 WRAPPER_NAMES = ("dataset", "ds", "base")
 PARTS_NAME = "datasets"
@@ -71,14 +78,98 @@ class _Miss:
         return f"{text}; to split its stages, {self.fix}" if self.fix else text
 
 
+def stream_hint(owner: str) -> str:
+    """The exact change that makes a streaming dataset's stages visible: a fastpipe.Stages with a source, iterated."""
+    return (
+        f"hold the stages in a fastpipe.Stages with the item source on {owner} and iterate it in {owner}.__iter__:\n"
+        f"    in {owner}.__init__: self.stages = fastpipe.Stages(source=<iterable of raw items>, transforms=[<each step>, ...])\n"
+        f"    in {owner}.__iter__: return iter(self.stages)   (or: for x in self.stages: yield ...)"
+    )
+
+
 def find_pipeline(dataset: Any) -> tuple[TransformPipeline | None, str | None]:
     """Locate the stages of ``dataset``; returns (pipeline, None) or (None, why not and how to fix it)."""
     if isinstance(dataset, IterableDataset):
-        return None, "the dataset is an IterableDataset: samples cannot be re-read by index, so only device, host and baseline apply"
+        return _stream_pipeline(dataset)
     found = _search(dataset, (), (), frozenset())
     if isinstance(found, TransformPipeline):
         return found, None
     return None, found.text(dataset)
+
+
+def _stream_pipeline(dataset: IterableDataset) -> tuple[TransformPipeline | None, str | None]:
+    """The stages of a streaming dataset: a WebDataset chain's filters, else a transform its ``__iter__`` calls on each
+    item (a ``transform`` attribute, a fastpipe.Stages with ``source=``), found as in a map-style dataset."""
+    name = type(dataset).__name__
+    chain = _webdataset_pipeline(dataset)
+    if chain is not None:
+        return chain, None
+    hf = sys.modules.get("datasets")
+    if hf is not None and isinstance(dataset, getattr(hf, "IterableDataset", ())):
+        return None, (
+            f"a Hugging Face streaming {name}: the functions given to its .map() are kept in private attributes, so "
+            "fastpipe does not read them; to split its stages, stream the unmapped dataset through a declaration: "
+            "wrap it in a torch IterableDataset holding `self.stages = fastpipe.Stages(source=streamed, "
+            "transforms=[step1, step2])` with `__iter__` returning `iter(self.stages)`"
+        )
+    found = _search(dataset, (), (), frozenset())
+    if isinstance(found, TransformPipeline) and found.kind not in ("parts", "hf"):
+        return found, None
+    why = found.text(dataset) if isinstance(found, _Miss) else f"{name}: its stages are split among several streams"
+    return None, f"an IterableDataset ({why.split('; to split its stages')[0]}); to split its stages, {stream_hint(name)}"
+
+
+WEBDATASET_STAGES = (
+    "map",
+    "map_tuple",
+    "map_dict",
+    "to_tuple",
+    "rename",
+    "rename_keys",
+    "decode",
+    "select",
+    "batched",
+    "unbatched",
+    "shuffle",
+)
+"""The filters of ``webdataset.filters`` that work on samples: the longest run of these that ends a chain is its stages."""
+
+
+def _webdataset_pipeline(dataset: Any) -> TransformPipeline | None:
+    """A WebDataset ``DataPipeline`` (``WebDataset`` included) read through its public structure: ``.pipeline`` is the
+    list of steps, each filter a ``FilterFunction`` with ``.f``, ``.args``, ``.kw`` made from ``webdataset.filters.<name>``
+    (whose ``.f`` is the function it curries). The steps before the last run of sample filters are the shard read."""
+    wds = sys.modules.get("webdataset")
+    if wds is None or not isinstance(dataset, wds.DataPipeline):
+        return None
+    kinds = {getattr(getattr(wds.filters, name, None), "f", None): name for name in WEBDATASET_STAGES}
+    kinds.pop(None, None)
+    steps = list(dataset.pipeline)
+    offset = len(steps)
+    while offset > 1 and kinds.get(getattr(steps[offset - 1], "f", None)) is not None:
+        offset -= 1
+    seen: Counter[str] = Counter()
+    stages = []
+    for step in steps[offset:]:
+        base = _webdataset_stage_name(wds, kinds[step.f], step)
+        seen[base] += 1
+        stages.append(Stage(base if seen[base] == 1 else f"{base}#{seen[base]}", step))
+    source = f"{type(dataset).__name__}: {offset} steps of shard read, then {len(stages)} sample filters"
+    return TransformPipeline((), "pipeline", stages, kind="webdataset", source=source, offset=offset)
+
+
+def _webdataset_stage_name(wds: Any, kind: str, step: Any) -> str:
+    """``decode`` for a ``.decode()``, a ``.map(f)`` by its function's name, ``map_tuple(f, g)`` by its functions,
+    others (``batched``, ``to_tuple``, ``shuffle``...) by the filter's name."""
+    functions = [f for f in step.args if callable(f) and f is not getattr(wds.utils, "identity", None)]
+    if kind == "map" and functions:
+        if isinstance(functions[0], wds.autodecode.Decoder):
+            return "decode"
+        return stage_name(functions[0])
+    if kind in ("map_tuple", "map_dict"):
+        named = [stage_name(f) for f in functions] + [f"{k}={stage_name(v)}" for k, v in step.kw.items() if callable(v) and k != "handler"]
+        return f"{kind}({', '.join(named)})"
+    return kind
 
 
 def _own(obj: Any, name: str) -> Any:

@@ -4,7 +4,7 @@ Points run from the device upwards (most cached first)::
 
     device  one batch on the device, the step (and any device transform) repeated: the device bound
     host    one batch on the host, copied every step as the user's loop copies it
-    sample  one finished sample per worker; collate, IPC, pinning and the copy still run
+    sample  one finished sample per worker (a stream's first items, replayed); collate, IPC, pinning and the copy still run
     after:S the output of transform stage S; later stages rerun (last stage to first)
     raw     the transform's input; every transform reruns
     baseline nothing cached
@@ -61,12 +61,8 @@ def make_plan(pipeline: TransformPipeline | None, why_not: str | None) -> Plan:
     components = [COPY]
     if pipeline is None:
         reason = why_not or "no transform"
-        if "IterableDataset" in reason:
-            unavailable.append(Unavailable(SAMPLE, reason))
-            components.append(f"{COLLATE} + {RAW_STAGE} + transforms")
-        else:
-            points.append(SAMPLE)
-            components += [COLLATE, f"{RAW_STAGE} + transforms"]
+        points.append(SAMPLE)  # finished samples can always be cached: by index, or in each worker of a stream
+        components += [COLLATE, f"{RAW_STAGE} + transforms"]
         unavailable += [Unavailable("after:<stage>", reason), Unavailable(RAW, reason)]
     else:
         names = pipeline.names()

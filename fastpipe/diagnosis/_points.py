@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis import _ddp as ddp
-from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, stage_of_error
+from fastpipe.diagnosis._cache import UnavailablePoint, cache_point_dataset, stage_of_error
 from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
@@ -139,7 +139,7 @@ class PointRunner:
         dataset = self.workload.loader.dataset
         if point == BASELINE and self.pipeline is None:
             return dataset
-        return CachePointDataset(dataset, self.pipeline, point, self.pool)
+        return cache_point_dataset(dataset, self.pipeline, point, self.pool)
 
     def _device_transform(self, batch: Any) -> Any:
         transform = self.workload.device_transform

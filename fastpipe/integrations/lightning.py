@@ -31,6 +31,7 @@ from fastpipe.diagnosis import diagnose as _diagnose
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import autocast_for, on_device, require
 from fastpipe.monitor import Watch, tap_dataloaders
+from fastpipe.workloads import Workload
 
 SHARE_METRIC = "fastpipe/input_bound_share"
 _CALLBACK: type | None = None
@@ -197,6 +198,18 @@ def diagnose(
         precision: Lightning's precision string; default the attached trainer's, else ``"32-true"``.
         options: passed to :func:`fastpipe.diagnose` (``steps``, ``budget``, ``progress``...).
     """
+    loader, dev, precision, torch_device = _prepare(module, datamodule_or_loader, device, precision)
+    with on_device(module, torch_device), _LoggingDropped(module):
+        optimizer, schedulers = optimizers_of(module)
+        step = lightning_step(module, optimizer, schedulers, precision, torch_device)
+        options.setdefault("name", f"{type(module).__name__} (Lightning, {precision})")
+        return _diagnose(loader, step, dev, model=module, optimizer=optimizer, schedulers=schedulers, **options)
+
+
+def _prepare(
+    module: Any, datamodule_or_loader: Any, device: "str | Device | None", precision: str | None
+) -> tuple[Any, Device, str, torch.device]:
+    """(training loader, fastpipe device, precision, the torch device the module runs on) for :func:`diagnose`."""
     lightning = _lightning()
     if not isinstance(module, lightning.LightningModule):
         raise ConfigError(f"diagnose needs a lightning.LightningModule, not {type(module).__name__}")
@@ -207,12 +220,35 @@ def diagnose(
             precision = str(module.trainer.precision)
         except RuntimeError:  # not attached to a trainer
             precision = "32-true"
-    torch_device = dev.torch_device if dev.runs_model else torch.device("cpu")
-    with on_device(module, torch_device), _LoggingDropped(module):
-        optimizer, schedulers = optimizers_of(module)
-        step = lightning_step(module, optimizer, schedulers, precision, torch_device)
-        options.setdefault("name", f"{type(module).__name__} (Lightning, {precision})")
-        return _diagnose(loader, step, dev, model=module, optimizer=optimizer, schedulers=schedulers, **options)
+    return loader, dev, precision, dev.torch_device if dev.runs_model else torch.device("cpu")
+
+
+def is_module_pair(result: Any) -> bool:
+    """Whether a workload factory returned ``(LightningModule, datamodule or DataLoader)`` (lightning already imported)."""
+    import sys
+
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        return False
+    bases = [getattr(sys.modules.get(name), "LightningModule", None) for name in ("lightning.pytorch", "pytorch_lightning")]
+    return any(base is not None and isinstance(result[0], base) for base in bases)
+
+
+def workload(
+    module: Any, datamodule_or_loader: Any, device: "str | Device | None" = None, *, precision: str | None = None, name: str | None = None
+) -> Workload:
+    """A :class:`fastpipe.Workload` of a LightningModule's own step, as :func:`diagnose` builds it, for a process that
+    only diagnoses (the CLI's ``fastpipe diagnose module:factory`` with a factory returning ``(module, datamodule)``).
+
+    Unlike :func:`diagnose` it leaves the module on ``device`` with ``self.log`` dropped: there is no block to undo
+    them after (the diagnosis itself still restores the parameters, optimizer and schedulers).
+    """
+    loader, dev, precision, torch_device = _prepare(module, datamodule_or_loader, device, precision)
+    module.to(torch_device)
+    _LoggingDropped(module).__enter__()
+    optimizer, schedulers = optimizers_of(module)
+    step = lightning_step(module, optimizer, schedulers, precision, torch_device)
+    label = name or f"{type(module).__name__} (Lightning, {precision})"
+    return Workload(loader=loader, step=step, model=module, optimizer=optimizer, schedulers=schedulers, name=label)
 
 
 class _LoggingDropped:

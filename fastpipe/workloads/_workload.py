@@ -42,7 +42,8 @@ DEFAULT_VARIANTS = {"toy": "naive", "jpeg": "naive"}
 
 FACTORY_CONTRACT = (
     "the function may take `device` (a torch.device for model.to(device); cpu on sim, where the model is not run) "
-    "and/or `fastpipe_device` (fastpipe's Device), and must return (loader, step) or a fastpipe.Workload"
+    "and/or `fastpipe_device` (fastpipe's Device), and must return (loader, step) or a fastpipe.Workload "
+    "(on the command line also (LightningModule, datamodule or loader))"
 )
 
 
@@ -127,6 +128,11 @@ def as_workload(obj: Any, name: str) -> Workload:
     """Accept a Workload or a ``(loader, step)`` pair, and check both parts."""
     if isinstance(obj, Workload):
         workload = obj
+    elif isinstance(obj, (tuple, list)) and len(obj) == 2 and all(hasattr(obj[0], a) for a in ("training_step", "configure_optimizers")):
+        raise ConfigError(
+            f"'{name}' returned a LightningModule and its data: `fastpipe diagnose` takes that pair; here, call "
+            "fastpipe.integrations.lightning.diagnose(module, datamodule, device=...) or return (loader, step)"
+        )
     elif isinstance(obj, (tuple, list)) and len(obj) == 2:
         workload = Workload(loader=obj[0], step=obj[1], name=name)
     else:
@@ -167,10 +173,15 @@ def _import_user_module(spec: str, module_name: str) -> Any:
         raise ConfigError(f"bad SPEC '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
 
 
-def load_workload(spec: str, device: "str | Device | None" = None, **options: Any) -> Workload:
+FactoryAdapter = Callable[[Any, Device, str], "Workload | None"]
+"""Turns what a user's factory returned into a Workload, or None to leave it to :func:`as_workload`: how the CLI
+accepts ``(LightningModule, datamodule)`` (the integration lives above this layer and is passed in)."""
+
+
+def load_workload(spec: str, device: "str | Device | None" = None, *, adapt: FactoryAdapter | None = None, **options: Any) -> Workload:
     """Build the workload a SPEC names, for ``device``. ``options`` go to a family's builder (``toy:``, ``jpeg:``).
 
-    ``device=None`` means :func:`default_device_for` the SPEC.
+    ``device=None`` means :func:`default_device_for` the SPEC. ``adapt`` is offered a user factory's result first.
     """
     device = parse_device(default_device_for(spec) if device is None else device)
     family = family_of(spec)
@@ -193,11 +204,12 @@ def load_workload(spec: str, device: "str | Device | None" = None, **options: An
         raise ConfigError(f"bad SPEC '{spec}': module '{module_name}' has no function '{attr}'")
     try:
         result = _call_factory(factory, device)
+        adapted = adapt(result, device, spec) if adapt is not None else None
     except FastpipeError:
         raise
     except Exception as exc:
         raise ConfigError(f"the workload factory '{spec}' raised {type(exc).__name__}: {exc} ({FACTORY_CONTRACT})") from exc
-    return as_workload(result, spec)
+    return adapted if adapted is not None else as_workload(result, spec)
 
 
 def loader_batch_size(loader: Any) -> int | None:

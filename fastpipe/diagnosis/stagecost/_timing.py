@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from fastpipe.diagnosis._cache import CachePointDataset
+from fastpipe.diagnosis._cache import cache_point_dataset
 from fastpipe.diagnosis._cachepoint import BASELINE
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.loading._pinning import shutdown_iterator
@@ -279,8 +279,11 @@ def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[D
     dataset, notes = loader.dataset, []
     pipeline, why_not = find_pipeline(dataset)
     if isinstance(dataset, IterableDataset):
-        timed: Any = TimedIterableDataset(dataset)
-        notes.append("an IterableDataset: each item is timed whole as the raw load, transforms included")
+        from fastpipe.diagnosis._stream import TimedStream
+
+        timed: Any = TimedStream(dataset, pipeline, _ledger, _TimedRunner)
+        if pipeline is None:
+            notes.append(f"an IterableDataset whose stages were not found: each item is timed whole as the raw load ({why_not})")
     else:
         timed = TimedDataset(dataset, pipeline)
         if pipeline is None:
@@ -291,5 +294,5 @@ def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[D
 def untimed_loader(loader: DataLoader, *, timeout: float | None = None) -> DataLoader:
     """The diagnosis's baseline: ``loader``'s pipeline run as is, its stages labelled but not timed."""
     pipeline, _ = find_pipeline(loader.dataset)
-    dataset = loader.dataset if pipeline is None else CachePointDataset(loader.dataset, pipeline, BASELINE)
+    dataset = loader.dataset if pipeline is None else cache_point_dataset(loader.dataset, pipeline, BASELINE)
     return loader_with(loader, dataset, timeout=timeout)

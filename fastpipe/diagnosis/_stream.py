@@ -1,0 +1,254 @@
+"""Cache points for streaming datasets (an ``IterableDataset``): capture in each worker, then replay.
+
+A stream cannot be re-read by index, so :class:`CachePointIterable` does in ``__iter__`` what
+:class:`~fastpipe.diagnosis._cache.CachePointDataset` does in ``__getitem__``: in each worker it reads the first
+``pool`` items of that worker's own share of the stream (the dataset's own sharding decides which), keeps them at the
+point, and from then on replays them, rerunning only the stages after the point. Two shapes of stream:
+
+* a transform the dataset's ``__iter__`` calls on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages`
+  with ``source=``): the transform is replaced on a copy by a recorder, exactly as for a map-style dataset, and each
+  item the stream yields is a template the rerun outputs are put back into; the source is not read while replaying;
+* a WebDataset chain (``kind="webdataset"``): the chain is cut after the point's stage, the cut chain's first
+  ``pool`` items are kept, and the rest of the chain (its own filters: maps, ``batched``, ``shuffle``...) runs on an
+  endless cycle of copies of them, so batching done in the pipeline stays in the pipeline.
+
+The replay never ends: the measurement counts the steps (:func:`fastpipe.diagnosis._measure.measure_until`), so a
+point's time per step is the steady state of the stages below it. A worker whose share of the stream is empty
+yields nothing, as it does in the user's loader. Copies are timed into the same shared ledger as the map-style cache.
+
+:class:`TimedStream` is the stage-cost pass's view of a stream: per-stage wall, CPU and run-queue time of each item.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from itertools import islice
+from typing import Any, Callable, Iterator
+
+from torch.utils.data import IterableDataset
+
+from fastpipe.diagnosis._cache import (
+    CachePointDataset,
+    PointProbe,
+    UnavailablePoint,
+    _Capture,
+    _Entry,
+    _entry_from,
+    _Recorder,
+    _within,
+    fresh_copy,
+    unplaceable,
+)
+from fastpipe.diagnosis._cachepoint import BASELINE, SAMPLE
+from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline
+
+
+class CachePointIterable(CachePointDataset, IterableDataset):
+    """A streaming dataset with data cached at one point (see the module docstring); the arguments are
+    :class:`~fastpipe.diagnosis._cache.CachePointDataset`'s. Never modifies the user's dataset."""
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # a stream without a length raises TypeError here, as the user's does
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.point == BASELINE:
+            return self._baseline()
+        if self.point == SAMPLE:
+            return _cycle(list(islice(iter(self.dataset), self.pool)))
+        if self.pipeline is not None and self.pipeline.kind == "webdataset":
+            return self._replay_chain()
+        entries = self.capture_items()
+        return self._replay_items(entries) if entries else iter(())
+
+    def _baseline(self) -> Iterator[Any]:
+        if self.pipeline is None or self.pipeline.kind == "webdataset":
+            return iter(self.dataset)
+        return iter(self.pipeline.with_transform(self.dataset, self.pipeline.run))  # a failure names its stage
+
+    # ----- a transform called on each item --------------------------------------------------------
+    def capture_items(self, count: int | None = None) -> list[_Entry]:
+        """The first ``count`` (default ``pool``) items of this process's share, each with the value at the point.
+
+        Raises UnavailablePoint when an item cannot be rebuilt from its capture (the transform's output is changed
+        before it is yielded, or items are buffered so calls and items do not pair up)."""
+        assert self.pipeline is not None and self.cut is not None
+        recorder = _Recorder(self.pipeline, self.cut, self.skip_copies)
+        stream = iter(self.pipeline.with_transform(self.dataset, recorder))
+        method = f"{type(self.dataset).__name__}.__iter__"
+        entries = []
+        try:
+            for _ in range(self.pool if count is None else count):
+                before = len(recorder.calls)
+                try:
+                    item = next(stream)
+                except StopIteration:
+                    break
+                calls = recorder.calls[before:]
+                reason = unplaceable(method, item, calls)
+                if reason is not None:
+                    raise UnavailablePoint.because(self.point, reason)
+                self.calls_per_sample = len(calls)
+                entries.append(_entry_from(_Capture(item, calls, None), self.skip_copies))
+        finally:
+            _close(stream)
+        return entries
+
+    def _replay_items(self, entries: list[_Entry]) -> Iterator[Any]:
+        while True:
+            for entry in entries:
+                yield self._serve(entry)
+
+    # ----- a WebDataset chain ---------------------------------------------------------------------
+    def _replay_chain(self) -> Iterator[Any]:
+        assert self.pipeline is not None and self.cut is not None
+        captured = list(islice(iter(cut_chain(self.dataset, self.pipeline, self.cut)), self.pool))
+        if not captured:
+            return
+        stream: Iterator[Any] = self._copies(captured)
+        for stage in self.pipeline.stages[self.cut :]:
+            stream = stage.transform(stream)
+        yield from stream
+
+    def _copies(self, captured: list[Any]) -> Iterator[Any]:
+        """Endless copies of the captured items (the rest of the chain may change them in place), timed."""
+        while True:
+            for value in captured:
+                began = self.clock()
+                copied = fresh_copy(value)
+                self._record(self.clock() - began, True)
+                yield copied
+
+
+def cut_chain(dataset: Any, pipeline: TransformPipeline, stop: int) -> Any:
+    """A shallow copy of a WebDataset ``DataPipeline`` that ends after its first ``stop`` stages (the shard read kept)."""
+    clone = copy.copy(dataset)
+    clone.pipeline = list(dataset.pipeline[: pipeline.offset + stop])
+    return clone
+
+
+def _cycle(items: list[Any]) -> Iterator[Any]:
+    while items:
+        yield from items
+
+
+def _close(stream: Iterator[Any]) -> None:
+    close = getattr(stream, "close", None)
+    if callable(close):
+        close()
+
+
+def probe_stream_point(dataset: Any, pipeline: TransformPipeline | None, point: str, *, timeout: float | None = None) -> PointProbe:
+    """:func:`fastpipe.diagnosis._cache.probe_point` for a stream: one item captured in this process (no worker, so
+    the whole stream is this process's share). A WebDataset chain is cut, not recorded, so it needs no probe."""
+    try:
+        cached = CachePointIterable(dataset, pipeline, point)
+    except UnavailablePoint as exc:
+        return PointProbe(point, exc.reason, None, False)
+    if cached.cut is None or (pipeline is not None and pipeline.kind == "webdataset"):
+        return PointProbe(point, None, None, cached.cut is not None)
+    try:
+        entries = _within(timeout, lambda: cached.capture_items(1), "reading the stream's first item in the main process")
+    except UnavailablePoint as exc:
+        return PointProbe(point, exc.reason, cached.calls_per_sample, False)
+    if not entries:
+        return PointProbe(point, "the stream yielded no item in the main process", None, False)
+    return PointProbe(point, None, cached.calls_per_sample, any(view.shared is None for view in entries[0].views))
+
+
+# ----- the stage-cost pass ------------------------------------------------------------------------
+
+
+class TimedStream(IterableDataset):
+    """A stream whose every item is timed by stage into this process's stage-cost ledger.
+
+    ``ledger`` is a callable returning the ledger (:mod:`fastpipe.diagnosis.stagecost._timing`'s), ``runner`` wraps a
+    pipeline so its stages report to it. A transform called per item is replaced (on a copy) by the timed runner, and
+    what the item took beyond its stages is the raw load. A WebDataset chain gets each filter timed in place: a
+    filter's own time is the time spent in it minus the time its upstream took, and each item leaving the shard read
+    counts as one sample (so with ``batched`` in the chain, costs stay per sample).
+    """
+
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        pipeline: TransformPipeline | None,
+        ledger: Callable[[], Any],
+        runner: Callable[[TransformPipeline], Any],
+    ) -> None:
+        self.dataset, self.pipeline, self.ledger, self.runner = dataset, pipeline, ledger, runner
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.pipeline is not None and self.pipeline.kind == "webdataset":
+            return self._timed_chain()
+        source = self.dataset if self.pipeline is None else self.pipeline.with_transform(self.dataset, self.runner(self.pipeline))
+        return self._timed_items(iter(source))
+
+    def _timed_items(self, source: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            ledger = self.ledger()
+            ledger.start_sample()
+            wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+            try:
+                item = next(source)
+            except StopIteration:
+                return
+            except StageError:
+                raise
+            except Exception as exc:
+                raise StageError.wrap(RAW_STAGE, exc) from exc
+            ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0, ledger.runq_clock() - runq0)
+            yield item
+
+    def _timed_chain(self) -> Iterator[Any]:
+        assert self.pipeline is not None
+        stream: Iterator[Any] = _Timed(RAW_STAGE, None, self.ledger, raw=True)(iter(cut_chain(self.dataset, self.pipeline, 0)))
+        for stage in self.pipeline.stages:
+            stream = _Timed(stage.name, stage.transform, self.ledger)(stream)
+        return stream
+
+
+class _Timed:
+    """One step of a chain, timed: its own time per item is the time its ``next`` took less its upstream's."""
+
+    def __init__(
+        self, name: str, step: Callable[[Iterator[Any]], Iterator[Any]] | None, ledger: Callable[[], Any], raw: bool = False
+    ) -> None:
+        self.name, self.step, self.ledger, self.raw = name, step, ledger, raw
+        self.upstream = [0.0, 0.0, 0.0]
+
+    def _feed(self, source: Iterator[Any]) -> Iterator[Any]:
+        """The upstream as the step sees it, its time counted (to be taken off the step's)."""
+        ledger = self.ledger()
+        while True:
+            wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+            try:
+                item = next(source)
+            except StopIteration:
+                return
+            self.upstream[0] += time.perf_counter() - wall0
+            self.upstream[1] += ledger.cpu_clock() - cpu0
+            self.upstream[2] += ledger.runq_clock() - runq0
+            yield item
+
+    def __call__(self, source: Iterator[Any]) -> Iterator[Any]:
+        ledger = self.ledger()
+        inner = source if self.step is None else iter(self.step(self._feed(source)))
+        while True:
+            self.upstream = [0.0, 0.0, 0.0]
+            wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+            try:
+                item = next(inner)
+            except StopIteration:
+                return
+            except StageError:
+                raise
+            except Exception as exc:
+                raise StageError.wrap(self.name, exc) from exc
+            wall = time.perf_counter() - wall0 - self.upstream[0]
+            cpu = ledger.cpu_clock() - cpu0 - self.upstream[1]
+            runq = ledger.runq_clock() - runq0 - self.upstream[2]
+            ledger.pending.add(self.name, max(0.0, wall), max(0.0, cpu), max(0.0, runq))
+            if self.raw:
+                ledger.pending.samples += 1
+            yield item
