@@ -427,14 +427,21 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     )
 
 
-def _resize_code(size: object, max_size: object) -> str:
+def _interpolation_code(leaf: object) -> str:
+    """``, interpolation=T.InterpolationMode.X`` for a transform that does not resize bilinearly (the default), else ``""``."""
+    mode = getattr(leaf, "interpolation", None)
+    name = getattr(mode, "name", None)  # an InterpolationMode; PIL's ints are left as the default
+    return f", interpolation=T.InterpolationMode.{name}" if name and name != "BILINEAR" else ""
+
+
+def _resize_code(size: object, max_size: object, interpolation: str = "") -> str:
     """``Resize(size, max_size=max_size)`` as Python, the geometry exactly: v2's when ``size`` is None (v1 needs a size)."""
     if isinstance(size, (list, tuple)) and len(size) == 1:
         size = size[0]  # Resize([s]) is Resize(s)
     size_code = list(size) if isinstance(size, (list, tuple)) else size
     if size is None:
-        return f"v2.Resize(size=None, max_size={max_size})"
-    return f"T.Resize({size_code}, max_size={max_size})" if max_size is not None else f"T.Resize({size_code})"
+        return f"v2.Resize(size=None, max_size={max_size}{interpolation})"
+    return f"T.Resize({size_code}" + (f", max_size={max_size}" if max_size is not None else "") + f"{interpolation})"
 
 
 def _absorbed_code(stage: object) -> list[str]:
@@ -461,10 +468,10 @@ def _head(transform: object | None, stop: str) -> str:
             break
         size = getattr(leaf, "size", None)
         if name == "Resize":
-            code.append(_resize_code(size, getattr(leaf, "max_size", None)))
+            code.append(_resize_code(size, getattr(leaf, "max_size", None), _interpolation_code(leaf)))
         elif name == "RandomResizedCrop" and size is not None:
             scale, ratio = tuple(getattr(leaf, "scale", (0.08, 1.0))), tuple(getattr(leaf, "ratio", (3 / 4, 4 / 3)))
-            code.append(f"T.RandomResizedCrop({list(size)}, scale={scale}, ratio={ratio})")
+            code.append(f"T.RandomResizedCrop({list(size)}, scale={scale}, ratio={ratio}{_interpolation_code(leaf)})")
         elif name in _CROPS and size is not None:
             code.append(f"T.{name}({list(size) if isinstance(size, (list, tuple)) else size})")
         elif name == "RandomHorizontalFlip":
