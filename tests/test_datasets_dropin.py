@@ -313,6 +313,8 @@ def best_shift(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
         v2.Compose([v2.CenterCrop((33, 48)), v2.PILToTensor()]),
         T.Compose([T.CenterCrop((311, 517)), T.PILToTensor()]),  # larger than the synthetic images: zero-padded
         T.Compose([T.Resize(40), T.CenterCrop((41, 35)), T.PILToTensor()]),  # a row taller than the resized landscape ones
+        T.Compose([T.Resize(280), T.CenterCrop(263), T.PILToTensor()]),  # the synthetic images are enlarged
+        T.Compose([T.Resize((131, 97)), T.CenterCrop(51), T.PILToTensor()]),  # the 131x97 image's own size: the box alone
     ],
     ids=[
         "resize-hw",
@@ -325,6 +327,8 @@ def best_shift(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
         "center-hw",
         "center-larger",
         "center-larger-one-side",
+        "resize-up-center",
+        "resize-to-own-size-center",
     ],
 )
 def test_absorbed_geometry_is_torchvisions_on_odd_sizes(odd_images: Path, recipe) -> None:
