@@ -7,7 +7,9 @@ DCT scale that still covers that size, so a large photo is never decoded at full
 centre is sliced from that, at the integer offsets torchvision's ``center_crop`` computes. The
 box cannot be cut before resizing instead: the centre crop's edges fall between source pixels,
 and the op takes an integer box, so that would shift the image by up to half a source pixel.
-A ``CenterCrop`` alone needs no resize, so only its box is decoded.
+A ``CenterCrop`` alone needs no resize, so only its box is decoded; that shortcut is taken only
+when the resize leaves the image's size as it is (``Resize(size=None, max_size=m)`` does resize,
+so its centre is in resized coordinates and is sliced from the resized decode like any other).
 
 A crop larger than the image is padded with zeros, as torchvision's ``center_crop`` does, by
 calling it on the decoded tensor. No random draw is made except the flip's coin.
@@ -80,11 +82,13 @@ class DecodeResized:
         else:
             crop_h, crop_w = self.crop
             top, left = int(round((out_h - crop_h) / 2.0)), int(round((out_w - crop_w) / 2.0))
-            if top < 0 or left < 0:  # larger than the image: torchvision pads; let its own kernel do it
+            # larger than the image in either side: torchvision pads; let its own kernel do it. (Not ``top < 0``:
+            # a crop one pixel taller than the image has top = round(-0.5) = 0, and slicing would return it short.)
+            if crop_h > out_h or crop_w > out_w:
                 from torchvision.transforms.v2.functional import center_crop
 
                 image = center_crop(self._decode(data, (0, 0, height, width), (out_h, out_w)), [crop_h, crop_w])
-            elif self.resize is None:  # no resize: decode the box alone
+            elif (out_h, out_w) == (height, width):  # no resize (or one to the image's own size): decode the box alone
                 image = self._decode(data, (top, left, crop_h, crop_w), (crop_h, crop_w))
             else:
                 image = self._decode(data, (0, 0, height, width), (out_h, out_w))[:, top : top + crop_h, left : left + crop_w]

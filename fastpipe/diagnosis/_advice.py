@@ -203,6 +203,7 @@ dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.Im
 
 _UINT8_SNIPPET = """\
 import torchvision.transforms as T
+import torchvision.transforms.v2 as v2  # for v2.Resize(size=None, max_size=m), which v1 cannot write
 from fastpipe.transforms import Normalize
 
 # in the workers: uint8 out (PILToTensor), a quarter of float32's bytes, no per-pixel arithmetic
@@ -426,6 +427,23 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     )
 
 
+def _interpolation_code(leaf: object) -> str:
+    """``, interpolation=T.InterpolationMode.X`` for a transform that does not resize bilinearly (the default), else ``""``."""
+    mode = getattr(leaf, "interpolation", None)
+    name = getattr(mode, "name", None)  # an InterpolationMode; PIL's ints are left as the default
+    return f", interpolation=T.InterpolationMode.{name}" if name and name != "BILINEAR" else ""
+
+
+def _resize_code(size: object, max_size: object, interpolation: str = "") -> str:
+    """``Resize(size, max_size=max_size)`` as Python, the geometry exactly: v2's when ``size`` is None (v1 needs a size)."""
+    if isinstance(size, (list, tuple)) and len(size) == 1:
+        size = size[0]  # Resize([s]) is Resize(s)
+    size_code = list(size) if isinstance(size, (list, tuple)) else size
+    if size is None:
+        return f"v2.Resize(size=None, max_size={max_size}{interpolation})"
+    return f"T.Resize({size_code}" + (f", max_size={max_size}" if max_size is not None else "") + f"{interpolation})"
+
+
 def _absorbed_code(stage: object) -> list[str]:
     """The torchvision transforms a decode stage of fastpipe's ImageFolder stands for, as Python."""
     code = []
@@ -434,8 +452,8 @@ def _absorbed_code(stage: object) -> list[str]:
             f"T.RandomResizedCrop({list(getattr(stage, 'size'))}, scale={getattr(stage, 'scale')}, ratio={getattr(stage, 'ratio')})"
         )
     else:
-        resize, crop = getattr(stage, "resize", None), getattr(stage, "crop", None)
-        code += [f"T.Resize({resize[0] if resize and len(resize) == 1 else resize})"] if resize else []
+        resize, max_size, crop = getattr(stage, "resize", None), getattr(stage, "max_size", None), getattr(stage, "crop", None)
+        code += [_resize_code(resize, max_size)] if resize is not None or max_size is not None else []
         code += [f"T.CenterCrop({list(crop)})"] if crop else []
     hflip = getattr(stage, "hflip", 0.0)
     return code + ([f"T.RandomHorizontalFlip(p={hflip})"] if hflip else [])
@@ -449,7 +467,12 @@ def _head(transform: object | None, stop: str) -> str:
         if name == stop or name in _FLOAT_OUT or name in ("ToTensor", "PILToTensor"):
             break
         size = getattr(leaf, "size", None)
-        if name in _CROPS and size is not None:
+        if name == "Resize":
+            code.append(_resize_code(size, getattr(leaf, "max_size", None), _interpolation_code(leaf)))
+        elif name == "RandomResizedCrop" and size is not None:
+            scale, ratio = tuple(getattr(leaf, "scale", (0.08, 1.0))), tuple(getattr(leaf, "ratio", (3 / 4, 4 / 3)))
+            code.append(f"T.RandomResizedCrop({list(size)}, scale={scale}, ratio={ratio}{_interpolation_code(leaf)})")
+        elif name in _CROPS and size is not None:
             code.append(f"T.{name}({list(size) if isinstance(size, (list, tuple)) else size})")
         elif name == "RandomHorizontalFlip":
             code.append(f"T.RandomHorizontalFlip(p={getattr(leaf, 'p', 0.5)})")
