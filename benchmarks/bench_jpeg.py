@@ -11,6 +11,10 @@ the way a Dataset's ``__getitem__`` does (read the file, decode, crop, resize, f
   above the box's last row (every scan of a progressive file), which any libjpeg-based decoder must
   do before it has the box's pixels: the lowest cost the op could reach. A speed goal that needs
   less than this is out of reach for a libjpeg decode, and the targets table says so;
+* ``fastpipe-portable-resize``, ``fastpipe-no-resize``: fastpipe's path with the op's resize forced to its
+  portable kernels, or skipped (output unwritten), for the whole timed pass
+  (``torch.ops.fastpipe._jpeg_set_resize_kernel``): the dispatched (AVX2) resize against the portable one, and
+  the resize's share of the op, in the same rounds (rows absent when the loaded op cannot choose);
 * ``pil-decode``, ``torchvision-decode``: a full decode alone, for scale;
 * peers, each optional (a row says "not installed" or why it cannot run): ``simplejpeg`` (decode +
   v2 crop), NVIDIA DALI's CPU pipeline (``Pipeline(device_id=None)``, ``fn.decoders.image_random_crop``,
@@ -172,9 +176,67 @@ def main_candidates() -> dict[str, tuple[str, Callable[[Path], Any]]]:
             if fjpeg.JPEG_OP_AVAILABLE
             else {}
         ),
+        **(
+            {
+                "fastpipe-portable-resize": (
+                    "fastpipe, its resize forced to the portable kernels (the SSE2 / compiler-vectorised ones it had before the AVX2 ones)",
+                    fastpipe_sample,
+                ),
+                "fastpipe-no-resize": (
+                    "fastpipe with both resize passes skipped (output unwritten): the op's decode alone, for the resize's share",
+                    fastpipe_sample,
+                ),
+            }
+            if resize_kernels_available()
+            else {}
+        ),
         "pil-decode": ("PIL decode alone, full image", pil_open),
         "torchvision-decode": ("torchvision.io.decode_jpeg alone, full image", tv_decode),
     }
+
+
+# The resize kernel each fastpipe candidate runs with (torch.ops.fastpipe._jpeg_set_resize_kernel), set for
+# the whole timed pass, so all three run in the same rounds and nothing per image is added to any of them.
+RESIZE_KERNEL = {"fastpipe": "auto", "fastpipe-wall": "auto", "fastpipe-portable-resize": "portable", "fastpipe-no-resize": "skip"}
+
+
+def resize_kernels_available() -> bool:
+    """Whether the loaded op can choose its resize kernels (a fastpipe._jpeg built with csrc/jpeg/resize.cpp)."""
+    return fjpeg.JPEG_OP_AVAILABLE and hasattr(torch.ops.fastpipe, "_jpeg_set_resize_kernel")
+
+
+def with_resize_kernel(kernel: str | None, run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` with the op's resize kernel set to ``kernel`` while it runs (unchanged when None or not available)."""
+    if kernel is None or not resize_kernels_available():
+        return run
+
+    def wrapped() -> Any:
+        before = torch.ops.fastpipe._jpeg_set_resize_kernel(kernel)
+        try:
+            return run()
+        finally:
+            torch.ops.fastpipe._jpeg_set_resize_kernel(before)
+
+    return wrapped
+
+
+def resize_summary(rows: dict[str, Row]) -> list[str]:
+    """The resize kernels' figures from this run's rows (issue 25, item 3): the op path with each kernel, the resize's
+    share, and each one's ratio to the entropy floor."""
+    names = ("fastpipe", "fastpipe-portable-resize", "fastpipe-no-resize", "entropy-floor")
+    if not all(n in rows and rows[n].status == "ok" and rows[n].per_round_ms for n in names):
+        return []
+    fast, portable, skipped, floor = (rows[n].median_ms for n in names)
+    kernel = torch.ops.fastpipe._jpeg_resize_kernels()[0]
+    return [
+        f"Resize kernels, this run (thread CPU, ms per image, medians): fastpipe with the dispatched kernel ({kernel}) {fast:.3f}, "
+        f"with the portable kernel {portable:.3f} ({portable / fast:.2f}x), with the resize skipped {skipped:.3f}. "
+        f"The resize costs {portable - skipped:.3f} ms portable and {fast - skipped:.3f} ms dispatched "
+        f"({(fast - skipped) / fast:.0%} of fastpipe's per-sample cost); "
+        f"per sample / entropy floor: dispatched {fast / floor:.2f}x, portable {portable / floor:.2f}x, with no resize at all {skipped / floor:.2f}x "
+        "(goal <= 1.3x).",
+        "",
+    ]
 
 
 def simplejpeg_candidate() -> tuple[str, Callable[[Path], Any] | None, str]:
@@ -682,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     fns: dict[str, Callable[[], float]] = {}
     for name, (what, fn) in main_candidates().items():
         rows[name] = Row(name, what, "thread CPU")
-        fns[name] = over_files(fn, files, time.thread_time)
+        fns[name] = with_resize_kernel(RESIZE_KERNEL.get(name), over_files(fn, files, time.thread_time))
     # SPDL's FFmpeg may decode in threads of its own: wall time, compared with fastpipe-wall.
     for name, (what, fn, status), clock in (
         ("simplejpeg", simplejpeg_candidate(), "thread CPU"),
@@ -701,7 +763,9 @@ def main(argv: list[str] | None = None) -> int:
     if dali is not None:
         fns["dali-cpu"] = dali
     rows["fastpipe-wall"] = Row("fastpipe-wall", "fastpipe, one thread, wall time (DALI's comparison)", "wall")
-    fns["fastpipe-wall"] = over_files(main_candidates()["fastpipe"][1], files, time.perf_counter)
+    fns["fastpipe-wall"] = with_resize_kernel(
+        RESIZE_KERNEL["fastpipe-wall"], over_files(main_candidates()["fastpipe"][1], files, time.perf_counter)
+    )
 
     for fn in fns.values():  # warm-up: page cache, lazy imports, allocators
         fn()
@@ -748,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         if rows[name].status == "ok" and rows[name].clock == "wall":
             ratio[f"{name} (wall, vs fastpipe-wall)"] = rows[name].median_ms / rows["fastpipe-wall"].median_ms
     lines += ["Cost ratios to fastpipe, this run: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if k != "fastpipe"), ""]
+    lines += resize_summary(rows)
     lines += ["By kind of file (same runs; thread CPU):", "", *by_flavour, ""]
     if loader_rows:
         lines += [

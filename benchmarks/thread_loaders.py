@@ -11,7 +11,9 @@ Loaders, each over the same files, 224x224 RandomResizedCrop + flip, batch ``--b
 Every round runs each loader for one epoch in a fresh random order; the table gives the median of
 the rounds' images/s. In the same rounds, on one thread: the op alone (bytes read and boxes drawn
 beforehand: only ``decode_jpeg_crop`` timed), and fastpipe's per-sample path and its entropy floor
-(read, header, draw, then the decode or only the Huffman decoding it cannot skip).
+(read, header, draw, then the decode or only the Huffman decoding it cannot skip), and the same sample
+path with the op's resize forced to its portable kernels or skipped (not targets: what the AVX2 resize
+gained and what the resize still costs).
 
 Memory: each loader runs in a fresh process (``python benchmarks/thread_loaders.py --pss KIND``) for
 one epoch; at its end, with the workers still alive, the PSS of that process and all its children
@@ -257,7 +259,7 @@ def _pss_child(kind: str, files: list[Path], batch: int) -> None:
 
 def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = True) -> tuple[list[str], list[tuple[str, float, str]], dict]:
     """Runs the section; returns (markdown lines, targets as (name, ratio, verdict), JSON payload)."""
-    from bench_jpeg import NOT_MEASURED, dali_epoch, main_candidates  # noqa: PLC0415
+    from bench_jpeg import NOT_MEASURED, RESIZE_KERNEL, dali_epoch, main_candidates, with_resize_kernel  # noqa: PLC0415
 
     torch.set_num_threads(1)
     loaders: dict[str, Callable[[], float]] = {}
@@ -278,6 +280,12 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
     single = {"op alone (1 thread)": op_alone(files), "fastpipe sample (1 thread)": per_sample(candidates["fastpipe"][1], files)}
     if "entropy-floor" in candidates:
         single["entropy floor (1 thread)"] = per_sample(candidates["entropy-floor"][1], files)
+    for candidate, name in (
+        ("fastpipe-portable-resize", "fastpipe sample, portable resize (1 thread)"),
+        ("fastpipe-no-resize", "fastpipe sample, resize skipped (1 thread)"),
+    ):
+        if candidate in candidates:  # the same sample path with the op's resize kernel forced for the pass (issue 25, item 3)
+            single[name] = with_resize_kernel(RESIZE_KERNEL[candidate], per_sample(candidates[candidate][1], files))
     prepared, n_progressive = prepared_variants(files)
     single.update(prepared)
     for fn in single.values():

@@ -9,10 +9,10 @@
 //
 // Resizing: PIL's BILINEAR ("triangle filter, support scaled by the shrink factor") with PIL's
 // own coefficient rules (precompute_coeffs in Pillow's Resample.c), separable, in fixed point:
-// a vertical pass over whole RGBX rows (vectorised by the compiler: one weight across a
-// contiguous row) into a 16-bit intermediate with 6 fractional bits, then a horizontal pass
-// (SSE2 _mm_madd_epi16, two taps and four channels per instruction, four output pixels at a
-// time) whose RGBX result is split into the planar CHW output; the flip is fused by listing
+// a vertical pass over whole RGBX rows into a 16-bit intermediate with 6 fractional bits, then
+// a horizontal pass (_mm_madd_epi16-style pairs: two taps and four channels per instruction)
+// whose RGBX result is split into the planar CHW output; both passes live in resize.cpp, which
+// picks an AVX2 or a portable kernel at run time (the same bytes either way); the flip is fused by listing
 // the output pixels' taps in reverse. PIL rounds to uint8 between its passes and runs them in the
 // other order, so results differ from PIL by rounding (see fastpipe/ops/jpeg.py for the tolerance).
 //
@@ -30,12 +30,9 @@
 #include <string>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "decode_jpeg_crop.h"
 #include "decompressor.h"
+#include "resize.h"
 #include "../clones.h"  // FASTPIPE_CLONES: AVX2 and baseline, picked at load time
 
 namespace fastpipe {
@@ -112,30 +109,11 @@ Coefficients precompute(int in_size, double in0, double in1, int out_size, int b
   return c;
 }
 
-constexpr int kVerticalBits = 14;    // vertical weights: 255 << 14 fits easily in int32
-constexpr int kFractionBits = 6;     // the intermediate keeps 6 fractional bits: 255 << 6 < 2**15
-constexpr int kHorizontalBits = 14;  // int16 weights times the int16 intermediate, summed in int32
-constexpr int kFinalShift = kFractionBits + kHorizontalBits;
+using resize::kFinalShift;
+using resize::kHorizontalBits;
+using resize::kVerticalBits;
 
 #define FASTPIPE_INLINE inline __attribute__((always_inline))
-
-// One output row of the vertical pass: rows[k] weighted by w[k], over n contiguous bytes.
-FASTPIPE_CLONES
-void vertical_row(const uint8_t* const* rows, const int32_t* w, int taps, int n, int32_t* acc, int16_t* out) {
-  {
-    const uint8_t* r = rows[0];
-    const int32_t w0 = w[0];
-    for (int i = 0; i < n; ++i) acc[i] = w0 * static_cast<int32_t>(r[i]);
-  }
-  for (int k = 1; k < taps; ++k) {
-    const uint8_t* r = rows[k];
-    const int32_t wk = w[k];
-    for (int i = 0; i < n; ++i) acc[i] += wk * static_cast<int32_t>(r[i]);
-  }
-  constexpr int shift = kVerticalBits - kFractionBits;
-  constexpr int32_t half = 1 << (shift - 1);
-  for (int i = 0; i < n; ++i) out[i] = static_cast<int16_t>((acc[i] + half) >> shift);
-}
 
 inline uint8_t clip8(int32_t v) {
   v >>= kFinalShift;
@@ -192,84 +170,6 @@ FASTPIPE_INLINE void horizontal_dispatch(const int16_t* row, const int* first, c
     default: return horizontal_row_any<C>(row, first, weights, ksize, out_w, hflip, planes);
   }
 }
-
-#if defined(__SSE2__)
-// RGBX rows with SSE2 (x86-64's baseline): two taps at a time, each channel's pair of samples
-// interleaved with the pair of weights, so one _mm_madd_epi16 does 8 multiply-adds. `pairs`
-// holds, per output pixel, NP int32 words (w[2j] | w[2j+1] << 16), the odd tail paired with 0.
-template <int NP>
-FASTPIPE_INLINE __m128i rgbx_pixel(const int16_t* row, int first, const int32_t* w, int n_pairs, __m128i half) {
-  const int16_t* src = row + static_cast<size_t>(first) * 4;
-  __m128i acc = half;
-  for (int j = 0; j < (NP > 0 ? NP : n_pairs); ++j) {
-    const __m128i two = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * 8));  // pixels 2j, 2j+1
-    const __m128i interleaved = _mm_unpacklo_epi16(two, _mm_srli_si128(two, 8));      // per channel: (2j, 2j+1)
-    acc = _mm_add_epi32(acc, _mm_madd_epi16(interleaved, _mm_set1_epi32(w[j])));
-  }
-  return _mm_srai_epi32(acc, kFinalShift);
-}
-
-// Four output pixels per step (independent chains), packed with saturation to 16 RGBX bytes in
-// `rgbx`, then split into the three planes by a plain loop the compiler vectorises.
-template <int NP>
-FASTPIPE_INLINE void horizontal_rgbx_sse2(const int16_t* row, const int* first, const int32_t* pairs, int np, int out_w, uint8_t* rgbx,
-                                          uint8_t* const* planes) {
-  const __m128i half = _mm_set1_epi32(1 << (kFinalShift - 1));
-  const int n_pairs = NP > 0 ? NP : np;
-  int xo = 0;
-  for (; xo + 4 <= out_w; xo += 4) {
-    const int32_t* w = pairs + static_cast<size_t>(xo) * n_pairs;
-    const __m128i a = rgbx_pixel<NP>(row, first[xo], w, n_pairs, half);
-    const __m128i b = rgbx_pixel<NP>(row, first[xo + 1], w + n_pairs, n_pairs, half);
-    const __m128i c = rgbx_pixel<NP>(row, first[xo + 2], w + 2 * n_pairs, n_pairs, half);
-    const __m128i d = rgbx_pixel<NP>(row, first[xo + 3], w + 3 * n_pairs, n_pairs, half);
-    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(rgbx + static_cast<size_t>(xo) * 4), packed);
-  }
-  for (; xo < out_w; ++xo) {
-    const __m128i a = rgbx_pixel<NP>(row, first[xo], pairs + static_cast<size_t>(xo) * n_pairs, n_pairs, half);
-    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(a, a), a);
-    const uint32_t px = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
-    std::memcpy(rgbx + static_cast<size_t>(xo) * 4, &px, 4);
-  }
-  uint8_t* const p0 = planes[0];
-  uint8_t* const p1 = planes[1];
-  uint8_t* const p2 = planes[2];
-  const __m128i low = _mm_set1_epi32(0xFF);
-  int x = 0;
-  for (; x + 16 <= out_w; x += 16) {  // 16 RGBX pixels into 16 bytes of each plane
-    __m128i v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rgbx + static_cast<size_t>(x + 4 * i) * 4));
-    uint8_t* const dst[3] = {p0 + x, p1 + x, p2 + x};
-    for (int c = 0; c < 3; ++c) {
-      __m128i ch[4];
-      for (int i = 0; i < 4; ++i) ch[i] = _mm_and_si128(_mm_srli_epi32(v[i], 8 * c), low);
-      const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(ch[0], ch[1]), _mm_packs_epi32(ch[2], ch[3]));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[c]), bytes);
-    }
-  }
-  for (; x < out_w; ++x) {
-    p0[x] = rgbx[4 * x];
-    p1[x] = rgbx[4 * x + 1];
-    p2[x] = rgbx[4 * x + 2];
-  }
-}
-
-// The flip is already in `first` and `pairs` (listed from the last output pixel to the first).
-void horizontal_row4_sse2(const int16_t* row, const int* first, const int32_t* pairs, int np, int out_w, uint8_t* rgbx, uint8_t* const* planes) {
-  switch (np) {  // ksize = 2 * ceil(shrink factor) + 1 taps: 2 pairs when enlarging, 3 up to 2x shrink
-    case 2: return horizontal_rgbx_sse2<2>(row, first, pairs, np, out_w, rgbx, planes);
-    case 3: return horizontal_rgbx_sse2<3>(row, first, pairs, np, out_w, rgbx, planes);
-    case 4: return horizontal_rgbx_sse2<4>(row, first, pairs, np, out_w, rgbx, planes);
-    default: return horizontal_rgbx_sse2<0>(row, first, pairs, np, out_w, rgbx, planes);
-  }
-}
-#else
-FASTPIPE_CLONES
-void horizontal_row4(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip, uint8_t* const* planes) {
-  horizontal_dispatch<4>(row, first, weights, ksize, out_w, hflip, planes);
-}
-#endif
 
 FASTPIPE_CLONES
 void horizontal_row1(const int16_t* row, const int* first, const int16_t* weights, int ksize, int out_w, bool hflip, uint8_t* const* planes) {
@@ -418,14 +318,16 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
   const int padded = n + horiz.ksize * channels;
   int16_t* mid = Scratch::at_least(buffers.mid, static_cast<size_t>(out_h) * padded);
   int32_t* acc = Scratch::at_least(buffers.acc, static_cast<size_t>(n));
+  const resize::Kernel kernel = resize::current_kernel();  // one kernel for the whole image (resize.cpp)
+  const int resized_rows = kernel == resize::Kernel::kSkip ? 0 : static_cast<int>(out_h);  // skip: a timing aid, output unwritten
   std::vector<const uint8_t*> taps(vert.ksize);
-  for (int y = 0; y < out_h; ++y) {
+  for (int y = 0; y < resized_rows; ++y) {
     const int count = vert.count[y];
     for (int k = 0; k < count; ++k) {
       taps[k] = pixels_ptr + stride * (vert.first[y] - vert.lo + k) + static_cast<size_t>(col0) * channels;
     }
     int16_t* row = mid + static_cast<size_t>(y) * padded;
-    vertical_row(taps.data(), &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc, row);
+    resize::vertical_row(kernel, taps.data(), &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc, row);
     std::memset(row + n, 0, sizeof(int16_t) * (padded - n));
   }
 
@@ -433,7 +335,7 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
   std::vector<int16_t> hweights(horiz.weights.begin(), horiz.weights.end());  // <= 1 << 14: fits
   std::vector<int> hfirst(out_w);
   for (int x = 0; x < out_w; ++x) hfirst[x] = horiz.first[x] - horiz.lo;
-  // The same weights as int32 pairs (w[2j] | w[2j+1] << 16) for the SSE2 kernel's _mm_madd_epi16.
+  // The same weights as int32 pairs (w[2j] | w[2j+1] << 16) for the RGBX kernels' madd (resize.h).
   const int n_pairs = (horiz.ksize + 1) / 2;
   int32_t* pairs = Scratch::at_least(buffers.pairs, static_cast<size_t>(out_w) * n_pairs);
   std::vector<int> pair_first(out_w);
@@ -449,21 +351,17 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
   }
   uint8_t* rgbx = Scratch::at_least(buffers.rgbx, static_cast<size_t>(out_w) * 4 + 16);
   const size_t plane = static_cast<size_t>(out_h) * out_w;
-  for (int y = 0; y < out_h; ++y) {
+  for (int y = 0; y < resized_rows; ++y) {
     const int16_t* row = mid + static_cast<size_t>(y) * padded;
     uint8_t* planes[3] = {base + static_cast<size_t>(y) * out_w, base + plane + static_cast<size_t>(y) * out_w,
                           base + 2 * plane + static_cast<size_t>(y) * out_w};
     if (channels == 4) {
-#if defined(__SSE2__)
-      horizontal_row4_sse2(row, pair_first.data(), pairs, n_pairs, static_cast<int>(out_w), rgbx, planes);
-#else
-      horizontal_row4(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
-#endif
+      resize::horizontal_row4(kernel, row, pair_first.data(), pairs, n_pairs, static_cast<int>(out_w), rgbx, planes);
     } else {
       horizontal_row1(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
     }
   }
-  if (channels == 1) {  // greyscale expands to three equal channels, as PIL's convert("RGB")
+  if (channels == 1 && resized_rows > 0) {  // greyscale expands to three equal channels, as PIL's convert("RGB")
     std::memcpy(base + plane, base, plane);
     std::memcpy(base + 2 * plane, base, plane);
   }

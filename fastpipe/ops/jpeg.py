@@ -4,7 +4,9 @@
 (``csrc/jpeg/``, built as the optional extension ``fastpipe._jpeg`` on libjpeg-turbo) decodes
 only the rows and iMCU columns the box needs, at 1/2, 1/4 or 1/8 DCT scale when the scaled
 box still covers the output, and resizes with a fixed-point separable triangle filter (PIL's
-BILINEAR, antialiased when shrinking) with the horizontal flip fused. Anything the op cannot
+BILINEAR, antialiased when shrinking) with the horizontal flip fused; its two passes run AVX2
+kernels where the CPU has them and portable ones elsewhere, chosen at run time with the same
+bytes out (``csrc/jpeg/resize.cpp``, ``tests/test_jpeg_resize.py``). Anything the op cannot
 serve falls back to PIL with the same crop semantics: non-JPEG files (detected by magic
 bytes), and every file when the extension was not built (``JPEG_OP_AVAILABLE`` says which;
 ``which_decoder`` says which path a given file takes).
