@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check fastpipe tests benchmarks examples
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

@@ -190,7 +190,7 @@ def test_nothing_the_user_owns_changes() -> None:
     generator_before = generator.get_state().clone()
     rng_before = (torch.get_rng_state().clone(), pickle.dumps(np.random.get_state()))
 
-    report = diagnose(loader, step, "cpu", steps=4, warmup=1, model=model, optimizer=optimizer, progress=False, threshold=0.0)
+    report = diagnose(loader, step, "cpu", steps=4, warmup=1, budget=2.0, model=model, optimizer=optimizer, progress=False, threshold=0.0)
 
     assert report.experiments  # it really ran
     after = model.state_dict()
