@@ -96,8 +96,12 @@ def test_pixel_limit_raises_under_pil(files: list[torch.Tensor], monkeypatch: py
 
 
 def test_bad_arguments_say_what_to_change(files: list[torch.Tensor]) -> None:
-    with pytest.raises(ConfigError, match="2 files but 1 boxes"):
+    with pytest.raises(ConfigError, match=r"boxes must have shape \(2, 4\)"):
         decode_jpeg_crop_batch(files[:2], _boxes(1), (16, 16))
+    with pytest.raises(ConfigError, match=r"got \(4, 2\)"):  # transposed: reshape(-1, 4) took it
+        decode_jpeg_crop_batch(files[:2], _boxes(2).T.contiguous(), (16, 16))
+    with pytest.raises(ConfigError, match=r"got \(8,\)"):  # flat
+        decode_jpeg_crop_batch(files[:2], _boxes(2).flatten(), (16, 16))
     with pytest.raises(ConfigError, match="threads"):
         decode_jpeg_crop_batch(files[:2], _boxes(2), (16, 16), threads=0)
     with pytest.raises(ConfigError, match="contiguous uint8"):
@@ -112,3 +116,19 @@ def test_cpu_fallback_without_the_extension(files: list[torch.Tensor], monkeypat
     result = decode_jpeg_crop_batch(files[:2], _boxes(2), (16, 16))
     assert result.pil == [0, 1]
     assert torch.equal(result.images[1], jpeg.decode_pil(files[1], tuple(_boxes(2)[1].tolist()), (16, 16)))
+
+
+def test_a_failed_non_jpeg_is_reported_once_and_a_fresh_output_is_zeroed(files: list[torch.Tensor]) -> None:
+    """Under "skip" a damaged PNG is in ``failed`` only (not also in ``pil``), and the slot of a failed file in the
+    tensor the op made is zeros, not left-over memory."""
+    png = _encode(np.zeros((200, 300, 3), dtype=np.uint8) + 90, "PNG")
+    damaged = png[: png.numel() // 2].clone()
+    truncated = files[1][: files[1].numel() // 3].clone()
+    data = [files[0], damaged, truncated, png]
+    for _ in range(3):  # left-over memory of the same size, full of 255s, for the allocator to hand back
+        garbage = torch.full((4, 3, 16, 16), 255, dtype=torch.uint8)
+        del garbage
+        result = decode_jpeg_crop_batch(data, _boxes(4), (16, 16), on_error="skip")
+        assert sorted(f.index for f in result.failed) == [1, 2]
+        assert result.pil == [3]
+        assert (result.images[1] == 0).all() and (result.images[2] == 0).all()
