@@ -358,3 +358,30 @@ def test_with_dataset_maps_dataloader_settings(corpus: Path) -> None:
     assert loader.with_dataset(loader.dataset, num_workers=0).threads == 1
     with pytest.raises(ConfigError, match="cannot change"):
         loader.with_dataset(loader.dataset, persistent_workers=True)
+
+
+def test_no_private_names_from_other_packages_and_sorted_exports() -> None:
+    """The loader's modules import other packages' public names only; ``fastpipe.datasets.__all__`` is sorted."""
+    import ast
+
+    import fastpipe.datasets
+
+    root = Path(fastpipe.datasets.__file__).parent
+    for name in ("threaded.py", "_thread_epoch.py", "_thread_ring.py", "_draws.py"):
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("fastpipe.datasets"):
+                private = [part for part in node.module.split(".") if part.startswith("_")]
+                private += [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert not (node.module.startswith("fastpipe") and private), f"{name} imports {private} from {node.module}"
+    assert fastpipe.datasets.__all__ == sorted(fastpipe.datasets.__all__)
+
+
+def test_stats_report_what_was_allocated(corpus: Path) -> None:
+    dataset = ImageFolder(corpus, size=16)
+    loader = ThreadLoader(dataset, batch_size=None, batch_sampler=[[0, 1], [2, 3, 4], [5], [6, 7]], threads=1)
+    sizes = [len(labels) for _images, labels in loader]
+    stats_ = loader.stats()
+    assert sizes == [2, 3, 1, 2] and stats_["grown"] == 1, "sized from the batches received: 2, then grown to 3"
+    per_3, per_2 = 3 * (3 * 16 * 16 + 8), 2 * (3 * 16 * 16 + 8)  # the first 2-image buffer is dropped at its next take
+    made = {a * per_3 + b * per_2 for a in range(1, loader.slots + 1) for b in (0, 1) if a + b <= loader.slots}
+    assert stats_["ring_bytes"] in made, (stats_["ring_bytes"], sorted(made))

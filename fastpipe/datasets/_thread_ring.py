@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from fastpipe.loading.recycle._hostpin import storage_refs
+from fastpipe.loading.recycle import storage_refs
 
 LABEL_BYTES = 8  # int64 labels
 #: storage_refs() of a buffer only the ring holds.
@@ -80,7 +80,8 @@ class BufferRing:
             self.events["batches"] += 1
             if n is not None and n > self.batch_size:
                 self._resize(n)
-                self.events["grown"] += 1
+                if self._owned:  # buffers made for smaller batches exist: growth (else the first sizing)
+                    self.events["grown"] += 1
                 for old in self._free:
                     self._drop(old)
                 self._free.clear()

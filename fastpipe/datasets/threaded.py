@@ -50,7 +50,7 @@ from fastpipe.datasets._thread_ring import BufferRing
 from fastpipe.datasets.crop import DecodeCrop
 from fastpipe.datasets.folder import DatasetFolder
 from fastpipe.errors import ConfigError
-from fastpipe.loading.recycle._loader import _LIVE
+from fastpipe.loading.recycle import register_releaser
 from fastpipe.ops.jpeg_batch import MAX_THREADS
 
 #: Why the per-stage cache points do not apply: the diagnosis reads it (StagesOutsideWorkers).
@@ -125,7 +125,7 @@ class ThreadLoader:
         self._counters: Counter[str] = Counter()
         self._ring: BufferRing | None = None
         self._epoch: weakref.ReferenceType[ThreadEpoch] | None = None  # weak: dropping the iterator stops its threads
-        _LIVE.add(self)  # fastpipe.release(batch) and releasing(batch) ask every live loader, recycled ones and this
+        register_releaser(self)  # fastpipe.release(batch) and releasing(batch) ask every live loader, recycled ones and this
 
     # The DataLoader settings, for code (and the diagnosis) that reads them.
     batch_size = property(lambda self: self._indices.batch_size)
