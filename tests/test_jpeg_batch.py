@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,37 @@ def test_a_failed_non_jpeg_is_reported_once_and_a_fresh_output_is_zeroed(files: 
         assert sorted(f.index for f in result.failed) == [1, 2]
         assert result.pil == [3]
         assert (result.images[1] == 0).all() and (result.images[2] == 0).all()
+
+
+_NO_THREADS = """
+import io, resource
+import numpy as np, torch
+from PIL import Image
+from fastpipe.ops.jpeg_batch import decode_jpeg_crop_batch
+buf = io.BytesIO()
+Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(buf, "JPEG")
+data = [torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8) for _ in range(8)]
+boxes = [[0, 0, 64, 64]] * 8
+decode_jpeg_crop_batch(data, boxes, (16, 16), threads=1)
+for margin in (12, 2):  # room for one more thread stack (8 MiB), then for none
+    out = torch.zeros((8, 3, 16, 16), dtype=torch.uint8)
+    vm = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (margin << 20), resource.RLIM_INFINITY))
+    result = decode_jpeg_crop_batch(data, boxes, (16, 16), out=out, threads=8)
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("ok", margin, bool((out == 90).all()), len(result.failed))
+"""
+
+
+@requires_op
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc (Linux)")
+def test_threads_that_cannot_start_leave_the_work_to_those_that_did() -> None:
+    """Under an address-space limit with room for one extra thread stack, the second std::thread cannot start: before
+    the fix the first, still joinable, made the unwinding call std::terminate (the process aborted); with no room at
+    all the call failed. Now the started threads (the caller included) decode every image."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _NO_THREADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.split("\n")[:2] == ["ok 12 True 0", "ok 2 True 0"], done.stdout
