@@ -235,3 +235,30 @@ def test_fastpipes_own_parts_get_workers_tune_or_device_decode_never_compile(mak
     from fastpipe.workloads.toy.naive import naive_transform
 
     assert "Numba" in recommend("ConvertColor", TRANSFORM, transform=naive_transform()).summary
+
+
+def test_a_jpeg_folder_read_by_fastpipes_image_folder_is_pointed_at_the_thread_loader_and_prepare(tmp_path: Path) -> None:
+    """Collate/IPC or fastpipe's own decode dominating, on fastpipe's ImageFolder: the ThreadLoader; progressive files
+    among the probed headers: ``fastpipe prepare``. Neither for torchvision's class or a baseline-only folder."""
+    import numpy as np
+    import torchvision
+
+    from fastpipe.datasets import ImageFolder
+
+    root = tmp_path / "mixed"
+    (root / "a").mkdir(parents=True)
+    pixels = np.random.default_rng(0).integers(0, 255, (60, 80, 3), dtype=np.uint8)
+    for k in range(4):
+        Image.fromarray(pixels).save(root / "a" / f"{k}.jpg", progressive=k < 2)
+    ours = ImageFolder(root, transform=IMAGENET)
+    collate = recommend(COLLATE, COLLATE, transform=IMAGENET, dataset=ours).summary
+    assert "fastpipe.datasets.ThreadLoader" in collate
+    decode = recommend("DecodeCrop", TRANSFORM, transform=list(ours.stages.transforms), dataset=ours).summary
+    assert "fastpipe.datasets.ThreadLoader" in decode and "2 of 4 files probed are progressive" in decode
+    assert "fastpipe prepare" in recommend(RAW, RAW, transform=IMAGENET, dataset=ours).summary
+    theirs = torchvision.datasets.ImageFolder(str(root), transform=IMAGENET)
+    assert "ThreadLoader" not in recommend(COLLATE, COLLATE, transform=IMAGENET, dataset=theirs).summary
+    baseline = tmp_path / "baseline"
+    (baseline / "a").mkdir(parents=True)
+    Image.fromarray(pixels).save(baseline / "a" / "0.jpg")
+    assert "fastpipe prepare" not in recommend(RAW, RAW, transform=IMAGENET, dataset=ImageFolder(baseline, transform=IMAGENET)).summary

@@ -7,6 +7,7 @@ arithmetic and the verdicts, never the machine's speed.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ PLANTED = {
     "thread-loader (2 threads)": 1.0,
     "dataloader+fastpipe (2 workers)": 1.5,
     "torchvision-v2 (2 workers)": 3.0,
-    "op alone (1 thread)": 1.6,
+    "op alone (1 thread)": 1.4,  # thread CPU: not what the 85% target divides by
+    "op alone (1 thread, wall)": 1.6,
     "fastpipe sample (1 thread)": 1.7,
     "entropy floor (1 thread)": 1.0,
 }
@@ -36,7 +38,11 @@ def bench(monkeypatch: pytest.MonkeyPatch):
         return lambda: PLANTED[name]
 
     monkeypatch.setattr(module, "epoch_of", lambda loader: planted(next(names)))
-    monkeypatch.setattr(module, "op_alone", lambda files: lambda: PLANTED["op alone (1 thread)"])
+    monkeypatch.setattr(
+        module,
+        "op_alone",
+        lambda files, clock=time.thread_time: planted("op alone (1 thread)" if clock is time.thread_time else "op alone (1 thread, wall)"),
+    )
     monkeypatch.setattr(module, "prepared_variants", lambda files: ({}, 0))
     rows = iter(["fastpipe sample (1 thread)", "entropy floor (1 thread)"])
     monkeypatch.setattr(module, "per_sample", lambda fn, files: planted(next(rows)))
@@ -58,7 +64,9 @@ def test_targets_are_the_measured_ratios_and_misses_fail(bench) -> None:
     value, verdict = find("images/s: thread loader (2 threads) / DataLoader")
     assert value == pytest.approx(1.5) and verdict == "PASS"
     value, verdict = find("images/s: thread loader (2 threads) / (2 /")
-    assert value == pytest.approx((100 / 1.0) / (2 / (1.6 * 1e3 / 100 / 1e3))) and verdict.startswith("FAIL")  # 0.8 < 0.85
+    # the op's wall time (1.6 s per 100 files), measured as the loaders are: 0.8 < 0.85
+    assert value == pytest.approx((100 / 1.0) / (2 / (1.6 * 1e3 / 100 / 1e3))) and verdict.startswith("FAIL")
+    assert any(line.startswith("85% target:") and "(0.80)" in line for line in lines), "the run says what limits it"
     value, verdict = find("PSS:")
     assert value == pytest.approx(1 / 3) and verdict == "PASS"
     value, verdict = find("cost: fastpipe sample")

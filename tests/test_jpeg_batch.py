@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,8 +97,12 @@ def test_pixel_limit_raises_under_pil(files: list[torch.Tensor], monkeypatch: py
 
 
 def test_bad_arguments_say_what_to_change(files: list[torch.Tensor]) -> None:
-    with pytest.raises(ConfigError, match="2 files but 1 boxes"):
+    with pytest.raises(ConfigError, match=r"boxes must have shape \(2, 4\)"):
         decode_jpeg_crop_batch(files[:2], _boxes(1), (16, 16))
+    with pytest.raises(ConfigError, match=r"got \(4, 2\)"):  # transposed: reshape(-1, 4) took it
+        decode_jpeg_crop_batch(files[:2], _boxes(2).T.contiguous(), (16, 16))
+    with pytest.raises(ConfigError, match=r"got \(8,\)"):  # flat
+        decode_jpeg_crop_batch(files[:2], _boxes(2).flatten(), (16, 16))
     with pytest.raises(ConfigError, match="threads"):
         decode_jpeg_crop_batch(files[:2], _boxes(2), (16, 16), threads=0)
     with pytest.raises(ConfigError, match="contiguous uint8"):
@@ -112,3 +117,53 @@ def test_cpu_fallback_without_the_extension(files: list[torch.Tensor], monkeypat
     result = decode_jpeg_crop_batch(files[:2], _boxes(2), (16, 16))
     assert result.pil == [0, 1]
     assert torch.equal(result.images[1], jpeg.decode_pil(files[1], tuple(_boxes(2)[1].tolist()), (16, 16)))
+
+
+def test_a_failed_non_jpeg_is_reported_once_and_a_fresh_output_is_zeroed(files: list[torch.Tensor]) -> None:
+    """Under "skip" a damaged PNG is in ``failed`` only (not also in ``pil``), and the slot of a failed file in the
+    tensor the op made is zeros, not left-over memory."""
+    png = _encode(np.zeros((200, 300, 3), dtype=np.uint8) + 90, "PNG")
+    damaged = png[: png.numel() // 2].clone()
+    truncated = files[1][: files[1].numel() // 3].clone()
+    data = [files[0], damaged, truncated, png]
+    for _ in range(3):  # left-over memory of the same size, full of 255s, for the allocator to hand back
+        garbage = torch.full((4, 3, 16, 16), 255, dtype=torch.uint8)
+        del garbage
+        result = decode_jpeg_crop_batch(data, _boxes(4), (16, 16), on_error="skip")
+        assert sorted(f.index for f in result.failed) == [1, 2]
+        assert result.pil == [3]
+        assert (result.images[1] == 0).all() and (result.images[2] == 0).all()
+
+
+_NO_THREADS = """
+import io, resource
+import numpy as np, torch
+from PIL import Image
+from fastpipe.ops.jpeg_batch import decode_jpeg_crop_batch
+buf = io.BytesIO()
+Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(buf, "JPEG")
+data = [torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8) for _ in range(8)]
+boxes = [[0, 0, 64, 64]] * 8
+decode_jpeg_crop_batch(data, boxes, (16, 16), threads=1)
+for margin in (12, 2):  # room for one more thread stack (8 MiB), then for none
+    out = torch.zeros((8, 3, 16, 16), dtype=torch.uint8)
+    vm = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (margin << 20), resource.RLIM_INFINITY))
+    result = decode_jpeg_crop_batch(data, boxes, (16, 16), out=out, threads=8)
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("ok", margin, bool((out == 90).all()), len(result.failed))
+"""
+
+
+@requires_op
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc (Linux)")
+def test_threads_that_cannot_start_leave_the_work_to_those_that_did() -> None:
+    """Under an address-space limit with room for one extra thread stack, the second std::thread cannot start: before
+    the fix the first, still joinable, made the unwinding call std::terminate (the process aborted); with no room at
+    all the call failed. Now the started threads (the caller included) decode every image."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _NO_THREADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.split("\n")[:2] == ["ok 12 True 0", "ok 2 True 0"], done.stdout

@@ -12,7 +12,7 @@ from PIL import Image
 
 import fastpipe.ops.jpeg as jpeg
 from fastpipe.datasets.prepare import is_progressive, prepare_folder, to_baseline
-from fastpipe.errors import ConfigError, CorruptImageError
+from fastpipe.errors import ConfigError, CorruptImageError, DecompressionBombError
 
 requires_op = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())
 
@@ -72,8 +72,11 @@ def test_prepare_folder_rewrites_progressive_links_the_rest(tmp_path: Path) -> N
         (folder / f"{k}.jpg").write_bytes(_jpeg(_photo(240, 320, k), quality=85, progressive=k % 2 == 0))
     (source / "class_0" / "notes.txt").write_text("not an image")
     (source / "class_1" / "broken.jpg").write_bytes(_jpeg(_photo(64, 64, 9), progressive=True)[:200])
-    report = prepare_folder(source, tmp_path / "dst", size=64)
+    report = prepare_folder(source, tmp_path / "dst", size=64, sample=2)
     assert (report.files, report.changed, report.linked + report.copied) == (8, 3, 5)
+    rewritten = [p for p in source.rglob("*.jpg") if p.name != "broken.jpg" and int(p.stem) % 2 == 0]
+    assert report.bytes_before == sum(p.stat().st_size for p in rewritten), "every rewritten file counted"
+    assert report.timed == 2, "only a bounded sample is kept in memory and timed"
     assert report.ms_before is not None and report.ms_after is not None and "3 of 8 files rewritten" in report.summary()
     for path in source.rglob("*.jpg"):
         if path.name == "broken.jpg":
@@ -101,3 +104,10 @@ def test_cli_prepare_reports_what_it_did(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["prepare", str(tmp_path / "src"), str(tmp_path / "dst")]) == 0
     out = capsys.readouterr().out
     assert "1 of 2 files rewritten" in out and "ms per image" in out
+
+
+@requires_op
+def test_the_pixel_limit_applies_before_libjpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jpeg, "_max_pixels_setting", 1000)
+    with pytest.raises(DecompressionBombError, match="pixel limit"):
+        to_baseline(torch.frombuffer(bytearray(_jpeg(_photo(64, 64, 3), progressive=True)), dtype=torch.uint8))

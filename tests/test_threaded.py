@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from fastpipe.datasets import ImageFolder, ThreadLoader
+from fastpipe.datasets import ImageFolder, SkippedImageWarning, ThreadLoader
 from fastpipe.datasets._draws import draw_boxes
-from fastpipe.errors import ConfigError
+from fastpipe.errors import ConfigError, CorruptImageError
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 stats = pytest.importorskip("scipy.stats")
@@ -127,7 +127,7 @@ def test_prefetcher_releases_after_the_copy(corpus: Path) -> None:
     seen = [labels.tolist() for _, labels in DevicePrefetcher(loader, "cpu")]
     assert sum(seen, []) == [label for _, label in loader.dataset.samples]
     released = loader.stats()["released"]
-    assert len(list(DevicePrefetcher(loader, "sim:1"))) == 5
+    assert sum(1 for _ in DevicePrefetcher(loader, "sim:1")) == 5
     assert loader.stats()["released"] >= released + 3
 
 
@@ -143,12 +143,14 @@ def test_on_error_skip_replaces_and_counts(corpus: Path, tmp_path: Path) -> None
     victim = sorted(root.glob("class_1/*"))[0]
     victim.write_bytes(victim.read_bytes()[:300])
     iterator = iter(ThreadLoader(ImageFolder(root, size=16), batch_size=4))
-    with pytest.raises(Exception, match=victim.name):
+    with pytest.raises(CorruptImageError, match=victim.name):
         list(iterator)
     assert list(iterator) == [], "after the error the epoch is over; it does not hang"
-    with pytest.warns(UserWarning, match=victim.name):
-        batches = list(ThreadLoader(ImageFolder(root, size=16, on_error="skip"), batch_size=4))
+    dataset = ImageFolder(root, size=16, on_error="skip")
+    with pytest.warns(SkippedImageWarning, match=victim.name):
+        batches = list(ThreadLoader(dataset, batch_size=4))
     assert sum(len(b[1]) for b in batches) == 20
+    assert dataset.skipped.count == 1, "the dataset's own count, as with a DataLoader"
 
 
 def test_bad_settings_say_what_to_change(corpus: Path) -> None:
@@ -186,3 +188,200 @@ def test_pinned_buffers_and_cuda_prefetch_gpu(corpus: Path) -> None:
     assert sum(seen, []) == [label for _, label in loader.dataset.samples]
     torch.cuda.synchronize()
     assert loader.stats()["released"] >= 3 and loader.stats()["pinning"] == "page-locked buffers"
+
+
+def within(seconds: float, call):
+    """``call()``'s result or exception, or a failure if it is still blocked after ``seconds`` (a hang fails the test)."""
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001  (handed to the test)
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_next_on_a_replaced_or_closed_iterator_raises_instead_of_blocking(corpus: Path) -> None:
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=1, prefetch=1)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(RuntimeError, match="iter\\(\\) was called again"):
+        within(10, lambda: next(first))
+    assert within(10, lambda: next(second))[1].shape == (4,)
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        within(10, lambda: next(second))
+
+
+def test_a_failure_in_the_decoding_thread_reaches_next(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastpipe.datasets import _thread_ring
+
+    made = []
+
+    def failing(ring):
+        made.append(1)
+        if len(made) > 1:
+            raise MemoryError("no buffer for you")
+        return torch.empty(ring.nbytes, dtype=torch.uint8)
+
+    monkeypatch.setattr(_thread_ring.BufferRing, "_new", failing)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=1, prefetch=1, slots=1)
+
+    def keep_all() -> list:
+        return [batch for batch in loader]  # keeps every batch: the ring must make more buffers
+
+    with pytest.raises(MemoryError, match="no buffer for you"):
+        within(10, keep_all)
+
+
+def test_epochs_that_end_early_give_their_buffers_back(corpus: Path) -> None:
+    import time
+
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=1, prefetch=2)
+    for _ in range(loader.slots + 1):
+        for _batch in loader:
+            time.sleep(0.2)  # the threads fill both queues
+            break
+    before = loader.stats()["fallbacks"]
+    for _batch in loader:
+        pass
+    assert loader.stats()["fallbacks"] == before, "a full epoch after early breaks still found every buffer taken"
+    assert loader.stats()["ring_bytes"] <= loader.slots * loader._ring.nbytes
+
+
+def test_dropping_the_iterator_stops_its_threads(corpus: Path) -> None:
+    import gc
+    import threading
+    import time
+
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=1)
+    iterator = iter(loader)
+    next(iterator)
+    del iterator
+    gc.collect()
+    deadline = time.perf_counter() + 5
+    while any(t.name.startswith("fastpipe-") for t in threading.enumerate()) and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("fastpipe-")]
+
+
+def test_the_readme_form_takes_the_fast_path_and_is_reproducible(corpus: Path) -> None:
+    """Compose([RandomResizedCrop, RandomHorizontalFlip, PILToTensor]) is absorbed: the batch op, draws from the epoch's
+    seed (two seeded runs give the same batches, the loop's own draws in between), and the global RNG moves as a
+    DataLoader's (the epoch's seed only)."""
+    import torchvision.transforms as T
+
+    dataset = ImageFolder(corpus, transform=T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()]))
+    loader = ThreadLoader(dataset, batch_size=8, threads=2, shuffle=True)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        images = []
+        for batch in loader:
+            images.append(batch[0].clone())
+            torch.rand(100)  # the training loop's own draws
+        return torch.cat(images), torch.rand(1)
+
+    first, second = run(), run()
+    assert torch.equal(first[0], second[0])
+    torch.manual_seed(0)
+    for _ in DataLoader(range(len(dataset)), batch_size=8, shuffle=True):
+        torch.rand(100)
+    assert torch.equal(first[1], torch.rand(1)), "the global RNG moved otherwise than a DataLoader's"
+    assert loader.fast()
+
+    class Overridden(ImageFolder):
+        def __getitem__(self, index: int):
+            return super().__getitem__(index)
+
+    assert not ThreadLoader(Overridden(corpus, size=16), batch_size=4).fast()
+
+
+def test_the_generic_path_is_reproducible_under_a_seed(corpus: Path) -> None:
+    import torchvision.transforms as T
+
+    transform = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4), T.PILToTensor()])
+    loader = ThreadLoader(ImageFolder(corpus, transform=transform), batch_size=8, threads=2)
+    assert not loader.fast()
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        runs.append(torch.cat([batch[0] for batch in loader]))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_a_custom_batch_sampler_is_not_scanned_ahead(corpus: Path) -> None:
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    dataset = ImageFolder(corpus, size=16)
+    sampler = BatchSampler(RandomSampler(range(len(dataset))), 5, False)
+    torch.manual_seed(0)
+    theirs = DataLoader(range(len(dataset)), batch_sampler=sampler)
+    expected = [[[dataset.samples[i][1] for i in b] for b in theirs] for _ in range(2)], torch.rand(1)
+    torch.manual_seed(0)
+    loader = ThreadLoader(dataset, batch_size=None, batch_sampler=sampler, threads=1)
+    got = [[b[1].tolist() for b in loader] for _ in range(2)], torch.rand(1)
+    assert got[0] == expected[0] and torch.equal(got[1], expected[1])
+
+
+def test_on_sim_a_buffer_is_not_rewritten_while_the_step_holds_its_batch(corpus: Path) -> None:
+    """The sim "device" batch is the host buffer itself: it goes back to the ring only once nothing refers to it."""
+    import time
+
+    from fastpipe.loading import DevicePrefetcher
+
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=1, prefetch=1, slots=2, pin_memory=True)
+    changed = 0
+    for images, _labels in DevicePrefetcher(loader, "sim:1", depth=1):
+        snapshot = images.clone()
+        time.sleep(0.03)  # the step reads the batch while the decoding thread writes the next ones
+        changed += not torch.equal(snapshot, images)
+    assert changed == 0
+    assert loader.stats()["released"] > 0
+
+
+def test_with_dataset_maps_dataloader_settings(corpus: Path) -> None:
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=1)
+    other = loader.with_dataset(loader.dataset, num_workers=3, prefetch_factor=4)
+    assert (other.threads, other.prefetch) == (3, 4)
+    assert loader.with_dataset(loader.dataset, num_workers=0).threads == 1
+    with pytest.raises(ConfigError, match="cannot change"):
+        loader.with_dataset(loader.dataset, persistent_workers=True)
+
+
+def test_no_private_names_from_other_packages_and_sorted_exports() -> None:
+    """The loader's modules import other packages' public names only; ``fastpipe.datasets.__all__`` is sorted."""
+    import ast
+
+    import fastpipe.datasets
+
+    root = Path(fastpipe.datasets.__file__).parent
+    for name in ("threaded.py", "_thread_epoch.py", "_thread_ring.py", "_draws.py"):
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("fastpipe.datasets"):
+                private = [part for part in node.module.split(".") if part.startswith("_")]
+                private += [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert not (node.module.startswith("fastpipe") and private), f"{name} imports {private} from {node.module}"
+    assert fastpipe.datasets.__all__ == sorted(fastpipe.datasets.__all__)
+
+
+def test_stats_report_what_was_allocated(corpus: Path) -> None:
+    dataset = ImageFolder(corpus, size=16)
+    loader = ThreadLoader(dataset, batch_size=None, batch_sampler=[[0, 1], [2, 3, 4], [5], [6, 7]], threads=1)
+    sizes = [len(labels) for _images, labels in loader]
+    stats_ = loader.stats()
+    assert sizes == [2, 3, 1, 2] and stats_["grown"] == 1, "sized from the batches received: 2, then grown to 3"
+    per_3, per_2 = 3 * (3 * 16 * 16 + 8), 2 * (3 * 16 * 16 + 8)  # the first 2-image buffer is dropped at its next take
+    made = {a * per_3 + b * per_2 for a in range(1, loader.slots + 1) for b in (0, 1) if a + b <= loader.slots}
+    assert stats_["ring_bytes"] in made, (stats_["ring_bytes"], sorted(made))

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -73,7 +74,16 @@ at::Tensor decode_into(const at::TensorList data, const at::Tensor& boxes, const
   const int64_t extra = std::min<int64_t>(threads, n) - 1;
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(std::max<int64_t>(extra, 0)));
-  for (int64_t t = 0; t < extra; ++t) pool.emplace_back(work);
+  // A thread that cannot be started (std::system_error: the process is out of threads) must not leave the
+  // started ones joinable while the exception unwinds (std::terminate): carry on with those already running,
+  // the calling thread included; the atomic counter hands every image to whichever thread is free.
+  for (int64_t t = 0; t < extra; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   work();  // the calling thread is one of the `threads`
   for (auto& t : pool) t.join();
   return status;

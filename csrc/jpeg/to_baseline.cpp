@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "decompressor.h"
 
@@ -35,8 +36,13 @@ at::Tensor jpeg_to_baseline_cpu(const at::Tensor& data, int64_t restart_rows) {
   err.pub.emit_message = jpeg_detail::warnings_as_errors;
   err.pub.output_message = jpeg_detail::silent_output;
   err.message[0] = '\0';
-  unsigned char* out = nullptr;
-  unsigned long out_size = 0;
+  // The output buffer jpeg_mem_dest grows (it frees the old one and stores the new one through the pointer it was
+  // given): kept on the heap, not in a local that setjmp/longjmp may leave holding a stale (freed) pointer.
+  struct MemDest {
+    unsigned char* buffer = nullptr;
+    unsigned long size = 0;
+  };
+  const std::unique_ptr<MemDest> dest(new MemDest());
   volatile bool src_made = false, dst_made = false;  // read after a longjmp: volatile
   volatile bool ok = false;
   if (setjmp(err.jump) == 0) {
@@ -52,7 +58,7 @@ at::Tensor jpeg_to_baseline_cpu(const at::Tensor& data, int64_t restart_rows) {
     jpeg_copy_critical_parameters(&src, &dst);  // sequential (no scan script): baseline
     dst.optimize_coding = TRUE;                 // lossless: only the Huffman tables change
     if (restart_rows > 0) dst.restart_in_rows = static_cast<int>(restart_rows);
-    jpeg_mem_dest(&dst, &out, &out_size);
+    jpeg_mem_dest(&dst, &dest->buffer, &dest->size);
     jpeg_write_coefficients(&dst, coefficients);
     for (jpeg_saved_marker_ptr m = src.marker_list; m != nullptr; m = m->next) {  // as jpegtran's jcopy_markers_execute
       if (dst.write_JFIF_header && m->marker == JPEG_APP0 && m->data_length >= 5 && std::memcmp(m->data, "JFIF", 5) == 0) continue;
@@ -66,12 +72,12 @@ at::Tensor jpeg_to_baseline_cpu(const at::Tensor& data, int64_t restart_rows) {
   if (dst_made) jpeg_destroy_compress(&dst);
   if (src_made) jpeg_destroy_decompress(&src);
   if (!ok) {
-    std::free(out);
+    std::free(dest->buffer);
     TORCH_CHECK(false, "cannot decode the JPEG (corrupt, truncated or unsupported): ", err.message);
   }
-  at::Tensor result = at::empty({static_cast<int64_t>(out_size)}, at::kByte);
-  std::memcpy(result.data_ptr<uint8_t>(), out, out_size);
-  std::free(out);
+  at::Tensor result = at::empty({static_cast<int64_t>(dest->size)}, at::kByte);
+  std::memcpy(result.data_ptr<uint8_t>(), dest->buffer, dest->size);
+  std::free(dest->buffer);
   return result;
 }
 

@@ -16,6 +16,11 @@
 * :class:`EncodedImageFolder`, :func:`collate_encoded`, :class:`DecodeCropOnDevice`: the
   workers ship file bytes and the GPU decodes, crops and flips.
 * :func:`crop_params`: torchvision's ``RandomResizedCrop.get_params`` from a (height, width).
+* :class:`ThreadLoader`: a DataLoader for such folders without worker processes: threads read the
+  files while :func:`fastpipe.ops.decode_jpeg_crop_batch` (the batch op: many JPEGs decoded and
+  cropped by native threads, GIL released) writes each whole batch into a reused (pinned) buffer.
+* ``fastpipe prepare SRC DST`` (:mod:`fastpipe.datasets.prepare`): a copy of a folder with progressive
+  JPEGs rewritten losslessly as baseline (same pixels, faster to decode), everything else linked.
 
 Normalize after the copy with :class:`fastpipe.transforms.Normalize`. The real-photo corpus
 these are benchmarked on comes from :func:`fastpipe.photos.build_corpus`.
@@ -29,21 +34,21 @@ from fastpipe.datasets.resized import DecodeResized
 from fastpipe.datasets.threaded import ThreadLoader
 
 __all__ = [
-    "ImageFolder",
     "DatasetFolder",
+    "DecodeCrop",
+    "DecodeCropLoader",
+    "DecodeCropOnDevice",
+    "DecodeResized",
+    "EncodedBatch",
+    "EncodedImageFolder",
+    "FastPath",
+    "ImageFolder",
     "SkipCount",
     "SkippedImageWarning",
     "ThreadLoader",
-    "DecodeCrop",
-    "DecodeCropLoader",
-    "EncodedImageFolder",
-    "EncodedBatch",
-    "collate_encoded",
-    "DecodeCropOnDevice",
-    "DecodeResized",
-    "FastPath",
     "absorb",
-    "decode_rgb",
+    "collate_encoded",
     "crop_params",
+    "decode_rgb",
     "draw_flip",
 ]

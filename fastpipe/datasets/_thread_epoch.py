@@ -5,12 +5,12 @@ while the decoding thread's native threads decode batch k into a ring buffer (th
 for the whole batch), so reads overlap decoding. Both queues are bounded (``prefetch`` batches),
 so at most ``prefetch`` batches are read ahead and ``prefetch`` decoded ahead of the loop.
 An error (a file that cannot be read, or decoded under ``on_error="raise"``) is delivered in
-order: the batches before it first. ``close()`` (or dropping the iterator) stops both threads.
+order: the batches before it first. ``close()`` (or dropping the iterator) stops both threads and
+gives the buffers of batches decoded but not delivered back to the ring.
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -25,16 +25,14 @@ from torch.utils.data._utils.collate import default_collate
 
 from fastpipe.datasets._draws import draw_boxes, draw_flips
 from fastpipe.datasets._thread_ring import BufferRing
+from fastpipe.datasets.folder import SkippedImageWarning
 from fastpipe.errors import CorruptImageError
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.ops.jpeg_batch import decode_jpeg_crop_batch
 
 _END = object()
-_POLL_S = 0.1  # how often a blocked thread looks at the stop flag
-
-
-class SkippedImageWarning(UserWarning):
-    """A :class:`~fastpipe.datasets.ThreadLoader` with ``on_error="skip"`` replaced a file it could not decode; the message names it."""
+_POLL_S = 0.1  # how often a blocked thread looks at the stop flag (and next() at whether the threads live)
+JOIN_S = 5.0  # how long close() waits for each thread (one batch's decode at most)
 
 
 @dataclass
@@ -78,41 +76,59 @@ def _put(q: "queue.Queue[Any]", item: Any, stop: threading.Event) -> bool:
     return False
 
 
+class EpochClosedError(RuntimeError):
+    """``next()`` on a :class:`ThreadEpoch` that was closed: by ``iter()`` on its loader again, or ``close()``."""
+
+
 class ThreadEpoch(Iterator[Any]):
     """Batches of one epoch: ``[images uint8 (N, 3, H, W), labels int64 (N,)]`` views into ring buffers.
 
-    The threads hold only the :class:`_Workers` state, never this iterator, so dropping it stops them.
+    The threads hold only the :class:`_Workers` state, never this iterator, so dropping it stops them
+    (and gives their buffers back). ``next()`` never blocks on threads that are gone: a closed
+    epoch raises :class:`EpochClosedError`, threads that died without a word raise RuntimeError.
+
+    The generic path (``plan.samples`` is None: any map-style dataset, or a transform the decoder did not
+    absorb) runs ``dataset[i]`` in the loop's own thread, under a copy of the global RNG seeded from the
+    epoch's seed and the batch's number: draws from the global RNG (torchvision's random transforms) are
+    reproducible under ``torch.manual_seed``, and the loop's RNG moves as a DataLoader's does.
     """
 
     def __init__(self, plan: Plan, batches: Iterator[list[int]], seed: int) -> None:
         self._plan = plan
+        self._closed: str | None = None
+        if plan.samples is None:
+            self._batches: Iterator[list[int]] | None = batches
+            self._seed, self._number = seed, 0
+            self._workers: _Workers | None = None
+            return
+        self._batches = None
         self._workers = _Workers(plan, seed)
         self._workers.start(batches, np.random.default_rng(seed))
-        self._finalizer = weakref.finalize(self, self._workers.stop.set)
+        self._finalizer = weakref.finalize(self, self._workers.shutdown, 0.0)
 
     def __iter__(self) -> "ThreadEpoch":
         return self
 
     def __next__(self) -> Any:
+        if self._closed is not None:
+            raise EpochClosedError(f"this iterator was closed {self._closed}; start a new epoch with iter(loader)")
+        if self._workers is None:
+            return self._next_generic()
         plan = self._plan
         if plan.ring is not None:
             plan.ring.poll(plan.fence)
         started = time.perf_counter()
-        item = self._workers.done.get()
+        item = self._workers.get()
         plan.counters["wait_s"] += time.perf_counter() - started
         if item is _END:
-            with contextlib.suppress(queue.Full):
-                self._workers.done.put_nowait(_END)  # later calls stop too
+            self._finish()
             raise StopIteration
         if isinstance(item, BaseException):
-            self.close()
-            with contextlib.suppress(queue.Full):  # the threads have stopped: later calls end the epoch instead of waiting
-                self._workers.done.put_nowait(_END)
+            self._finish()
             raise item
-        if plan.ring is None:
-            return item
         handed = time.perf_counter()
         buffer, owned, n = item
+        assert plan.ring is not None
         images, labels = plan.ring.views(buffer, n)
         plan.ring.lend(buffer, owned)
         if plan.mark is not None:
@@ -121,15 +137,38 @@ class ThreadEpoch(Iterator[Any]):
         plan.counters["handover_s"] += time.perf_counter() - handed
         return [images, labels]
 
+    def _finish(self) -> None:
+        """The epoch ended (or failed): later ``next()`` calls stop at once."""
+        assert self._workers is not None
+        self._workers.shutdown(JOIN_S)
+        self._workers.ended = True
+
+    def _next_generic(self) -> Any:
+        plan = self._plan
+        assert self._batches is not None
+        indices = next(self._batches)  # StopIteration ends the epoch
+        started = time.perf_counter()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self._seed + self._number) % 2**63)
+            batch = default_collate([plan.dataset[i] for i in indices])
+        self._number += 1
+        plan.counters["decode_s"] += time.perf_counter() - started
+        plan.counters["images"] += len(indices)
+        return batch
+
     def release(self, batch: Any, after: Any = None) -> bool:
         """Give ``batch``'s buffer back now, after a CUDA event, or at a ``time.perf_counter()`` time (the prefetcher's hook)."""
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
         ring = self._plan.ring
         return ring is not None and isinstance(first, torch.Tensor) and ring.release(first, after)
 
-    def close(self) -> None:
-        """Stop the reading and decoding threads now."""
-        self._workers.stop.set()
+    def close(self, why: str = "by close()") -> None:
+        """Stop the threads, wait for them (a few seconds at most) and give every queued buffer back to the ring."""
+        if self._closed is None:
+            ended = self._workers is None or self._workers.ended
+            self._closed = "after the epoch ended" if ended and why == "by close()" else why
+        if self._workers is not None:
+            self._workers.shutdown(JOIN_S)
 
 
 class _Workers:
@@ -138,19 +177,57 @@ class _Workers:
     def __init__(self, plan: Plan, seed: int) -> None:
         self._plan = plan
         self.stop = threading.Event()
+        self.ended = False
         self._read: queue.Queue[Any] = queue.Queue(plan.prefetch)
         self.done: queue.Queue[Any] = queue.Queue(plan.prefetch)
         self._spare = np.random.default_rng([seed, 1])  # replacements' draws, apart from the batches'
+        self._threads: list[threading.Thread] = []
         self._stop = self.stop
         self._done = self.done
 
     def start(self, batches: Iterator[list[int]], rng: np.random.Generator) -> None:
-        target = self._read_loop if self._plan.samples is not None else self._generic_loop
-        threads = [threading.Thread(target=target, args=(batches, rng), daemon=True, name="fastpipe-read")]
-        if self._plan.samples is not None:
-            threads.append(threading.Thread(target=self._decode_loop, daemon=True, name="fastpipe-decode"))
-        for thread in threads:
+        self._threads = [
+            threading.Thread(target=self._read_loop, args=(batches, rng), daemon=True, name="fastpipe-read"),
+            threading.Thread(target=self._decode_loop, daemon=True, name="fastpipe-decode"),
+        ]
+        for thread in self._threads:
             thread.start()
+
+    def get(self) -> Any:
+        """The next item of ``done``; waits while a thread can still put one, never longer."""
+        while True:
+            if self.ended:
+                return _END
+            try:
+                return self.done.get(timeout=_POLL_S)
+            except queue.Empty:
+                pass
+            if not any(thread.is_alive() for thread in self._threads):
+                try:  # the last put may have landed between the wait and the check
+                    return self.done.get_nowait()
+                except queue.Empty:
+                    return RuntimeError("the ThreadLoader's reading and decoding threads stopped without delivering a batch or an error")
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop both threads, join them (up to ``timeout`` s each), and give the buffers still queued back to the ring."""
+        self.stop.set()
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current and thread.is_alive() and timeout > 0:
+                thread.join(timeout)
+        self.drain()
+
+    def drain(self) -> None:
+        """Empty both queues; a decoded batch's buffer goes back to the ring."""
+        ring = self._plan.ring
+        for q in (self._read, self.done):
+            while True:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, tuple) and ring is not None:
+                    ring.give_back(item[0], item[1])
 
     # ----- the threads ----------------------------------------------------------------------
     def _read_loop(self, batches: Iterator[list[int]], rng: np.random.Generator) -> None:
@@ -183,26 +260,31 @@ class _Workers:
         _put(self._read, _END, self._stop)
 
     def _decode_loop(self) -> None:
+        """Decode each read batch into a ring buffer; any failure here (a buffer that cannot be made included) reaches ``next()``."""
         ring = self._plan.ring
         assert ring is not None
-        while not self._stop.is_set():
-            try:
-                item = self._read.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-            if item is _END or isinstance(item, BaseException):
-                _put(self._done, item, self._stop)
-                return
-            buffer, owned = ring.take()
-            try:
-                self._decode(item, buffer)
-            except BaseException as exc:
-                ring.give_back(buffer, owned)
-                _put(self._done, exc, self._stop)
-                return
-            if not _put(self._done, (buffer, owned, len(item.indices)), self._stop):
-                ring.give_back(buffer, owned)
-                return
+        taken: tuple[torch.Tensor, bool] | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    item = self._read.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
+                if item is _END or isinstance(item, BaseException):
+                    _put(self._done, item, self._stop)
+                    return
+                taken = ring.take(len(item.indices))
+                self._decode(item, taken[0])
+                if not _put(self._done, (*taken, len(item.indices)), self._stop):
+                    return  # stopped: the finally gives it back
+                taken = None
+        except BaseException as exc:
+            _put(self._done, exc, self._stop)
+        finally:
+            if taken is not None:
+                ring.give_back(*taken)
+            if self._stop.is_set():  # closed while batches were queued: no one else may drain after this thread
+                self.drain()
 
     def _decode(self, item: _Read, buffer: torch.Tensor) -> None:
         plan, counters = self._plan, self._plan.counters
@@ -232,6 +314,9 @@ class _Workers:
         n = len(samples)
         for step in range(1, n + 1):
             plan.counters["skipped"] += 1
+            skipped = getattr(plan.dataset, "skipped", None)
+            if skipped is not None:
+                skipped.add()  # the dataset's own count, as its __getitem__ keeps it
             warnings.warn(f"{error}; skipped, replaced by the next file that decodes", SkippedImageWarning, stacklevel=2)
             if step == n:
                 break
@@ -245,24 +330,3 @@ class _Workers:
             except CorruptImageError as exc:
                 error = type(exc)(str(exc).replace(jpeg_ops.UNNAMED_SOURCE, path))
         raise CorruptImageError(f"none of the {n} files could be decoded (on_error='skip'); the last: {error}")
-
-    def _generic_loop(self, batches: Iterator[list[int]], rng: np.random.Generator) -> None:
-        """Any map-style dataset (e.g. the diagnosis's cached samples): ``dataset[i]`` in ``threads`` threads, then collate."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        plan = self._plan
-        try:
-            with ThreadPoolExecutor(plan.threads, thread_name_prefix="fastpipe-sample") as pool:
-                for indices in batches:
-                    if self._stop.is_set():
-                        return
-                    started = time.perf_counter()
-                    batch = default_collate(list(pool.map(plan.dataset.__getitem__, indices)))
-                    plan.counters["decode_s"] += time.perf_counter() - started
-                    plan.counters["images"] += len(indices)
-                    if not _put(self._done, batch, self._stop):
-                        return
-        except BaseException as exc:
-            _put(self._done, exc, self._stop)
-            return
-        _put(self._done, _END, self._stop)

@@ -6,14 +6,17 @@ batch is one count: the storage's use count (``storage_refs``, as ``fastpipe.rec
 A delivered batch goes back to the free list, to be written again:
 
 * with :class:`~fastpipe.loading.DevicePrefetcher` (through ``release(batch, after)``), once its
-  copy to the device is done: a CUDA event, or the modelled copy's ready time on ``sim``;
+  copy to the device is done: a CUDA event; on ``sim`` the modelled copy's ready time *and* no
+  reference left (a ``sim`` device batch is the host memory itself, so the step still reads it);
 * in a hand-written loop, at a later ``next()``, when nothing refers to it any more, after the
   device work queued so far (your ``non_blocking`` copy of it) has finished;
 * never, if the loop keeps it past ``slots`` batches: it is yours (``kept`` in the stats), and
   the ring makes a new buffer in its place.
 
 The decoding thread never waits for a buffer: when every one is in use it writes into a fresh
-one (``fallbacks``), so a loop that keeps batches cannot stall the loader.
+one (``fallbacks``), so a loop that keeps batches cannot stall the loader. Buffers are sized from
+the batches received: a batch larger than the ring's buffers (a custom ``batch_sampler``) makes
+the ring drop its smaller free buffers and allocate larger ones (``grown``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from fastpipe.loading.recycle._hostpin import storage_refs
+from fastpipe.loading.recycle import storage_refs
 
 LABEL_BYTES = 8  # int64 labels
 #: storage_refs() of a buffer only the ring holds.
@@ -52,9 +55,9 @@ class BufferRing:
     """``slots`` reusable batch buffers of one shape; thread-safe (the decoding thread takes, the loop gives back)."""
 
     def __init__(self, slots: int, batch_size: int, size: tuple[int, int], pin: bool) -> None:
-        self.slots, self.batch_size, self.size, self.pin = slots, batch_size, size, pin
-        self.image_bytes = batch_size * 3 * size[0] * size[1]
-        self.nbytes = -(-self.image_bytes // LABEL_BYTES) * LABEL_BYTES + batch_size * LABEL_BYTES
+        self.slots, self.size, self.pin = slots, size, pin
+        self._resize(batch_size)
+        self.ring_bytes = 0  # bytes of the buffers the ring owns now (free or lent)
         self._free: list[torch.Tensor] = []
         self._owned = 0  # buffers of the ring, free or lent
         self._held: deque[Lease] = deque()
@@ -63,28 +66,49 @@ class BufferRing:
         self._lock = threading.Lock()
         self.events: Counter[str] = Counter()
 
+    def _resize(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.nbytes = _nbytes(batch_size, self.size)
+
     def _new(self) -> torch.Tensor:
         return torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.pin)
 
-    def take(self) -> tuple[torch.Tensor, bool]:
-        """A buffer to write the next batch into, and whether it belongs to the ring (False: a one-off fallback)."""
+    def take(self, n: int | None = None) -> tuple[torch.Tensor, bool]:
+        """A buffer for a batch of ``n`` images (default: the ring's batch size), and whether it belongs to the ring
+        (False: a one-off fallback). A batch larger than the ring's buffers grows the ring: its free buffers are dropped."""
         with self._lock:
             self.events["batches"] += 1
-            if self._free:
-                self.events["reused"] += 1
-                return self._free.pop(), True
+            if n is not None and n > self.batch_size:
+                self._resize(n)
+                if self._owned:  # buffers made for smaller batches exist: growth (else the first sizing)
+                    self.events["grown"] += 1
+                for old in self._free:
+                    self._drop(old)
+                self._free.clear()
+            while self._free:
+                buffer = self._free.pop()
+                if buffer.numel() >= self.nbytes:
+                    self.events["reused"] += 1
+                    return buffer, True
+                self._drop(buffer)  # smaller than the batches now: lent before the ring grew
             if self._owned < self.slots:
                 self._owned += 1
+                self.ring_bytes += self.nbytes
                 self.events["first_buffers"] += 1
                 return self._new(), True
             self.events["fallbacks"] += 1
         return self._new(), False
 
+    def _drop(self, buffer: torch.Tensor) -> None:
+        self._owned -= 1
+        self.ring_bytes -= buffer.numel()
+
     def views(self, buffer: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``n`` images (uint8 (n, 3, H, W)) and labels (int64 (n,)) of ``buffer``."""
+        """The first ``n`` images (uint8 (n, 3, H, W)) and labels (int64 (n,)) of ``buffer`` (laid out by its own size)."""
         h, w = self.size
-        images = buffer[: self.image_bytes].view(self.batch_size, 3, h, w)[:n]
-        start = self.nbytes - self.batch_size * LABEL_BYTES
+        capacity = _capacity(buffer.numel(), self.size)
+        images = buffer[: capacity * 3 * h * w].view(capacity, 3, h, w)[:n]
+        start = buffer.numel() - capacity * LABEL_BYTES
         labels = buffer[start:].view(torch.int64)[:n]
         return images, labels
 
@@ -133,12 +157,14 @@ class BufferRing:
                         self._pending.append((lease, mark))
                 elif self._serial - lease.serial > self.slots:
                     self._held.remove(lease)  # kept by the loop: the buffer is the user's now
-                    self._owned -= 1
+                    self._drop(lease.buffer)
                     self.events["kept"] += 1
             now = time.perf_counter()
             waiting = []
             for lease, after in self._pending:
-                if now >= after if isinstance(after, float) else after.query():
+                # a time is sim's modelled copy: its "device" batch is this host memory, so also wait until unreferenced
+                due = (now >= after and not lease.in_use()) if isinstance(after, float) else after.query()
+                if due:
                     self._free_lease(lease)
                 else:
                     waiting.append((lease, after))
@@ -149,3 +175,14 @@ class BufferRing:
             lease.done = True
             self.events["released"] += 1
             self._free.append(lease.buffer)
+
+
+def _nbytes(batch_size: int, size: tuple[int, int]) -> int:
+    """One buffer's bytes: the images, padded to 8 bytes, then the labels."""
+    image_bytes = batch_size * 3 * size[0] * size[1]
+    return -(-image_bytes // LABEL_BYTES) * LABEL_BYTES + batch_size * LABEL_BYTES
+
+
+def _capacity(nbytes: int, size: tuple[int, int]) -> int:
+    """The batch size a buffer of ``nbytes`` was made for (the inverse of :func:`_nbytes`: padding is under 8 bytes)."""
+    return nbytes // (3 * size[0] * size[1] + LABEL_BYTES)

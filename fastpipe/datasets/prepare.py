@@ -55,8 +55,13 @@ def is_progressive(data: torch.Tensor) -> bool:
 
 
 def to_baseline(data: torch.Tensor, restart_rows: int = 0) -> torch.Tensor:
-    """The JPEG in ``data`` rewritten as baseline from its DCT coefficients (pixels identical); its bytes."""
+    """The JPEG in ``data`` rewritten as baseline from its DCT coefficients (pixels identical); its bytes.
+
+    Raises DecompressionBombError (a CorruptImageError) for a header over :func:`fastpipe.ops.jpeg.max_image_pixels`,
+    checked before libjpeg allocates anything, as the decode ops check it.
+    """
     jpeg_ops.require_jpeg_op()
+    jpeg_ops.jpeg_size(data)  # the pixel limit, first
     try:
         return torch.ops.fastpipe._jpeg_to_baseline(data, int(restart_rows))
     except RuntimeError as exc:
@@ -75,6 +80,7 @@ class PrepareReport:
     bytes_after: int
     ms_before: float | None
     ms_after: float | None
+    timed: int = 0  # rewritten files the times were measured on (the first ``sample``)
 
     def summary(self) -> str:
         line = (
@@ -83,10 +89,14 @@ class PrepareReport:
         )
         if self.ms_before is not None and self.ms_after is not None:
             line += (
-                f"; decode-and-crop on them {self.ms_before:.3f} -> {self.ms_after:.3f} ms per image "
+                f"; decode-and-crop on {self.timed} of them {self.ms_before:.3f} -> {self.ms_after:.3f} ms per image "
                 f"({self.ms_before / self.ms_after:.2f}x faster)"
             )
         return line
+
+
+#: Rewritten files kept in memory to time before and after (enough for a stable per-image figure).
+SAMPLE = 64
 
 
 def _place(source: Path, target: Path) -> str:
@@ -109,12 +119,19 @@ def _time_per_image(datas: list[torch.Tensor], boxes: list[tuple[int, int, int, 
 
 
 def prepare_folder(
-    source: "str | os.PathLike[str]", target: "str | os.PathLike[str]", *, restart_rows: int = 0, measure: bool = True, size: int = 224
+    source: "str | os.PathLike[str]",
+    target: "str | os.PathLike[str]",
+    *,
+    restart_rows: int = 0,
+    measure: bool = True,
+    size: int = 224,
+    sample: int = SAMPLE,
 ) -> PrepareReport:
     """Copy ``source`` to ``target`` (a new folder), progressive JPEGs rewritten as baseline, the rest hard-linked.
 
     ``measure``: time decode-and-crop (``size``, the same seeded RandomResizedCrop boxes before and after, best
-    of 3 rounds of thread CPU time) on the rewritten files, for the report.
+    of 3 rounds of thread CPU time) on the first ``sample`` rewritten files, for the report: only those are kept in
+    memory, so a folder of any size is prepared in bounded memory.
     """
     source, target = Path(source), Path(target)
     if not source.is_dir():
@@ -122,8 +139,9 @@ def prepare_folder(
     if target.exists() and any(target.iterdir()):
         raise ConfigError(f"prepare: {target} exists and is not empty; give a new folder")
     counts = {"changed": 0, "linked": 0, "copied": 0, "files": 0}
-    before: list[torch.Tensor] = []
+    before: list[torch.Tensor] = []  # the timing sample only
     after: list[torch.Tensor] = []
+    bytes_before = bytes_after = 0
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         out = target / path.relative_to(source)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -138,8 +156,11 @@ def prepare_folder(
             out.write_bytes(rewritten.numpy().tobytes())
             shutil.copystat(path, out)
             counts["changed"] += 1
-            before.append(data)
-            after.append(rewritten)
+            bytes_before += data.numel()
+            bytes_after += rewritten.numel()
+            if measure and len(before) < sample:
+                before.append(data)
+                after.append(rewritten)
         else:
             counts[_place(path, out)] += 1
     ms_before = ms_after = None
@@ -154,8 +175,9 @@ def prepare_folder(
         changed=counts["changed"],
         linked=counts["linked"],
         copied=counts["copied"],
-        bytes_before=sum(d.numel() for d in before),
-        bytes_after=sum(d.numel() for d in after),
+        bytes_before=bytes_before,
+        bytes_after=bytes_after,
         ms_before=ms_before,
         ms_after=ms_after,
+        timed=len(before) if ms_before is not None else 0,
     )

@@ -20,16 +20,25 @@ other boxes than worker processes would draw. Non-JPEG files are decoded by PIL;
 follow the dataset's ``on_error``. Batch memory is reused as :func:`fastpipe.recycled` reuses it
 (see :mod:`fastpipe.datasets._thread_ring`).
 
-A dataset that is not a plain :class:`~fastpipe.datasets.ImageFolder` (one with a ``transform``
-or ``target_transform``, or any other map-style dataset) is served generically: ``dataset[i]``
-in ``threads`` Python threads and ``default_collate``, without the ring. That is how the
-diagnosis's cache points reach it (:meth:`with_dataset`).
+The fast path applies when the dataset is fastpipe's :class:`~fastpipe.datasets.ImageFolder` (or
+``DatasetFolder``, its ``__getitem__`` not overridden) whose ``fast_path`` absorbed the whole
+transform into a ``DecodeCrop`` (``size=...``, or ``Compose([RandomResizedCrop, RandomHorizontalFlip,
+PILToTensor])``), with no ``target_transform``. Any other dataset (a transform with more after the crop,
+any other map-style dataset) is served generically: ``dataset[i]`` and ``default_collate`` in the loop's
+own thread, under a copy of the global RNG seeded per batch from the epoch's seed, so random transforms
+give the same batches under the same ``torch.manual_seed`` (threads sharing the global RNG would not).
+That is how the diagnosis's cache points reach it (:meth:`with_dataset`).
+
+One epoch is live at a time, as the loader's buffers are shared: ``iter()`` again closes the previous
+iterator (its ``next()`` then raises :class:`~fastpipe.datasets._thread_epoch.EpochClosedError`), and so
+does :meth:`ThreadLoader.close`. Dropping the iterator stops its threads too (the loader holds it weakly).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -39,8 +48,9 @@ from torch.utils.data import DataLoader, Sampler
 from fastpipe.datasets._thread_epoch import Plan, ThreadEpoch
 from fastpipe.datasets._thread_ring import BufferRing
 from fastpipe.datasets.crop import DecodeCrop
+from fastpipe.datasets.folder import DatasetFolder
 from fastpipe.errors import ConfigError
-from fastpipe.loading.recycle._loader import _LIVE
+from fastpipe.loading.recycle import register_releaser
 from fastpipe.ops.jpeg_batch import MAX_THREADS
 
 #: Why the per-stage cache points do not apply: the diagnosis reads it (StagesOutsideWorkers).
@@ -114,8 +124,8 @@ class ThreadLoader:
         )
         self._counters: Counter[str] = Counter()
         self._ring: BufferRing | None = None
-        self._epoch: ThreadEpoch | None = None
-        _LIVE.add(self)  # fastpipe.release(batch) and releasing(batch) ask every live loader, recycled ones and this
+        self._epoch: weakref.ReferenceType[ThreadEpoch] | None = None  # weak: dropping the iterator stops its threads
+        register_releaser(self)  # fastpipe.release(batch) and releasing(batch) ask every live loader, recycled ones and this
 
     # The DataLoader settings, for code (and the diagnosis) that reads them.
     batch_size = property(lambda self: self._indices.batch_size)
@@ -139,12 +149,24 @@ class ThreadLoader:
 
     def with_dataset(self, dataset: Any, **overrides: Any) -> "ThreadLoader":
         """A loader like this one over ``dataset`` (the diagnosis's hook); its sampler and generator are copies, so
-        iterating it leaves this one's untouched. ``overrides``: ``threads``, ``prefetch``, ``slots``, ``pin_memory``."""
+        iterating it leaves this one's untouched. ``overrides``: ``threads``, ``prefetch``, ``slots``, ``pin_memory``,
+        and the DataLoader names callers such as ``fastpipe tune`` pass: ``num_workers`` (> 0: that many threads;
+        0: this loader's own ``threads``) and ``prefetch_factor`` (None: this loader's ``prefetch``; else batches
+        read ahead)."""
         settings = dict(threads=self.threads, prefetch=self.prefetch, slots=self.slots, pin_memory=self.pin_memory)
-        unknown = set(overrides) - set(settings) - {"num_workers"}
+        overrides = dict(overrides)
+        workers = overrides.pop("num_workers", 0)
+        if workers:
+            overrides.setdefault("threads", min(_whole("num_workers", workers, 0), MAX_THREADS))
+        factor = overrides.pop("prefetch_factor", None)
+        if factor is not None:
+            overrides.setdefault("prefetch", _whole("prefetch_factor", factor, 1))
+        unknown = set(overrides) - set(settings)
         if unknown:
-            raise ConfigError(f"ThreadLoader.with_dataset cannot change {sorted(unknown)}; it takes {sorted(settings)}")
-        settings.update({k: v for k, v in overrides.items() if k != "num_workers"})
+            raise ConfigError(
+                f"ThreadLoader.with_dataset cannot change {sorted(unknown)}; it takes {sorted(settings)}, num_workers and prefetch_factor"
+            )
+        settings.update(overrides)
         custom_batches = self._indices.batch_size is None
         memo = {id(self.dataset): self.dataset, id(dataset): dataset}  # a sampler's dataset is shared, not copied
 
@@ -171,30 +193,44 @@ class ThreadLoader:
 
         The prefetcher's hook (PinsForDevice): a batch it copies goes back to the ring once the copy is done.
         """
-        if self._epoch is not None:
-            self._epoch.close()  # one live epoch, as a DataLoader
+        previous = self._epoch() if self._epoch is not None else None
+        if previous is not None:  # one live epoch: the ring's buffers are shared
+            previous.close("because iter() was called again on its ThreadLoader")
         indices = iter(self._indices)  # draws the epoch's seed as a DataLoader does, from its generator
         seed = int(getattr(indices, "_base_seed", 0))
         first = next(indices, None)  # the sampler's own draws (RandomSampler's permutation) in this thread
         batches = iter(()) if first is None else itertools.chain([first], indices)
-        self._epoch = ThreadEpoch(self._plan(device), batches, seed)
-        return self._epoch
+        epoch = ThreadEpoch(self._plan(device), batches, seed)
+        self._epoch = weakref.ref(epoch)
+        return epoch
+
+    def fast(self) -> bool:
+        """Whether batches are decoded by the batch op into the ring (else ``dataset[i]`` and collate, see the module doc).
+
+        Only when the result is exactly what ``dataset[i]`` gives: fastpipe's ``DatasetFolder.__getitem__`` (not a
+        subclass's override), a ``DecodeCrop`` that absorbed the whole transform, and no ``target_transform``.
+        """
+        dataset = self.dataset
+        fast_path = getattr(dataset, "fast_path", None)
+        return (
+            isinstance(dataset, DatasetFolder)
+            and type(dataset).__getitem__ is DatasetFolder.__getitem__
+            and fast_path is not None
+            and isinstance(fast_path.decode, DecodeCrop)
+            and len(fast_path.rest) == 0
+            and isinstance(getattr(dataset, "samples", None), list)
+            and dataset.target_transform is None
+        )
 
     def _plan(self, device: Any) -> Plan:
         kind = getattr(device, "kind", None)
         decode = getattr(self.dataset, "decode", None)
-        fast = (
-            isinstance(decode, DecodeCrop)
-            and isinstance(getattr(self.dataset, "samples", None), list)
-            and getattr(self.dataset, "transform", None) is None
-            and getattr(self.dataset, "target_transform", None) is None
-        )
+        fast = self.fast()
         pin = self.pin_memory and kind in (None, "cuda") and torch.cuda.is_available()
         ring = None
         if fast:
-            batch = self.batch_size
-            if batch is None:  # a custom batch sampler: the largest batch it makes
-                batch = max((len(b) for b in copy.deepcopy(self.batch_sampler)), default=1)
+            # a custom batch sampler: sized from the batches it makes, as they come (take() grows the ring)
+            batch = self.batch_size or (self._ring.batch_size if self._ring is not None else 1)
             if self._ring is None or self._ring.pin != pin or self._ring.batch_size < batch or self._ring.size != decode.size:
                 self._ring = BufferRing(self.slots, batch, decode.size, pin)
             ring = self._ring
@@ -224,9 +260,10 @@ class ThreadLoader:
         return self._ring is not None and isinstance(first, torch.Tensor) and self._ring.release(first, after)
 
     def close(self) -> None:
-        """Stop the current epoch's threads."""
-        if self._epoch is not None:
-            self._epoch.close()
+        """Stop the current epoch's threads (joined, a few seconds at most) and give its queued buffers back."""
+        epoch = self._epoch() if self._epoch is not None else None
+        if epoch is not None:
+            epoch.close("by ThreadLoader.close()")
 
     def stats(self) -> dict[str, Any]:
         """Counts and times since the loader was made (the diagnosis puts them in its report: ReportsStats).
@@ -242,12 +279,12 @@ class ThreadLoader:
             "batches": ring["batches"],
             "reused": ring["reused"],
             "fallbacks": ring["fallbacks"],
-            "grown": 0,
+            "grown": ring["grown"],
             "kept": ring["kept"],
             "released": ring["released"],
             "slots": self.slots,
             "workers": 0,
-            "ring_bytes": 0 if self._ring is None else self._ring.nbytes * self.slots,
+            "ring_bytes": 0 if self._ring is None else self._ring.ring_bytes,
             "pinning": "page-locked buffers" if self._ring is not None and self._ring.pin else "none",
             "threads": self.threads,
             "skipped": int(c["skipped"]),

@@ -68,9 +68,9 @@ def recommend(
     if kind == WORKERS:
         return _workers()
     if base == RAW or kind == RAW:
-        return _raw_load(transform, dataset, image_size)
+        return _with_prepare(_raw_load(transform, dataset, image_size), dataset)
     if base == COLLATE or kind == COLLATE:
-        return _collate(transform)
+        return _collate(transform, dataset)
     if base == COPY or kind == COPY:
         return _copy()
     return _transform(base, transform, dataset, image_size)
@@ -376,7 +376,7 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     # the float conversions fastpipe's ImageFolder keeps from the user's transform (its ToTensor) are not compiled parts:
     # their remedy is uint8 out and Normalize on the device, as for torchvision's
     if _is_fastpipe_part(stage) and name != "RandomMask" and name not in _FLOAT_OUT:
-        return _fastpipe_part(name)
+        return _with_prepare(_fastpipe_part(name, dataset), dataset)
     converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage")), None)
     if name in _CROPS:
         return _decode_box(name, stage, transform, dataset, image_size, converted, name)
@@ -494,16 +494,72 @@ def _is_fastpipe_part(stage: object | None) -> bool:
     return any(module == package or module.startswith(package + ".") for package in _DROP_IN_PACKAGES)
 
 
-def _fastpipe_part(name: str) -> Advice:
-    return Advice(
-        summary=(
-            f"{name}: fastpipe's own part, already native code, so rewriting it will not help. Give it more CPU: "
-            "more workers where cores are idle (`fastpipe tune SPEC`, or fastpipe.tune, finds the fewest that keep up and "
-            "watches shared memory), or take its work off the CPU: decode on the device (fastpipe.datasets.EncodedImageFolder "
-            "with DecodeCropOnDevice, as the jpeg:device workload does) where a GPU decoder is available."
-        ),
-        snippet=_TUNE_SNIPPET,
+def _fastpipe_part(name: str, dataset: object | None = None) -> Advice:
+    summary = (
+        f"{name}: fastpipe's own part, already native code, so rewriting it will not help. Give it more CPU: "
+        "more workers where cores are idle (`fastpipe tune SPEC`, or fastpipe.tune, finds the fewest that keep up and "
+        "watches shared memory), or take its work off the CPU: decode on the device (fastpipe.datasets.EncodedImageFolder "
+        "with DecodeCropOnDevice, as the jpeg:device workload does) where a GPU decoder is available."
     )
+    if _thread_loader_fits(dataset):
+        summary += f" Or spend less CPU around it: {_THREAD_LOADER}."
+    return Advice(summary=summary, snippet=_TUNE_SNIPPET)
+
+
+#: The ThreadLoader remedy, for a JPEG folder read by fastpipe's ImageFolder whose crop is decoded by DecodeCrop.
+_THREAD_LOADER = (
+    "no worker processes at all for this JPEG folder: fastpipe.datasets.ThreadLoader(dataset, batch_size=..., shuffle=True, "
+    "threads=<cores>) decodes whole batches with threads in one process, with no per-sample Python, collate or copies "
+    "between processes, one copy of the dataset and no /dev/shm (bench_jpeg.py --thread-loader compares it with the DataLoader)"
+)
+
+
+def _folder(dataset: object | None) -> object | None:
+    """The ImageFolder-like dataset under wrappers that keep it as ``.dataset`` (Subset and most user wrappers)."""
+    for _ in range(4):
+        if getattr(dataset, "samples", None) is not None or getattr(dataset, "dataset", None) is None:
+            break
+        dataset = getattr(dataset, "dataset")
+    return dataset
+
+
+def _thread_loader_fits(dataset: object | None) -> bool:
+    """fastpipe's ImageFolder with its crop absorbed into a DecodeCrop: what the ThreadLoader's batch op decodes."""
+    folder = _folder(dataset)
+    fast_path = getattr(folder, "fast_path", None)
+    return type(folder).__module__.startswith("fastpipe.datasets") and type(getattr(fast_path, "decode", None)).__name__ == "DecodeCrop"
+
+
+def _progressive(dataset: object | None, probe: int = 16) -> tuple[int, int]:
+    """(progressive JPEGs, files probed) among the first ``probe`` samples of an ImageFolder-like dataset (headers only)."""
+    samples = getattr(_folder(dataset), "samples", None)
+    if not isinstance(samples, (list, tuple)) or not samples:
+        return 0, 0
+    from PIL import Image
+
+    found = probed = 0
+    for sample in samples[:probe]:
+        path = sample[0] if isinstance(sample, (list, tuple)) else sample
+        try:
+            with Image.open(path) as img:
+                probed += 1
+                found += img.format == "JPEG" and bool(img.info.get("progressive") or img.info.get("progression"))
+        except (OSError, TypeError, ValueError):
+            continue
+    return found, probed
+
+
+def _with_prepare(advice: Advice, dataset: object | None) -> Advice:
+    """Add ``fastpipe prepare`` where the folder has progressive JPEGs (several times slower to decode than baseline)."""
+    found, probed = _progressive(dataset)
+    if not found:
+        return advice
+    line = (
+        f" {found} of {probed} files probed are progressive JPEGs, several times slower to decode than baseline: "
+        "`fastpipe prepare ROOT NEW_ROOT` copies the folder with them rewritten losslessly as baseline (pixels identical), "
+        "the rest hard-linked; train on NEW_ROOT."
+    )
+    return Advice(summary=advice.summary + line, snippet=advice.snippet, caveat=advice.caveat)
 
 
 def _is_fastpipe_mask(stage: object | None) -> bool:
@@ -517,7 +573,7 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _collate(transform: object | None) -> Advice:
+def _collate(transform: object | None, dataset: object | None = None) -> Advice:
     floats = [n for n in (type(leaf).__name__ for leaf in _leaves(transform)) if n in _FLOAT_OUT]
     recycled = _recycled_available()
     summary = (
@@ -525,6 +581,8 @@ def _collate(transform: object | None) -> Advice:
         "uint8 images (PILToTensor, normalize on the device with fastpipe.transforms.Normalize), smaller dtypes, no padding"
     )
     summary += ", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else "."
+    if _thread_loader_fits(dataset):
+        summary += f" Or {_THREAD_LOADER}."
     caveat = f"your transform ends in {', '.join(floats)}: float32 out, 4x the bytes of uint8" if floats else None
     return Advice(summary=summary, snippet=_PAYLOAD_SNIPPET + ("\n" + _RECYCLED_LINES if recycled else ""), caveat=caveat)
 
@@ -564,7 +622,7 @@ def _span(parts: list[str], transform: object | None, dataset: object | None, im
     """Stages measured together (an interrupted or bisected run): which part costs the time is not known."""
     kinds: dict[str, Callable[[], Advice]] = {
         RAW: lambda: _raw_load(transform, dataset, image_size),
-        COLLATE: lambda: _collate(transform),
+        COLLATE: lambda: _collate(transform, dataset),
         COPY: _copy,
     }
     advice = [kinds[p]() if p in kinds else _transform(re.sub(r"#\d+$", "", p), transform, dataset, image_size) for p in parts]

@@ -49,9 +49,11 @@ class BatchDecode:
 
 
 def _as_boxes(boxes: "Sequence[Sequence[int]] | torch.Tensor", n: int) -> torch.Tensor:
-    tensor = torch.as_tensor(boxes, dtype=torch.int64).reshape(-1, 4) if n else torch.empty((0, 4), dtype=torch.int64)
-    if tensor.shape[0] != n:
-        raise ConfigError(f"decode_jpeg_crop_batch: {n} files but {tensor.shape[0]} boxes; give one (top, left, height, width) per file")
+    tensor = torch.as_tensor(boxes, dtype=torch.int64) if n else torch.empty((0, 4), dtype=torch.int64)
+    if tuple(tensor.shape) != (n, 4):  # no reshape: a flat or transposed array must not pass as boxes
+        raise ConfigError(
+            f"decode_jpeg_crop_batch: boxes must have shape ({n}, 4), one (top, left, height, width) per file; got {tuple(tensor.shape)}"
+        )
     return tensor.contiguous()
 
 
@@ -109,6 +111,7 @@ def decode_jpeg_crop_batch(
     if names is not None and len(names) != n:
         raise ConfigError(f"decode_jpeg_crop_batch: {n} files but {len(names)} names")
     box_tensor, flips = _as_boxes(boxes, n), _as_flips(hflip, n)
+    fresh = out is None
     if out is None:
         out = torch.empty((n, 3, size[0], size[1]), dtype=torch.uint8)
     _check_out(out, n, size)
@@ -121,6 +124,9 @@ def decode_jpeg_crop_batch(
     result = BatchDecode(out)
     for i in retry:
         _decode_one(result, i, data[i], tuple(box_tensor[i].tolist()), size, bool(flips[i]), on_error, label[i])
+    if fresh:  # our own tensor: a failed slot is zeros, not whatever the allocation held
+        for failure in result.failed:
+            out[failure.index].zero_()
     return result
 
 
@@ -130,9 +136,9 @@ def _decode_one(
     """File ``i`` again, alone: through PIL if it is not a JPEG, else through the single op for its error."""
     where = f"{name} (batch index {i})"
     try:
-        if not (jpeg_ops.JPEG_OP_AVAILABLE and jpeg_ops.is_jpeg(data)):
-            result.pil.append(i)
         result.images[i] = jpeg_ops.decode_jpeg_crop(data, box, size, hflip=flip)
+        if not (jpeg_ops.JPEG_OP_AVAILABLE and jpeg_ops.is_jpeg(data)):
+            result.pil.append(i)  # only once decoded: a failed file is in `failed`, not here too
         return
     except ConfigError as exc:
         raise ConfigError(_renamed(exc, where)) from exc

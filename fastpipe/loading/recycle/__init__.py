@@ -26,9 +26,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastpipe.loading.recycle._loader import RecycledIterator, RecycledLoader, default_slots, release, releasing
+from fastpipe.loading.recycle._hostpin import storage_refs
+from fastpipe.loading.recycle._loader import _LIVE, RecycledIterator, RecycledLoader, default_slots, release, releasing
 
-__all__ = ["recycled", "RecycledLoader", "RecycledIterator", "release", "releasing", "default_slots"]
+__all__ = ["recycled", "RecycledLoader", "RecycledIterator", "release", "releasing", "default_slots", "register_releaser", "storage_refs"]
+
+
+def register_releaser(loader: Any) -> None:
+    """Make ``fastpipe.release(batch)`` and ``releasing(batch)`` ask ``loader.release(batch, after)`` too (held weakly).
+
+    For loaders outside this package that lend reused buffers (``fastpipe.datasets.ThreadLoader``).
+    """
+    _LIVE.add(loader)
 
 
 def recycled(loader: Any, slots: int | None = None) -> RecycledLoader:
