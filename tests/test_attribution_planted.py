@@ -123,7 +123,7 @@ def three_stages(position: int, ms: float) -> T.Compose:
 
 FREE = ("FreeA", "FreeB")
 CASES = [(position, need, seed) for seed in (0, 1, 2) for need in (1.3, 3.0) for position in (0, 1, 2)]
-FAST = [(0, 1.3, 0), (2, 3.0, 0)]  # the rest of CASES run under the slow marker
+FAST = [(0, 1.3, 0)]  # the rest of CASES run under the slow marker (the default suite stays well under 10 minutes)
 
 
 def planted_ms(seed: int) -> float:

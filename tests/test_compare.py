@@ -9,6 +9,7 @@ M = "tests.compare_fixtures"
 DEVICE = "sim:40"
 
 
+@pytest.mark.slow
 def test_ladder_closes_the_gap_and_flags_a_rung_that_does_not() -> None:
     result = compare([f"{M}:slow", f"{M}:faster", f"{M}:same_as_faster", f"{M}:fastest"], DEVICE, steps=6, warmup=2, budget=3)
     assert result.device_bound_steps_per_s == pytest.approx(25, rel=0.1)
@@ -86,6 +87,7 @@ def test_cli_compare_bad_input(argv, fix, capsys) -> None:
     assert fix in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_the_order_of_the_variants_does_not_change_the_verdicts() -> None:
     """Interleaved rounds after a warm-up pass: a real saving is found in either order, an equal pair in neither."""
     forward = compare([f"{M}:slow", f"{M}:fastest"], DEVICE, steps=4, warmup=1, budget=3)

@@ -41,6 +41,7 @@ def test_two_ranks_follow_one_plan_and_report_the_slowest(tmp_path) -> None:
     assert "slowest rank 1" in note
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_point_that_fails_on_one_rank_is_dropped_on_every_rank(tmp_path) -> None:
     # rank 1's dataset cannot serve the middle points, rank 0's can: without agreement rank 1 would drop them
@@ -52,6 +53,7 @@ def test_a_point_that_fails_on_one_rank_is_dropped_on_every_rank(tmp_path) -> No
     assert "changes its transform's output" in json.dumps(plans[0]["unavailable"]) and "on rank 1" not in plans[0]["points"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_baseline_that_fails_on_one_rank_stops_every_rank_with_its_error(tmp_path) -> None:
     mp.spawn(diagnose_rank_failing_baseline, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)

@@ -267,6 +267,7 @@ def test_toy_ray_runs_the_optimized_pipeline_on_ray(shared_ray: None) -> None:
 
 
 # ----- clusters fastpipe starts itself (keep these last: each starts a cluster) -------------------
+@pytest.mark.slow
 def test_an_error_shuts_down_the_cluster_fastpipe_started(no_ray: None) -> None:
     loader = RayLoader(Indexed(8, fail_at=1), batch_size=4, num_cpus=1, object_store_memory=128 * 1024**2)
     with pytest.raises(PipelineError, match=r"dataset\[1\]"):
@@ -274,6 +275,7 @@ def test_an_error_shuts_down_the_cluster_fastpipe_started(no_ray: None) -> None:
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_training_loop_shuts_down_the_cluster_fastpipe_started(no_ray: None) -> None:
     original = signal.getsignal(signal.SIGINT)
     loader = RayLoader(Indexed(8), batch_size=4, num_cpus=1, object_store_memory=128 * 1024**2)

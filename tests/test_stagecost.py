@@ -68,6 +68,7 @@ def test_planted_costs_are_ranked_and_sum_to_the_worker_time() -> None:
     assert costs.timing_us_per_sample is not None and costs.timing_us_per_sample < 500
 
 
+@pytest.mark.slow
 def test_timing_does_not_perturb_throughput_and_the_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     # an A/B on a shared machine: one retry, so a burst of someone else's load cannot fail it alone
     for attempt in range(2):
