@@ -89,6 +89,12 @@ class Stages:
             raise TypeError(f"fastpipe.Stages(load=...) must be callable, got {type(load).__name__}")
         if source is not None and not hasattr(source, "__iter__"):
             raise TypeError(f"fastpipe.Stages(source=...) must be iterable, got {type(source).__name__}")
+        if source is not None and iter(source) is source:  # the diagnosis reads it again and again: an iterator would
+            # be used up, and the items it read would be lost to the user's own training
+            raise TypeError(
+                f"fastpipe.Stages(source=...) must be re-iterable (a list, a Dataset, an object whose __iter__ starts "
+                f"anew), not a one-shot iterator such as a generator ({type(source).__name__})"
+            )
         items = list(transforms) if isinstance(transforms, (list, tuple)) else [transforms]
         bad = [type(t).__name__ for t in items if not callable(t)]
         if bad:

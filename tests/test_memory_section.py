@@ -176,3 +176,19 @@ def test_diagnosis_names_copy_on_read_and_not_a_numpy_index() -> None:
     assert grown.copy_on_read is not None and [c.path for c in grown.copy_on_read.containers] == ["Records.records"]
     flat = diagnose(packed(), device="sim:10", **options).memory
     assert flat.loader is not None and not flat.loader.grows and flat.copy_on_read is None, flat.loader.to_table()
+
+
+def test_a_new_process_in_a_workers_slot_counts_its_samples_from_zero() -> None:
+    """A new epoch's worker takes the old one's ledger row: its count restarts, so its own warm-up is cut from its
+    own samples (not from the previous worker's running total)."""
+    import os
+
+    from fastpipe.diagnosis._loader_memory import _Counted
+
+    ledger = torch.zeros((3, 2), dtype=torch.int64)
+    ledger[0] = torch.tensor([500, os.getpid() + 1])  # the slot held another process that read 500 samples
+    counted = _Counted(list(range(10)), ledger)
+    counted[0], counted[1]
+    assert ledger[0].tolist() == [2, os.getpid()]
+    counted[2]
+    assert ledger[0].tolist() == [3, os.getpid()]  # the same process keeps counting

@@ -128,6 +128,12 @@ def test_a_stream_that_changes_its_transforms_output_says_why_its_points_are_una
     assert reason is not None and "Changes.__iter__ changes its transform's output" in reason
 
 
+def test_a_one_shot_source_is_refused_before_the_diagnosis_uses_up_the_users_items() -> None:
+    with pytest.raises(TypeError, match="re-iterable"):
+        fastpipe.Stages(source=(i for i in range(3)), transforms=[lambda x: x])
+    assert fastpipe.Stages(source=range(3), transforms=[lambda x: x]).source == range(3)  # re-iterable: accepted
+
+
 def test_a_stream_without_stages_says_which_declaration_to_add() -> None:
     class Opaque(IterableDataset):
         def __iter__(self):

@@ -86,8 +86,11 @@ class _Counted(Dataset):
     def _count(self, n: int) -> None:
         info = get_worker_info()
         row = 0 if info is None else info.id + 1
+        pid = os.getpid()
+        if int(self.ledger[row, 1]) != pid:  # a new process in this slot (a new epoch's workers): its own count from 0,
+            self.ledger[row, 0] = 0  # so its warm-up is cut from its own samples, not the previous worker's total
+            self.ledger[row, 1] = pid
         self.ledger[row, 0] += n
-        self.ledger[row, 1] = os.getpid()
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -608,7 +611,10 @@ def estimated_batch_bytes(loader: Any) -> tuple[int, int] | None:
     from torch.utils.data import default_collate
 
     collate = getattr(source, "collate_fn", None) or default_collate
-    one = collate([dataset[0]])
+    try:
+        one = collate([dataset[0]])
+    except Exception:  # a dataset that index 0 does not read (keyed by name, __getitems__ only): first_batch decides
+        return None
     return batch_shm_bytes(one, batch_size), batch_nbytes(one)[1] * batch_size
 
 
