@@ -43,9 +43,12 @@ def test_two_expensive_stages_are_both_named_with_their_time() -> None:
     dataset = PlantedDataset(raw_ms=planted * WORKERS / BATCH, transform=T.Compose([Fast(), Slow(planted * WORKERS / BATCH)]))
     report = run(dataset, "sim:10")
     named = {b.stage: b for b in report.bottlenecks}
-    assert set(named) == {"raw load", "Slow"}, report.to_table()
-    for b in named.values():
-        assert b.added_ms == pytest.approx(planted, rel=0.25), report.to_table()
+    # the loop's own parts are real costs near the 0.5 ms threshold (the simulated copy of each batch): they may be
+    # named too, after the planted stages; the free transform never is
+    assert {"raw load", "Slow"} <= set(named) <= {"raw load", "Slow", "collate/IPC", "host-to-device copy"}, report.to_table()
+    assert [b.stage for b in report.bottlenecks][:2] in (["raw load", "Slow"], ["Slow", "raw load"]), report.to_table()
+    for stage in ("raw load", "Slow"):
+        assert named[stage].added_ms == pytest.approx(planted, rel=0.25), report.to_table()
     assert report.baseline_step_ms == pytest.approx(10 + 2 * planted, rel=0.25)
     # the figures against an independent measurement: the same loop timed on its own, outside fastpipe, takes the
     # device step plus every time the report attributes (within 25%: sleeps hold on a loaded 2-core machine)
