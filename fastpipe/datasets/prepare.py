@@ -34,24 +34,11 @@ _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 
 def is_progressive(data: torch.Tensor) -> bool:
     """True when the JPEG's first start-of-frame marker is a progressive one."""
-    buf = data.numpy().data
     if not jpeg_ops.is_jpeg(data):
         return False
-    pos = 2
-    while pos + 4 <= len(buf):
-        if buf[pos] != 0xFF:
-            return False
-        marker = buf[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
-            pos += 2
-            continue
-        if marker in jpeg_ops._SOF_MARKERS:
-            return marker in _PROGRESSIVE
-        pos += 2 + ((buf[pos + 2] << 8) | buf[pos + 3])
-    return False
+    buf = data.numpy().data
+    pos = jpeg_ops.sof_offset(buf)
+    return pos is not None and buf[pos + 1] in _PROGRESSIVE
 
 
 def to_baseline(data: torch.Tensor, restart_rows: int = 0) -> torch.Tensor:

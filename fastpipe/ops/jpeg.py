@@ -163,8 +163,8 @@ def _name(source: Source) -> str:
     return os.fspath(source) if isinstance(source, (str, os.PathLike)) else UNNAMED_SOURCE
 
 
-def _jpeg_header_size(buf: "bytes | memoryview") -> tuple[int, int] | None:
-    """(height, width) from the first start-of-frame marker, or None if there is none in ``buf``."""
+def sof_offset(buf: "bytes | memoryview") -> int | None:
+    """Offset of the first start-of-frame marker (its 0xFF), walking the marker segments; None if ``buf`` has none."""
     pos = 2
     while pos + 4 <= len(buf):
         if buf[pos] != 0xFF:
@@ -176,13 +176,18 @@ def _jpeg_header_size(buf: "bytes | memoryview") -> tuple[int, int] | None:
         if marker in (0x01,) or 0xD0 <= marker <= 0xD7:  # markers without a length
             pos += 2
             continue
-        length = (buf[pos + 2] << 8) | buf[pos + 3]
         if marker in _SOF_MARKERS:
-            if pos + 9 > len(buf):
-                return None
-            return (buf[pos + 5] << 8) | buf[pos + 6], (buf[pos + 7] << 8) | buf[pos + 8]
-        pos += 2 + length
+            return pos
+        pos += 2 + ((buf[pos + 2] << 8) | buf[pos + 3])
     return None
+
+
+def _jpeg_header_size(buf: "bytes | memoryview") -> tuple[int, int] | None:
+    """(height, width) from the first start-of-frame marker, or None if there is none in ``buf``."""
+    pos = sof_offset(buf)
+    if pos is None or pos + 9 > len(buf):
+        return None
+    return (buf[pos + 5] << 8) | buf[pos + 6], (buf[pos + 7] << 8) | buf[pos + 8]
 
 
 def jpeg_size(source: Source) -> tuple[int, int]:
