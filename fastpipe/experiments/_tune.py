@@ -11,9 +11,12 @@ loader rebuilt at each setting, against the device bound (one batch cached on th
 
 Settings are compared in time per step (1 / steps/s), the unit in which costs add up: a
 setting is better when its step is shorter beyond noise (two standard errors of the time per
-step, from both measurements) and beyond ``tolerance`` of the device step. Differences of
-steps/s would hide real gains far from the bound: with a bound of 10 steps/s, going from 0.4
-to 0.8 steps/s is under 5% of the bound in steps/s, yet it halves the step (2.5 s to 1.25 s).
+step, from both measurements) and beyond ``tolerance`` of the longer of the two steps (at least of
+the device step). Differences of steps/s would hide real gains far from the bound: with a bound
+of 10 steps/s, going from 0.4 to 0.8 steps/s is under 5% of the bound in steps/s, yet it halves
+the step (2.5 s to 1.25 s). The tolerance scales with the step because the noise within one
+setting's run misses the drift between runs on a shared machine: a 50 ms step that reads 1 ms
+shorter with one more worker is not worth that worker's memory.
 
 The recommendation is the cheapest setting (fewest workers, then smallest prefetch) that
 reaches the bound within noise or, when none does, the cheapest within noise of the best.
@@ -196,23 +199,25 @@ class _Sweep:
     def bound_ms(self) -> float:
         return 1000.0 / self.bound
 
-    def floor_ms(self) -> float:
-        """Differences below ``tolerance`` of the device step count as equal, whatever the statistics say."""
-        return self.tolerance * self.bound_ms
+    def floor_ms(self, *steps_ms: float) -> float:
+        """Differences below ``tolerance`` of the longest step compared (at least the device step) count as
+        equal, whatever the statistics say."""
+        return self.tolerance * max(self.bound_ms, *steps_ms)
 
     def noisy(self, steps_per_s: float, noise: float) -> bool:
         """Two standard errors of the time per step wider than the tolerance: too noisy to decide on, so worth measuring longer."""
-        return SIGNIFICANCE * noise * 1000.0 / steps_per_s > self.floor_ms()
+        step_ms = 1000.0 / steps_per_s
+        return SIGNIFICANCE * noise * step_ms > self.floor_ms(step_ms)
 
     def allowance(self, a_ms: float, a_noise: float, b_ms: float, b_noise: float, capped: bool) -> float:
         """How far apart two times per step may be and still count as equal: two standard errors of their
-        difference (noise in time, from both measurements), at least ``tolerance`` of the device step.
+        difference (noise in time, from both measurements), at least ``tolerance`` of the longer step.
 
         ``capped``: at most twice the tolerance, so that a noisy run cannot pass a large gap off as
         "within noise" when claiming a setting is as good (at the bound, or as the best); claims
         that one setting is *better* stay uncapped, so noise makes them harder, never easier.
         """
-        floor = self.floor_ms()
+        floor = self.floor_ms(a_ms, b_ms)
         allowance = max(difference_noise(a_ms, a_noise, b_ms, b_noise), floor)
         return min(allowance, 2 * floor) if capped else allowance
 
@@ -361,10 +366,10 @@ def tune(
         steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
         max_workers: the largest count tried (default: usable cores + 2).
         prefetch_factors: the values the second sweep may try at the chosen worker count.
-        tolerance: differences in time per step below this fraction of the device step count as noise, whatever
-            the statistics say.
+        tolerance: differences in time per step below this fraction of the longer step compared (at least
+            the device step) count as noise, whatever the statistics say.
         extensions: how many more runs a setting gets, pooled with the first, while two standard errors
-            of its throughput exceed ``tolerance`` of the bound (a busy machine).
+            of its time per step exceed ``tolerance`` of that step (a busy machine).
         shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
         worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
         on_trial: called with each :class:`Trial` as it finishes (for progress output).
