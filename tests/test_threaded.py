@@ -160,8 +160,36 @@ def test_bad_settings_say_what_to_change(corpus: Path) -> None:
         ThreadLoader(ImageFolder(corpus), batch_size=None)
 
 
+READ_DELAY_S = 0.01
+"""Planted in every file read by :func:`slow_reads`: 40 ms per 4-image batch, far beyond a 5 ms simulated step."""
+
+
+@pytest.fixture
+def slow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every read of a file (by path) sleeps READ_DELAY_S first, so the loader is input-bound on any machine, quiet or busy.
+
+    Without it the diagnosis tests depended on the machine's speed: a loader that keeps up with the simulated step
+    leaves the baseline within noise of the device bound, and the ladder then measures no host point (how
+    test_diagnose_takes_it_as_a_loader failed once, on a quieter moment of a shared machine; a 60 ms step shows it
+    every time). A sleep costs no CPU, so other load does not change the planted figure.
+    """
+    import os
+    import time
+
+    from fastpipe.ops import jpeg as jpeg_ops
+
+    read = jpeg_ops.read_bytes
+
+    def slow(source):
+        if isinstance(source, (str, os.PathLike)):  # a file read; bytes already read pass through (header sizes, decode)
+            time.sleep(READ_DELAY_S)
+        return read(source)
+
+    monkeypatch.setattr(jpeg_ops, "read_bytes", slow)
+
+
 @pytest.mark.slow  # 5 s on a quiet 2-core machine, 11 s on a busy one: a whole (short) diagnosis
-def test_diagnose_takes_it_as_a_loader(corpus: Path) -> None:
+def test_diagnose_takes_it_as_a_loader(corpus: Path, slow_reads: None) -> None:
     """The ladder's device, host and baseline points are measured; the per-stage points are stated unavailable with
     the loader's reason; its ring's counts reach the report's notes; the user's sampler is not advanced."""
     from fastpipe import diagnose
@@ -174,6 +202,53 @@ def test_diagnose_takes_it_as_a_loader(corpus: Path) -> None:
     assert any(UNSUPPORTED_POINT_REASON in u.reason for u in report.unavailable)
     assert any("batches went into reused buffers" in note for note in report.notes)
     assert loader.stats()["batches"] == 0, "the diagnosis iterated its own copies, not the user's loader"
+
+
+def test_diagnose_reports_its_stage_costs(corpus: Path, slow_reads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's stage costs of a ThreadLoader, from its own clocks over the baseline's timed steps: a row per
+    stage with positive figures, in the table, the Markdown and the JSON; the read row holds the planted read delay,
+    the decode row's time per image is the op's own (loosely: the same files, one thread each), and the advice names
+    the stage that dominates."""
+    import json
+
+    from fastpipe import diagnose
+    from fastpipe.ops import jpeg as jpeg_ops
+
+    dataset = ImageFolder(corpus, size=16)
+    loader = ThreadLoader(dataset, batch_size=4, shuffle=True, threads=1)
+    report = diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, budget=0.3, progress=False)
+    costs = report.loader_stage_costs
+    assert costs is not None and costs.loader == "ThreadLoader" and costs.steps >= 4
+    assert [s.stage for s in costs.stages] == ["read", "draw", "decode", "hand-over", "wait"]
+    for stage in costs.stages:
+        assert stage.ms_per_step > 0 and stage.share_of_step > 0 and stage.ms_per_image > 0, stage
+    read, decode = costs.stage("read"), costs.stage("decode")
+    assert read.ms_per_image >= 1e3 * READ_DELAY_S, "the reading thread's clock holds the reads"
+    assert decode.threads == 1 and decode.images >= 4 * costs.steps - 4 * loader.prefetch
+
+    # the op alone on the same files, one call per image, boxes drawn as the loader draws them (after a warm-up pass)
+    monkeypatch.undo()  # reads at full speed again: decode_jpeg_crop reads its source through read_bytes
+    files = [jpeg_ops.read_bytes(path) for path, _ in dataset.samples]
+    sizes = np.array([jpeg_ops.jpeg_size(data) for data in files])
+    boxes = draw_boxes(np.random.default_rng(0), sizes[:, 0], sizes[:, 1], dataset.decode.scale, dataset.decode.ratio)
+    import time
+
+    for _ in range(2):  # the second pass is the one kept
+        started = time.perf_counter()
+        for data, box in zip(files, boxes):
+            jpeg_ops.decode_jpeg_crop(data, tuple(int(v) for v in box), (16, 16))
+        op_ms = 1e3 * (time.perf_counter() - started) / len(files)
+    assert 0.3 * op_ms <= decode.ms_per_image <= 5 * op_ms, (decode.ms_per_image, op_ms)
+
+    text, markdown = report.to_table(), report.to_markdown()
+    for rendering in (text, markdown):
+        assert "Stage costs of the ThreadLoader" in rendering and "decoding thread (1 native thread)" in rendering
+        assert "do not add up to 100%" in rendering
+        assert "In the ThreadLoader, read dominates" in rendering and "storage" in rendering, rendering
+    assert "own clocks time its stages instead" in text, "the note where a DataLoader's would say the in-worker timing ran"
+    data = json.loads(report.to_json())["loader_stage_costs"]
+    assert data["schema"] == "fastpipe.loaderstages/1"
+    assert {s["stage"]: s["ms_per_image"] for s in data["stages"]}["decode"] == pytest.approx(decode.ms_per_image)
 
 
 @pytest.mark.gpu

@@ -116,10 +116,13 @@ class ThreadEpoch(Iterator[Any]):
             return self._next_generic()
         plan = self._plan
         if plan.ring is not None:
-            plan.ring.poll(plan.fence)
+            polled = time.perf_counter()
+            plan.ring.poll(plan.fence)  # giving back the buffers the loop moved past: part of the hand-over
+            plan.counters["handover_s"] += time.perf_counter() - polled
         started = time.perf_counter()
         item = self._workers.get()
         plan.counters["wait_s"] += time.perf_counter() - started
+        plan.counters["waits"] += 1
         if item is _END:
             self._finish()
             raise StopIteration
@@ -135,6 +138,8 @@ class ThreadEpoch(Iterator[Any]):
             plan.mark(images)
             plan.mark(labels)
         plan.counters["handover_s"] += time.perf_counter() - handed
+        plan.counters["handed_batches"] += 1
+        plan.counters["handed_images"] += n
         return [images, labels]
 
     def _finish(self) -> None:
@@ -154,13 +159,20 @@ class ThreadEpoch(Iterator[Any]):
         self._number += 1
         plan.counters["decode_s"] += time.perf_counter() - started
         plan.counters["images"] += len(indices)
+        plan.counters["decode_batches"] += 1
+        plan.counters["decode_threads"] += 1  # the loop's own thread
+        plan.counters["handed_batches"] += 1
+        plan.counters["handed_images"] += len(indices)
         return batch
 
     def release(self, batch: Any, after: Any = None) -> bool:
         """Give ``batch``'s buffer back now, after a CUDA event, or at a ``time.perf_counter()`` time (the prefetcher's hook)."""
+        started = time.perf_counter()
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
         ring = self._plan.ring
-        return ring is not None and isinstance(first, torch.Tensor) and ring.release(first, after)
+        released = ring is not None and isinstance(first, torch.Tensor) and ring.release(first, after)
+        self._plan.counters["handover_s"] += time.perf_counter() - started  # the prefetcher's release: part of the hand-over
+        return released
 
     def close(self, why: str = "by close()") -> None:
         """Stop the threads, wait for them (a few seconds at most) and give every queued buffer back to the ring."""
@@ -251,6 +263,8 @@ class _Workers:
                 boxes = draw_boxes(rng, sizes[:, 0], sizes[:, 1], plan.scale, plan.ratio)
                 flips = draw_flips(rng, len(indices), plan.hflip)
                 counters["draw_s"] += time.perf_counter() - started
+                counters["read_images"] += len(indices)
+                counters["read_batches"] += 1
                 labels = [plan.samples[i][1] for i in indices]  # type: ignore[index]
                 if not _put(self._read, _Read(list(indices), data, boxes, flips, labels, errors), self._stop):
                     return
@@ -299,6 +313,8 @@ class _Workers:
         )
         counters["decode_s"] += time.perf_counter() - started
         counters["images"] += len(item.indices)
+        counters["decode_batches"] += 1
+        counters["decode_threads"] += min(plan.threads, len(item.indices))  # the op starts no more threads than images
         targets = list(item.labels)
         failed = {f.index: f.error for f in result.failed}
         failed.update(item.header_errors)

@@ -259,6 +259,49 @@ class ThreadLoader:
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
         return self._ring is not None and isinstance(first, torch.Tensor) and self._ring.release(first, after)
 
+    def stage_clocks(self) -> dict[str, Any]:
+        """Running totals of each stage since the loader was made (the diagnosis's ``TimesOwnStages`` hook: it takes
+        their difference over the baseline point's timed steps and reports it as this loader's stage costs).
+
+        The fast path runs three threads, and each figure is the wall time of one of them: the reading thread reads
+        the files (``read``), then their headers' sizes and the crop draws (``draw``); the decoding thread runs the
+        batch op (``decode``, its native threads per batch counted in ``threads``); the loop's own thread gives back
+        the buffers it moved past and makes each batch's views (``hand-over``), and waits in ``next()`` for a decoded
+        batch (``wait``). The generic path runs ``dataset[i]`` and ``default_collate`` in the loop's thread.
+        """
+        c = self._counters
+        if not self.fast():
+            stages = [
+                _clock(
+                    "load + collate",
+                    "loop thread",
+                    "dataset[i] and default_collate",
+                    c,
+                    "decode_s",
+                    "images",
+                    "decode_batches",
+                    "decode_threads",
+                )
+            ]
+        else:
+            stages = [
+                _clock("read", "reading thread", "file reads", c, "read_s", "read_images", "read_batches", "read_batches"),
+                _clock("draw", "reading thread", "header sizes and crop draws", c, "draw_s", "read_images", "read_batches", "read_batches"),
+                _clock("decode", "decoding thread", "the batch decode op", c, "decode_s", "images", "decode_batches", "decode_threads"),
+                _clock(
+                    "hand-over",
+                    "loop thread",
+                    "ring views and buffer release",
+                    c,
+                    "handover_s",
+                    "handed_images",
+                    "handed_batches",
+                    "handed_batches",
+                ),
+                _clock("wait", "loop thread", "blocked in next() for a decoded batch", c, "wait_s", "handed_images", "waits", "waits"),
+            ]
+        return {"stages": stages, "images": int(c["handed_images"]), "batches": int(c["handed_batches"])}
+
     def close(self) -> None:
         """Stop the current epoch's threads (joined, a few seconds at most) and give its queued buffers back."""
         epoch = self._epoch() if self._epoch is not None else None
@@ -294,6 +337,21 @@ class ThreadLoader:
             "handover_ms": 1e3 * c["handover_s"] / batches,
             "wait_ms": 1e3 * c["wait_s"] / batches,
         }
+
+
+def _clock(
+    stage: str, thread: str, what: str, counters: Counter[str], seconds: str, items: str, calls: str, threads: str
+) -> dict[str, Any]:
+    """One ``StageClock`` (``fastpipe.loading.StageClock``) from the loader's counters, named by their keys."""
+    return {
+        "stage": stage,
+        "thread": thread,
+        "what": what,
+        "seconds": float(counters[seconds]),
+        "items": int(counters[items]),
+        "calls": int(counters[calls]),
+        "threads": int(counters[threads]),
+    }
 
 
 def _fence_for(device: Any, pinned: bool) -> Any:

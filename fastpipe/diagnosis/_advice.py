@@ -11,10 +11,13 @@ dataset's transform, unchanged), ``dataset``, ``loader``, ``device`` (a torch.de
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
 from typing import Callable
+
+from fastpipe.diagnosis._loader_stages import LoaderStageCosts, native
 
 RAW, TRANSFORM, COLLATE, COPY, WORKERS = "raw load", "transform", "collate/IPC", "host-to-device copy", "too few workers"
 #: torchvision's RandomResizedCrop scale range: on average a box covers (0.08 + 1) / 2 of the image's area.
@@ -636,3 +639,51 @@ def _span(parts: list[str], transform: object | None, dataset: object | None, im
         snippet=None if first is None else first.snippet,
         caveat="; ".join(a.caveat for a in advice if a.caveat) or None,
     )
+
+
+def recommend_loader_stage(costs: LoaderStageCosts, dataset: object | None, cores: int) -> Advice | None:
+    """The remedy for an input-bound loader that times its own stages (the ThreadLoader): its dominant stage's.
+
+    The ladder says how much the input costs each step; the loader's clocks say which of its threads spends the
+    time, so the advice names that stage: decode (more ``threads=`` while cores are free, ``fastpipe prepare`` for
+    progressive JPEGs), read (storage: one thread reads), or the generic path's per-image ``dataset[i]`` and collate.
+    None when no stage was timed.
+    """
+    top = costs.dominant()
+    if top is None:
+        return None
+    share = "" if math.isnan(top.share_of_step) else f", {top.share_of_step:.0%} of the loop's {costs.step_ms:.1f} ms step"
+    per_image = "" if top.ms_per_image is None else f" ({top.ms_per_image:.2f} ms per image)"
+    head = f"In the {costs.loader}, {top.stage} dominates: the {top.thread} spends {top.ms_per_step:.1f} ms per step on {top.what}{per_image}{share}."
+    if top.stage == "decode":
+        threads = top.threads or 1.0
+        if threads < cores:
+            fix = f" Give it more native threads: threads= (now {threads:.3g} per batch; {cores} cores here)."
+        else:
+            fix = (
+                f" With {native(threads)} per batch it already has the {cores} cores here, so more threads will not help; take "
+                "the decode off the CPU where a GPU decoder is available (fastpipe.datasets.EncodedImageFolder with "
+                "DecodeCropOnDevice, as jpeg:device-decode does)."
+            )
+        found, probed = _progressive(dataset)
+        if found:
+            fix += (
+                f" {found} of {probed} files probed are progressive JPEGs, several times slower to decode than baseline: "
+                "`fastpipe prepare ROOT NEW_ROOT` rewrites them losslessly as baseline (pixels identical); train on NEW_ROOT."
+            )
+        elif probed:
+            fix += f" None of the {probed} files probed is a progressive JPEG, so `fastpipe prepare` would not make them faster."
+        return Advice(summary=head + fix)
+    if top.stage == "read":
+        return Advice(
+            summary=head + " Storage sets the pace: one thread reads the files, so threads= (decoders) cannot help; put the "
+            "folder on faster or local storage (a local SSD, or memory when it fits), and a deeper prefetch= only evens out bursts."
+        )
+    if top.stage == "load + collate":
+        return Advice(
+            summary=head + " The transform was not absorbed by the batch op, so images are loaded one at a time in the loop's "
+            "thread: give fastpipe's ImageFolder size= (or Compose([RandomResizedCrop, RandomHorizontalFlip, PILToTensor]), "
+            "normalizing on the device with fastpipe.transforms.Normalize) so whole batches are decoded by threads, or keep "
+            "this transform in a DataLoader with workers."
+        )
+    return Advice(summary=head + " This stage is bookkeeping in Python, not the decode; please report it with this report's JSON.")

@@ -297,6 +297,7 @@ class _Diagnosis:
                 report,
                 attribution.batch_size,
             )
+        self._advise_loader_stages()
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
         if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.verdict = TOO_NOISY
@@ -323,6 +324,24 @@ class _Diagnosis:
         if isinstance(self.runner.baseline_loader, ReportsStats):
             report.notes += _loader_stat_notes(self.runner.baseline_loader.stats())
         return report
+
+    def _advise_loader_stages(self) -> None:
+        """An input-bound loader that times its own stages (the ThreadLoader): name its dominant stage, as the remedy of
+        each named stage of the loader (the host-to-device copy keeps its own), or in a note when none of them is named."""
+        from fastpipe.diagnosis._advice import recommend_loader_stage
+
+        report = self.report
+        costs = report.loader_stage_costs
+        if costs is None or not self.input_bound():
+            return
+        advice = recommend_loader_stage(costs, self.workload.loader.dataset, usable_cores())
+        if advice is None:
+            return
+        ours = [b for b in report.bottlenecks + report.unresolved if b.kind != COPY]
+        for b in ours:
+            b.recommendation, b.snippet = advice.text(), advice.snippet
+        if not ours:
+            report.notes.append(f"the input costs time per step and no stage of the loader is named by the ladder: {advice.text()}")
 
 
 def _loader_stat_notes(stats: LoaderStats) -> list[str]:
@@ -494,12 +513,15 @@ def diagnose(
         finally:
             runner.close()  # the progress line, and the loader behind the cached host batches
         costs, why_not = None, None
+        loader_costs = diagnosis.report.loader_stage_costs = runner.loader_stage_costs()  # free: the baseline's own steps
         if not diagnosis.input_bound() or diagnosis.report.interrupted:
             pass  # nothing to split or name: the ladder's figures stand
         elif not options.stage_costs:
             why_not = "the in-worker timing was turned off (stage_costs=False)"
         elif stages_outside_workers(workload.loader) or runner.workers == 0:
             why_not = "the in-worker timing needs DataLoader workers (num_workers > 0)"
+            if loader_costs is not None:
+                why_not += f"; the {loader_costs.loader}'s own clocks time its stages instead (the table below), which split no ladder step"
         else:
             costs, why_not = _stage_costs(
                 diagnosis.report, workload, device, steps=options.steps, warmup=options.warmup, worker_timeout=options.worker_timeout

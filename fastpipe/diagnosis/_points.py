@@ -21,6 +21,7 @@ from fastpipe.diagnosis import _ddp as ddp
 from fastpipe.diagnosis._cache import UnavailablePoint, cache_point_dataset, stage_of_error
 from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
 from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.diagnosis._loader_stages import LoaderStageCosts, StageWindow
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._memory_section import PointMemory, child_pids, point_memory
 from fastpipe.diagnosis._noise import pool
@@ -28,7 +29,7 @@ from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.errors import ConfigError, PipelineError
-from fastpipe.loading._protocols import stages_outside_workers
+from fastpipe.loading._protocols import TimesOwnStages, stages_outside_workers
 from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.stages import StageError
 from fastpipe.workloads._workload import Workload
@@ -115,6 +116,8 @@ class PointRunner:
         self.progress = Progress(progress and ddp.is_rank0())
         self.memory: dict[str, PointMemory] = {}
         """What each point's processes held when its timed steps ended (the largest over its runs)."""
+        self.stage_windows: list[StageWindow] = []
+        """The baseline runs' timed windows of a loader that times its own stages (see :meth:`loader_stage_costs`)."""
 
     # ----- batch sources -----------------------------------------------------------------
     def _host_batches(self) -> list[Any]:
@@ -212,6 +215,7 @@ class PointRunner:
             known = child_pids()
             next_batch, close, dataset = self._batch_source(point)
             close = self._memory_then(point, known, close)
+            window = self._stage_window(point)
             measurement = measure_until(
                 next_batch,
                 self._run_step,
@@ -221,9 +225,11 @@ class PointRunner:
                 target=self.target,
                 device=self.device,
                 round_size=self.round,
-                on_step=self.progress.step,
+                on_step=self.progress.step if window is None else window.and_then(self.progress.step),
                 agree=agree,
             )
+            if window is not None:
+                self.stage_windows.append(window)
         except (PipelineError, KeyboardInterrupt, _PeerFailed):
             raise
         except Exception as exc:
@@ -232,6 +238,22 @@ class PointRunner:
             if close is not None:
                 close()
         return measurement, copy_ms(dataset, point)
+
+    def _stage_window(self, point: str) -> StageWindow | None:
+        """For the baseline of a loader that times its own stages (the ThreadLoader), its clocks' window, opened now
+        if there is no warm-up; None otherwise."""
+        loader = self.baseline_loader
+        if point != BASELINE or not isinstance(loader, TimesOwnStages):
+            return None
+        window = StageWindow(loader, self.warmup)
+        window.begin()
+        return window
+
+    def loader_stage_costs(self) -> LoaderStageCosts | None:
+        """The baseline loader's own stage costs over every timed baseline step so far (None: it keeps no clocks)."""
+        if not self.stage_windows:
+            return None
+        return LoaderStageCosts.from_windows(type(self.stage_windows[-1].loader).__name__, self.stage_windows)
 
     def _memory_then(self, point: str, known: set[int], close: Callable[[], None]) -> Callable[[], None]:
         """``close``, after reading what the point's processes hold (:func:`~fastpipe.diagnosis._memory_section.point_memory`):

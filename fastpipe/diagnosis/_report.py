@@ -34,6 +34,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "ranked_by": str,                        # what orders "bottlenecks"
       "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
       "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
+      "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
+                                               # timed steps: fastpipe.diagnosis._loader_stages.LoaderStageCosts.to_dict()
       "memory": null | {...}                   # fastpipe.diagnosis._memory_section.MemorySection.to_dict()
     }
 
@@ -57,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from fastpipe._render import COLORS, pyplot, render_table
 
 if TYPE_CHECKING:
+    from fastpipe.diagnosis._loader_stages import LoaderStageCosts
     from fastpipe.diagnosis._memory_section import MemorySection
 
 SCHEMA = "fastpipe.report/2"
@@ -171,6 +174,8 @@ class Report:
     """The stage-cost table, rendered when the costs were measured (not part of the JSON)."""
     memory: MemorySection | None = field(default=None, repr=False)
     """What each cache point held, the loader's growth and shared-memory peak (see ``_memory_section``)."""
+    loader_stage_costs: LoaderStageCosts | None = field(default=None, repr=False)
+    """A loader without workers that times its own stages (the ThreadLoader): its clocks over the baseline's timed steps."""
 
     def experiment(self, cache_point: str) -> ExperimentResult | None:
         return next((e for e in self.experiments if e.cache_point == cache_point), None)
@@ -178,12 +183,14 @@ class Report:
     # ----- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         memory, self.memory = self.memory, None  # its own to_dict: asdict would copy every sampled point
+        loader_costs, self.loader_stage_costs = self.loader_stage_costs, None  # its own to_dict: its schema, NaN as null
         try:
             data = asdict(self)
         finally:
-            self.memory = memory
+            self.memory, self.loader_stage_costs = memory, loader_costs
         data.pop("stage_cost_lines")
         data["memory"] = None if memory is None else memory.to_dict()
+        data["loader_stage_costs"] = None if loader_costs is None else loader_costs.to_dict()
         data = {"schema": SCHEMA, **data}
         added = self._added_by_point()
         for experiment, result in zip(data["experiments"], self.experiments):
@@ -292,6 +299,8 @@ class Report:
             out += ["", f"Fix for {b.stage}:", "", "```python", b.snippet.rstrip(), "```"]
         if self.stage_cost_lines:
             out += ["", self.STAGE_COSTS_TITLE, "", "```", *self.stage_cost_lines, "```"]
+        if self.loader_stage_costs is not None:
+            out += ["", *self.loader_stage_costs.markdown_lines()]
         if self.memory is not None:
             out += self.memory.to_markdown(_point_label)
         return "\n".join(out) + "\n"
@@ -305,6 +314,8 @@ class Report:
                 lines += ["", f"Fix for {b.stage}:", *("    " + line for line in b.snippet.rstrip().splitlines())]
         if self.stage_cost_lines:
             lines += ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]
+        if self.loader_stage_costs is not None:
+            lines += ["", *self.loader_stage_costs.lines()]
         text = render_table(self.title(), columns, self._rows(), lines)
         return text if self.memory is None else text + "\n" + self.memory.to_text(_point_label)
 

@@ -6,7 +6,16 @@ workers down cleanly, and ``recycle`` (shared-memory rings). It may import only 
 """
 
 from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
-from fastpipe.loading._protocols import LoaderStats, PinsForDevice, RebuildsAroundDataset, ReportsStats, StagesOutsideWorkers
+from fastpipe.loading._protocols import (
+    LoaderStats,
+    PinsForDevice,
+    RebuildsAroundDataset,
+    ReportsStats,
+    StageClock,
+    StageClocks,
+    StagesOutsideWorkers,
+    TimesOwnStages,
+)
 from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing
 
 __all__ = [
@@ -16,7 +25,10 @@ __all__ = [
     "RebuildsAroundDataset",
     "RecycledLoader",
     "ReportsStats",
+    "StageClock",
+    "StageClocks",
     "StagesOutsideWorkers",
+    "TimesOwnStages",
     "make_prefetcher",
     "recycled",
     "release",

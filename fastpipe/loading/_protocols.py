@@ -61,6 +61,41 @@ class ReportsStats(Protocol):
         """Counts since the loader was made."""
 
 
+class StageClock(TypedDict):
+    """One stage of a loader that times itself: running totals since the loader was made (differenced by the reader).
+
+    ``thread`` names whose wall time ``seconds`` is (stages on different threads overlap, so their times do not add
+    up to the loop's); ``items`` are the images the stage handled, ``calls`` the batches, and ``threads`` the
+    threads each call ran on, summed over the calls (``threads / calls``: the mean; 1 for a plain Python thread).
+    """
+
+    stage: str
+    thread: str
+    what: str
+    seconds: float
+    items: int
+    calls: int
+    threads: int
+
+
+class StageClocks(TypedDict):
+    """Every stage's :class:`StageClock`, in pipeline order, and what reached the loop: ``images`` in ``batches``."""
+
+    stages: list[StageClock]
+    images: int
+    batches: int
+
+
+@runtime_checkable
+class TimesOwnStages(Protocol):
+    """A loader without DataLoader workers that times its own stages (the ThreadLoader's reading, decoding and loop
+    threads). The diagnosis reads the clocks when the baseline point's warm-up ends and after each timed step, and
+    reports the difference as the loader's stage costs, where a DataLoader's would be timed inside its workers."""
+
+    def stage_clocks(self) -> StageClocks:
+        """Running totals since the loader was made; cheap enough to read after every step."""
+
+
 def stages_outside_workers(loader: Any) -> str | None:
     """The reason a loader's stages cannot be cached per stage, or None for a loader whose stages run in workers."""
     return loader.unsupported_point_reason if isinstance(loader, StagesOutsideWorkers) else None
