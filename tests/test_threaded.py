@@ -204,6 +204,30 @@ def test_diagnose_takes_it_as_a_loader(corpus: Path, slow_reads: None) -> None:
     assert loader.stats()["batches"] == 0, "the diagnosis iterated its own copies, not the user's loader"
 
 
+def test_stage_clocks_count_each_threads_work(corpus: Path) -> None:
+    """The clocks the diagnosis differences: every image read, drawn, decoded and handed over once per epoch; the
+    batch op's native threads are min(threads, images in the batch); the generic path is one stage in the loop's thread."""
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=6, threads=3)
+    assert loader.stage_clocks()["images"] == 0
+    for _ in range(2):
+        for _batch in loader:
+            pass
+    clocks = loader.stage_clocks()
+    stages = {c["stage"]: c for c in clocks["stages"]}
+    assert list(stages) == ["read", "draw", "decode", "hand-over", "wait"]
+    assert (clocks["images"], clocks["batches"]) == (40, 8)
+    assert all(c["items"] == 40 for c in stages.values())
+    assert (stages["decode"]["calls"], stages["decode"]["threads"]) == (8, 2 * (3 + 3 + 3 + 2))
+    assert stages["wait"]["calls"] == 10, "a wait per batch, and one per epoch for its end"
+    assert all(c["seconds"] > 0 for c in stages.values())
+    assert stages["read"]["thread"] == stages["draw"]["thread"] == "reading thread"
+
+    generic = ThreadLoader(ImageFolder(corpus, size=16, transform=lambda image: image), batch_size=6)
+    list(generic)
+    (only,) = generic.stage_clocks()["stages"]
+    assert (only["stage"], only["thread"], only["items"], only["calls"]) == ("load + collate", "loop thread", 20, 4)
+
+
 def test_diagnose_reports_its_stage_costs(corpus: Path, slow_reads: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The report's stage costs of a ThreadLoader, from its own clocks over the baseline's timed steps: a row per
     stage with positive figures, in the table, the Markdown and the JSON; the read row holds the planted read delay,
