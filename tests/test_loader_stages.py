@@ -79,7 +79,10 @@ def run(loader: FakeLoader, clock: list[float], warmup: int, steps: int, step_s:
 def test_the_window_leaves_the_warmup_out(clock: list[float]) -> None:
     loader = FakeLoader(threads=2)
     assert isinstance(loader, TimesOwnStages)
-    costs = LoaderStageCosts.from_windows("FakeLoader", [run(loader, clock, warmup=2, steps=5)])
+    window = run(loader, clock, warmup=2, steps=5).finish()
+    assert window.loader is None and window.loader_name == "FakeLoader", "a finished window holds no loader (nor its buffers)"
+    loader.work(4, read_s=1.0, decode_s=1.0, wait_s=1.0)  # after the run: not counted
+    costs = LoaderStageCosts.from_windows("FakeLoader", [window])
     assert costs is not None
     assert (costs.steps, costs.images, costs.batches) == (5, 20, 5)
     assert costs.step_ms == pytest.approx(20.0)

@@ -34,23 +34,31 @@ class StageWindow:
     """
 
     def __init__(self, loader: TimesOwnStages, warmup: int) -> None:
-        self.loader, self.warmup = loader, warmup
+        self.loader: TimesOwnStages | None = loader
+        self.loader_name, self.warmup = type(loader).__name__, warmup
         self.start: tuple[float, StageClocks] | None = None
         self.end: tuple[float, StageClocks] | None = None
         self.steps = 0
 
     def begin(self) -> None:
         """Start the window now (before a run without warm-up)."""
-        if self.warmup == 0:
+        if self.warmup == 0 and self.loader is not None:
             self.start = (time.perf_counter(), self.loader.stage_clocks())
 
     def on_step(self, i: int) -> None:
         """After step ``i`` (``0 .. warmup-1`` are the warm-up): the last warm-up step opens the window, each later one moves its end."""
+        if self.loader is None:
+            return
         if i == self.warmup - 1:
             self.start = (time.perf_counter(), self.loader.stage_clocks())
         elif i >= self.warmup and self.start is not None:
             self.end = (time.perf_counter(), self.loader.stage_clocks())
             self.steps = i - self.warmup + 1
+
+    def finish(self) -> "StageWindow":
+        """The run is over: let go of the loader (its batch buffers are freed with it), keep the figures."""
+        self.loader = None
+        return self
 
     def and_then(self, other: Callable[[int], None]) -> Callable[[int], None]:
         """An ``on_step`` that reads the clocks first, then calls ``other`` (the progress line)."""

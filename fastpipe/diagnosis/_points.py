@@ -229,7 +229,7 @@ class PointRunner:
                 agree=agree,
             )
             if window is not None:
-                self.stage_windows.append(window)
+                self.stage_windows.append(window.finish())
         except (PipelineError, KeyboardInterrupt, _PeerFailed):
             raise
         except Exception as exc:
@@ -253,7 +253,7 @@ class PointRunner:
         """The baseline loader's own stage costs over every timed baseline step so far (None: it keeps no clocks)."""
         if not self.stage_windows:
             return None
-        return LoaderStageCosts.from_windows(type(self.stage_windows[-1].loader).__name__, self.stage_windows)
+        return LoaderStageCosts.from_windows(self.stage_windows[-1].loader_name, self.stage_windows)
 
     def _memory_then(self, point: str, known: set[int], close: Callable[[], None]) -> Callable[[], None]:
         """``close``, after reading what the point's processes hold (:func:`~fastpipe.diagnosis._memory_section.point_memory`):
