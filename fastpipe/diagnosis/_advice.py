@@ -531,21 +531,21 @@ def _thread_loader_fits(dataset: object | None) -> bool:
 
 
 def _progressive(dataset: object | None, probe: int = 16) -> tuple[int, int]:
-    """(progressive JPEGs, files probed) among the first ``probe`` samples of an ImageFolder-like dataset (headers only)."""
+    """(progressive JPEGs, files probed) among the first ``probe`` samples of an ImageFolder-like dataset (markers only)."""
     samples = getattr(_folder(dataset), "samples", None)
     if not isinstance(samples, (list, tuple)) or not samples:
         return 0, 0
-    from PIL import Image
+    from fastpipe.ops.jpeg import is_progressive, read_bytes
 
     found = probed = 0
     for sample in samples[:probe]:
         path = sample[0] if isinstance(sample, (list, tuple)) else sample
         try:
-            with Image.open(path) as img:
-                probed += 1
-                found += img.format == "JPEG" and bool(img.info.get("progressive") or img.info.get("progression"))
+            data = read_bytes(path)
         except (OSError, TypeError, ValueError):
             continue
+        probed += 1
+        found += is_progressive(data)
     return found, probed
 
 
