@@ -22,6 +22,8 @@ yields nothing, as it does in the user's loader. Copies are timed into the same 
 from __future__ import annotations
 
 import copy
+import math
+import sys
 import time
 from itertools import islice
 from typing import Any, Callable, Iterator
@@ -105,26 +107,98 @@ class CachePointIterable(CachePointDataset, IterableDataset):
         captured = list(islice(iter(cut_chain(self.dataset, self.pipeline, self.cut)), self.pool))
         if not captured:
             return
-        stream: Iterator[Any] = self._copies(captured)
+        batching = open_batches(self.pipeline, self.cut)
+        stream: Iterator[Any] = self._copies(captured, [samples_in(value, batching) for value in captured])
         for stage in self.pipeline.stages[self.cut :]:
             stream = stage.transform(stream)
         yield from stream
 
-    def _copies(self, captured: list[Any]) -> Iterator[Any]:
-        """Endless copies of the captured items (the rest of the chain may change them in place), timed."""
+    def _copies(self, captured: list[Any], samples: list[int]) -> Iterator[Any]:
+        """Endless copies of the captured items (the rest of the chain may change them in place), timed; each copy
+        is counted as the ``samples`` its item holds (a batch, when the chain is cut after ``batched``), so the ledger's
+        copy time per sample is per sample, as attribution's copy discount (x batch size) needs it."""
         while True:
-            for value in captured:
+            for value, count in zip(captured, samples):
                 began = self.clock()
                 copied = fresh_copy(value)
-                self._record(self.clock() - began, True)
+                self._record(self.clock() - began, True, count)
                 yield copied
 
 
 def cut_chain(dataset: Any, pipeline: TransformPipeline, stop: int) -> Any:
-    """A shallow copy of a WebDataset ``DataPipeline`` that ends after its first ``stop`` stages (the shard read kept)."""
+    """A shallow copy of a WebDataset ``DataPipeline`` that ends after its first ``stop`` stages (the shard read kept).
+
+    The copy has no epoch limit (``nsamples=-1``; its ``repetitions`` are kept, so a ``with_epoch`` chain still reads
+    its shards again and again): ``with_epoch(n)`` counts what the whole chain yields (batches, when it batches), so on
+    a shorter chain it would cut the epoch short; whoever needs the user's epoch limits the full chain's output
+    (:func:`epoch_limit`).
+    """
     clone = copy.copy(dataset)
     clone.pipeline = list(dataset.pipeline[: pipeline.offset + stop])
+    if getattr(dataset, "nsamples", -1) > 0:
+        clone.nsamples = -1
     return clone
+
+
+def epoch_limit(dataset: Any) -> int | None:
+    """How many items an epoch of the whole WebDataset chain yields (``with_epoch(n)``: n), or None when unlimited;
+    read as ``DataPipeline.__iter__`` reads it."""
+    nsamples = getattr(dataset, "nsamples", -1)
+    return nsamples if getattr(dataset, "repetitions", 1) != 1 and isinstance(nsamples, int) and nsamples > 0 else None
+
+
+def open_batches(pipeline: TransformPipeline, stop: int) -> list[Any]:
+    """The ``batched`` steps among a WebDataset chain's first ``stop`` stages that no later ``unbatched`` undid: an
+    item cut there is a batch of batches of ... (one level per step); empty when it is one sample."""
+    wds = sys.modules.get("webdataset")
+    if wds is None:
+        return []
+    batched, unbatched = getattr(wds.filters.batched, "f", None), getattr(wds.filters.unbatched, "f", None)
+    found: list[Any] = []
+    for stage in pipeline.stages[:stop]:
+        f = getattr(stage.transform, "f", None)
+        if f is None:
+            continue
+        if f is batched:
+            found.append(stage.transform)
+        elif f is unbatched and found:
+            found.pop()
+    return found
+
+
+def samples_in(item: Any, batching: list[Any]) -> int:
+    """How many samples ``item`` holds, cut after the ``batching`` steps (:func:`open_batches`): 1 for a sample; for
+    a batch, its rows (a partial last batch counts what it has), else the ``batchsize`` the step was given."""
+    if not batching:
+        return 1
+    sizes = [_batch_args(step)[0] for step in batching]
+    if len(batching) > 1:  # batches of batches: the sizes the steps were given
+        return max(1, math.prod(sizes))
+    rows = _rows(item, collated=_batch_args(batching[0])[1])
+    return rows if rows else max(1, sizes[0])
+
+
+def _batch_args(step: Any) -> tuple[int, bool]:
+    """(batchsize, whether samples are collated) of a ``webdataset.filters.batched`` step, with its defaults."""
+    args, kw = tuple(getattr(step, "args", ())), dict(getattr(step, "kw", {}))
+    size = args[0] if args else kw.get("batchsize", 20)
+    collate = args[1] if len(args) > 1 else kw.get("collation_fn", True)
+    return (size if isinstance(size, int) else 1), collate is not None
+
+
+def _rows(batch: Any, collated: bool) -> int | None:
+    """The samples in one batch: a list of samples (no collation), or columns of equal length (a dict or tuple of
+    stacked tensors, arrays and lists, as ``webdataset``'s default collation makes); None when it cannot tell."""
+    if not collated:
+        return len(batch) if isinstance(batch, (list, tuple)) else None
+    columns = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    for column in columns:
+        shape = getattr(column, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(column, (list, tuple)):
+            return len(column)
+    return None
 
 
 def _cycle(items: list[Any]) -> Iterator[Any]:
@@ -205,7 +279,8 @@ class TimedStream(IterableDataset):
         stream: Iterator[Any] = _Timed(RAW_STAGE, None, self.ledger, raw=True)(iter(cut_chain(self.dataset, self.pipeline, 0)))
         for stage in self.pipeline.stages:
             stream = _Timed(stage.name, stage.transform, self.ledger)(stream)
-        return stream
+        limit = epoch_limit(self.dataset)  # the user's epoch: n items of the whole chain, as DataPipeline.__iter__ cuts it
+        return stream if limit is None else islice(stream, limit)
 
 
 class _Timed:
