@@ -4,6 +4,7 @@ a buffered stream's why-not says what is true for a stream, and a stream's raw-l
 
 from __future__ import annotations
 
+import collections
 import io
 import random
 
@@ -134,7 +135,7 @@ def test_stage_costs_of_a_short_epoch_time_the_samples_of_full_batches(urls) -> 
 class ShuffledStages(IterableDataset):
     """A declared stream that shuffles its finished samples in a buffer (as ``.shuffle(n)`` after the maps would)."""
 
-    def __init__(self, urls: list[str], buffer: int = 4) -> None:
+    def __init__(self, urls: list[str], buffer: str = "shuffle") -> None:
         import webdataset as wds
 
         source = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil")
@@ -142,16 +143,25 @@ class ShuffledStages(IterableDataset):
         self.buffer = buffer
 
     def __iter__(self):
-        rng, held = random.Random(0), []
+        if self.buffer == "webdataset":  # webdataset's own sample shuffle, on the finished samples
+            import webdataset as wds
+
+            yield from wds.filters.shuffle(4, initial=4, rng=random.Random(1))(iter(self.stages))
+            return
+        held: collections.deque = collections.deque()
+        rng = random.Random(0)
         for sample in self.stages:
             held.append(sample)
-            if len(held) >= self.buffer:
-                yield held.pop(rng.randrange(len(held)))
+            if len(held) >= 4:  # a shuffle buffer pops at random, a prefetch queue in order
+                if self.buffer == "shuffle":
+                    held.rotate(-rng.randrange(len(held)))
+                yield held.popleft()
         yield from held
 
 
-def test_a_buffered_stream_gets_a_why_not_for_streams(urls) -> None:
-    dataset = ShuffledStages(urls)
+@pytest.mark.parametrize("buffer", ["shuffle", "prefetch", "webdataset"])
+def test_a_buffered_stream_gets_a_why_not_for_streams(urls, buffer: str) -> None:
+    dataset = ShuffledStages(urls, buffer)
     pipeline, why = find_pipeline(dataset)
     assert why is None and pipeline.names() == ["planted", "to_tensor"]
     reason = probe_point(dataset, pipeline, "after:planted").reason

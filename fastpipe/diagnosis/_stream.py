@@ -34,9 +34,11 @@ from fastpipe.diagnosis._cache import (
     CachePointDataset,
     PointProbe,
     UnavailablePoint,
+    _Call,
     _Capture,
     _Entry,
     _entry_from,
+    _locate_all,
     _Recorder,
     _within,
     fresh_copy,
@@ -87,9 +89,8 @@ class CachePointIterable(CachePointDataset, IterableDataset):
                 except StopIteration:
                     break
                 calls = recorder.calls[before:]
-                reason = unplaceable(method, item, calls)
-                if reason is not None:
-                    raise UnavailablePoint.because(self.point, reason)
+                if unplaceable(method, item, calls) is not None:
+                    raise UnavailablePoint.because(self.point, _why_unpaired(method, item, recorder.calls, before, stream))
                 self.calls_per_sample = len(calls)
                 entries.append(_entry_from(_Capture(item, calls, None), self.skip_copies))
         finally:
@@ -199,6 +200,50 @@ def _rows(batch: Any, collated: bool) -> int | None:
         if isinstance(column, (list, tuple)):
             return len(column)
     return None
+
+
+def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream: Iterator[Any]) -> str:
+    """Why the transform calls made while the stream produced ``item`` (``calls[first:]``) cannot be put back into it.
+
+    A buffer between the transform and the yield (a shuffle buffer, a prefetch queue) pairs an item with calls made
+    for earlier or later items: the item holds an earlier call's output, or only some of its own calls' outputs and the
+    next item an earlier one or another number of calls (read once more to tell this from a stream that changes one
+    of two views). Anything else
+    changed the output on its way out, as a map-style ``__getitem__`` can."""
+    if not calls[first:]:
+        return unplaceable(method, item, []) or ""
+    if _holds(item, calls[:first]) or (_holds(item, calls[first:]) and _next_unpaired(calls, len(calls) - first, stream)):
+        return (
+            f"{method} holds the transform's outputs in a buffer before yielding them (a shuffle or prefetch buffer: the "
+            "item it yields was made by the transform for an earlier item), so a cached value cannot be put back in its "
+            "place and the cache cannot stand in for the stages before the buffer, which reorders and holds samples; only "
+            "finished samples are cached (the sample point). To measure each stage, put the buffer before the stages: "
+            "shuffle the raw items in the source, `self.stages = fastpipe.Stages(source=<shuffled raw items>, "
+            "transforms=[<each step>, ...])`, and yield each output as it comes (`return iter(self.stages)`); a buffer of "
+            "raw (encoded) items also holds less memory than one of decoded samples"
+        )
+    return (
+        f"{method} changes its transform's output before yielding it (e.g. `yield self.transform(x).float(), y`), so a "
+        "cached value cannot be put back in its place; to get this point, make that last step the transform's final "
+        "stage (for a fastpipe.Stages(source=...), the last of its transforms=[...])"
+    )
+
+
+def _holds(item: Any, calls: list[_Call]) -> bool:
+    """Whether ``item`` holds (by identity) the output of any of ``calls``."""
+    return any(_locate_all(item, call.output) for call in calls)
+
+
+def _next_unpaired(calls: list[_Call], per_item: int, stream: Iterator[Any]) -> bool:
+    """Reads one more item: whether it holds the output of a call made before it was asked for, or took another number
+    of calls than the item before (``per_item``): a buffer fills with many calls, then takes one an item; a stream
+    that changes one of two views makes two calls for every item."""
+    first = len(calls)  # ``calls`` is the recorder's own list: the next item's calls are appended to it
+    try:
+        following = next(stream)
+    except StopIteration:
+        return False
+    return _holds(following, calls[:first]) or len(calls) - first != per_item
 
 
 def _cycle(items: list[Any]) -> Iterator[Any]:
