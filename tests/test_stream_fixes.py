@@ -205,3 +205,18 @@ def test_raw_load_advice_for_a_declared_stream_is_about_its_source(urls) -> None
     pipeline, _ = find_pipeline(dataset)
     text = recommend("raw load", "raw load", transform=[s.transform for s in pipeline.stages], dataset=dataset).text()
     assert "source" in text and "ImageFolder" not in text and "decode-the-crop" not in text, text
+
+
+def test_a_waiting_raw_load_of_a_webdataset_chain_keeps_the_shard_advice(urls) -> None:
+    from types import SimpleNamespace
+
+    from fastpipe.diagnosis._attribute import WorkerCost
+    from fastpipe.diagnosis._diagnose import _advise
+    from fastpipe.diagnosis._report import Bottleneck
+
+    stream = chain(urls).batched(2)
+    pipeline, _ = find_pipeline(stream)
+    raw = Bottleneck("raw load", "raw load", 30.0, 2.0, 0.5, ("raw", "baseline"), False, cpu_ratio=0.1, waits=True)
+    costs = {"raw load": WorkerCost(wall_ms=20.0, cpu_ms=2.0, wait_ms=18.0)}
+    _advise(raw, pipeline, stream, 2, costs, SimpleNamespace(device_step_ms=40.0, batch_size=2), batch=2)
+    assert "waits" in raw.recommendation and "4 shards" in raw.recommendation, raw.recommendation
