@@ -14,7 +14,8 @@ point, and from then on replays them, rerunning only the stages after the point.
 
 The replay never ends: the measurement counts the steps (:func:`fastpipe.diagnosis._measure.measure_until`), so a
 point's time per step is the steady state of the stages below it. A worker whose share of the stream is empty
-yields nothing, as it does in the user's loader. Copies are timed into the same shared ledger as the map-style cache.
+yields nothing, as it does in the user's loader. Copies are timed into the same shared ledger as the map-style cache,
+each counted as the samples its item holds (a whole batch when the chain is cut after ``batched``).
 
 :class:`TimedStream` is the stage-cost pass's view of a stream: per-stage wall, CPU and run-queue time of each item.
 """
@@ -208,8 +209,7 @@ def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream
     A buffer between the transform and the yield (a shuffle buffer, a prefetch queue) pairs an item with calls made
     for earlier or later items: the item holds an earlier call's output, or only some of its own calls' outputs and the
     next item an earlier one or another number of calls (read once more to tell this from a stream that changes one
-    of two views). Anything else
-    changed the output on its way out, as a map-style ``__getitem__`` can."""
+    of two views). Anything else changed the output on its way out, as a map-style ``__getitem__`` can."""
     if not calls[first:]:
         return unplaceable(method, item, []) or ""
     if _holds(item, calls[:first]) or (_holds(item, calls[first:]) and _next_unpaired(calls, len(calls) - first, stream)):
@@ -285,7 +285,8 @@ class TimedStream(IterableDataset):
     pipeline so its stages report to it. A transform called per item is replaced (on a copy) by the timed runner, and
     what the item took beyond its stages is the raw load. A WebDataset chain gets each filter timed in place: a
     filter's own time is the time spent in it minus the time its upstream took, and each item leaving the shard read
-    counts as one sample (so with ``batched`` in the chain, costs stay per sample).
+    counts as one sample (so with ``batched`` in the chain, costs stay per sample). An epoch is the chain's own:
+    ``with_epoch(n)`` limits the whole chain's items (batches, when it batches), not the shard read's samples.
     """
 
     def __init__(
