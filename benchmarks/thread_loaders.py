@@ -172,7 +172,8 @@ def prepared_variants(files: list[Path]) -> tuple[dict[str, Callable[[], float]]
     """Thread CPU of decode-and-crop on the progressive files among ``files``: as they are, after ``fastpipe prepare``
     (baseline from the same coefficients), and after it with a restart marker every MCU row; the same boxes for all."""
     from fastpipe.datasets.crop import crop_params
-    from fastpipe.datasets.prepare import is_progressive, to_baseline
+    from fastpipe.datasets.prepare import to_baseline
+    from fastpipe.ops.jpeg import is_progressive
 
     progressive = [d for d in (fjpeg.read_bytes(f) for f in files) if is_progressive(d)]
     if not progressive or not fjpeg.JPEG_OP_AVAILABLE:

@@ -11,8 +11,9 @@ import torch
 from PIL import Image
 
 import fastpipe.ops.jpeg as jpeg
-from fastpipe.datasets.prepare import is_progressive, prepare_folder, to_baseline
+from fastpipe.datasets.prepare import prepare_folder, to_baseline
 from fastpipe.errors import ConfigError, CorruptImageError, DecompressionBombError
+from fastpipe.ops.jpeg import is_progressive
 
 requires_op = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())
 

@@ -28,18 +28,6 @@ from fastpipe.datasets.crop import crop_params
 from fastpipe.errors import ConfigError, CorruptImageError
 from fastpipe.ops import jpeg as jpeg_ops
 
-#: Start-of-frame markers of progressive JPEGs (SOF2, SOF6, SOF10, SOF14).
-_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
-
-
-def is_progressive(data: torch.Tensor) -> bool:
-    """True when the JPEG's first start-of-frame marker is a progressive one."""
-    if not jpeg_ops.is_jpeg(data):
-        return False
-    buf = data.numpy().data
-    pos = jpeg_ops.sof_offset(buf)
-    return pos is not None and buf[pos + 1] in _PROGRESSIVE
-
 
 def to_baseline(data: torch.Tensor, restart_rows: int = 0) -> torch.Tensor:
     """The JPEG in ``data`` rewritten as baseline from its DCT coefficients (pixels identical); its bytes.
@@ -134,7 +122,7 @@ def prepare_folder(
         out.parent.mkdir(parents=True, exist_ok=True)
         counts["files"] += 1
         data = jpeg_ops.read_bytes(path) if path.suffix.lower() in (".jpg", ".jpeg") else None
-        if data is not None and jpeg_ops.JPEG_OP_AVAILABLE and is_progressive(data):
+        if data is not None and jpeg_ops.JPEG_OP_AVAILABLE and jpeg_ops.is_progressive(data):
             try:
                 rewritten = to_baseline(data, restart_rows)
             except CorruptImageError:

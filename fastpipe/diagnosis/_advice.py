@@ -353,6 +353,9 @@ def _decode_box(
 
 
 def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+    stream = _stream_raw_load(dataset)
+    if stream is not None:
+        return stream
     crop = _crop_of(transform)
     if crop is not None:
         stage, _ = _find(transform, crop)
@@ -372,6 +375,66 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
         caveat="fastpipe did not see the transform: this assumes the usual RandomResizedCrop recipe"
         + ("; " + advice.caveat if advice.caveat else ""),
     )
+
+
+def _stream_raw_load(dataset: object | None) -> Advice | None:
+    """The raw load of a streaming dataset (an ``IterableDataset``), or None for a map-style one.
+
+    A stream has no ``__getitem__`` to speed up and no image folder to swap: its raw load is reading items in order.
+    For a WebDataset chain that is the shard read: webdataset splits the shard list among nodes and DataLoader workers
+    (``split_by_node``, ``split_by_worker``), never single samples, so workers read in parallel only as many shards as
+    there are (its docs: round-robin needs at least as many shards as workers; ``resampled=True`` draws shards with
+    replacement and ``with_epoch`` sets the epoch's length instead)."""
+    from torch.utils.data import IterableDataset
+
+    if not isinstance(dataset, IterableDataset):
+        return None
+    shards = _webdataset_shards(dataset)
+    if shards is None:
+        return Advice(
+            summary=(
+                f"Raw load: reading the stream's items in order ({type(dataset).__name__}.__iter__ and its source), in "
+                "each worker's own share of the stream. Read faster or in parallel: local or faster storage, larger "
+                "sequential reads, and a source split among the DataLoader workers (get_worker_info()) so that more "
+                "num_workers read different items at once; a shuffle buffer on raw (encoded) items, not random reads."
+            )
+        )
+    count, resampled = shards
+    if resampled:
+        parallel = (
+            f"its {count} shards are drawn with replacement (resampled=True), so every worker has shards to read: "
+            "raise num_workers while cores are idle, with with_epoch setting each worker's epoch"
+        )
+    else:
+        parallel = (
+            f"this chain lists {count} shards, dealt out to the workers whole, so at most {count} num_workers read at "
+            f"once (a worker with no shard reads nothing); for more workers than that, write the data as more, smaller "
+            "shards, or read with resampled=True and with_epoch"
+        )
+    return Advice(
+        summary=(
+            "Raw load: the shard read (opening each tar shard, reading it in order and grouping each sample's files; "
+            "a .decode() in the chain is a stage of its own). WebDataset splits shards, not samples, among nodes and DataLoader "
+            f"workers, so read more shards in parallel: {parallel}. Keep the reads sequential and local: shards on local "
+            "or fast storage, large enough to stream; shuffle with shardshuffle=<n> (the order of whole shards) and "
+            ".shuffle(<n>) (a sample buffer), never by random access; batch inside the chain (.batched, with "
+            "DataLoader(batch_size=None)) so whole batches cross from the workers."
+        )
+    )
+
+
+def _webdataset_shards(dataset: object) -> tuple[int, bool] | None:
+    """(shards listed, whether drawn with replacement) of a WebDataset chain's shard list; None for another stream."""
+    import sys
+
+    wds = sys.modules.get("webdataset")
+    if wds is None or not isinstance(dataset, wds.DataPipeline):
+        return None
+    for step in getattr(dataset, "pipeline", []):
+        urls = getattr(step, "urls", None)
+        if isinstance(urls, (list, tuple)):
+            return len(urls), type(step).__name__ == "ResampledShards"
+    return None
 
 
 def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
@@ -534,21 +597,21 @@ def _thread_loader_fits(dataset: object | None) -> bool:
 
 
 def _progressive(dataset: object | None, probe: int = 16) -> tuple[int, int]:
-    """(progressive JPEGs, files probed) among the first ``probe`` samples of an ImageFolder-like dataset (headers only)."""
+    """(progressive JPEGs, files probed) among the first ``probe`` samples of an ImageFolder-like dataset (markers only)."""
     samples = getattr(_folder(dataset), "samples", None)
     if not isinstance(samples, (list, tuple)) or not samples:
         return 0, 0
-    from PIL import Image
+    from fastpipe.ops.jpeg import is_progressive, read_bytes
 
     found = probed = 0
     for sample in samples[:probe]:
         path = sample[0] if isinstance(sample, (list, tuple)) else sample
         try:
-            with Image.open(path) as img:
-                probed += 1
-                found += img.format == "JPEG" and bool(img.info.get("progressive") or img.info.get("progression"))
+            data = read_bytes(path)
         except (OSError, TypeError, ValueError):
             continue
+        probed += 1
+        found += is_progressive(data)
     return found, probed
 
 

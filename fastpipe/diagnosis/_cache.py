@@ -384,13 +384,15 @@ class CachePointDataset(Dataset):
         return sample
 
     # ----- the copy ledger ----------------------------------------------------------------
-    def _record(self, seconds: float, copied: bool) -> None:
+    def _record(self, seconds: float, copied: bool, samples: int = 1) -> None:
+        """One served item: ``samples`` is how many samples it holds (a stream cached after ``batched`` serves whole
+        batches), so the ledger's time per sample is what attribution multiplies by the batch size."""
         if self._ledger_rows is None:
             self._ledger_rows = self._copy_ledger.numpy()  # 0.5 us an update instead of 17 with tensor indexing
         info = get_worker_info()
         row = self._ledger_rows[0 if info is None else 1 + info.id % MAX_WORKERS]
-        row[0] += 1
-        row[1] += int(copied)
+        row[0] += samples
+        row[1] += samples if copied else 0
         row[2] += seconds
 
     def copy_stats(self) -> CopyStats:

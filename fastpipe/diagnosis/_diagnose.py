@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
@@ -34,6 +34,7 @@ from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.diagnosis._variable import variable_inputs
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.loading._protocols import LoaderStats, RebuildsAroundDataset, ReportsStats, stages_outside_workers
+from fastpipe.stages import RAW_STAGE
 from fastpipe.workloads._workload import Workload, loader_batch_size
 
 CPU_BACKED = 0.25
@@ -371,7 +372,10 @@ def _advise(
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
     waiting = waiting_text(component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores())
     if component.waits and waiting:
-        component.recommendation, component.snippet = waiting, None
+        # a stream's raw load waits on its reads, which more workers overlap only where there is more to read in
+        # parallel (a WebDataset chain: as many shards as workers); its own advice says so
+        stream_read = isinstance(dataset, IterableDataset) and RAW_STAGE in component.stage.split(" + ")
+        component.recommendation, component.snippet = (f"{waiting} {advice.text()}" if stream_read else waiting), None
         return
     component.recommendation = advice.text() if waiting is None else f"{waiting} {advice.text()}"
     component.snippet = advice.snippet

@@ -14,7 +14,8 @@ point, and from then on replays them, rerunning only the stages after the point.
 
 The replay never ends: the measurement counts the steps (:func:`fastpipe.diagnosis._measure.measure_until`), so a
 point's time per step is the steady state of the stages below it. A worker whose share of the stream is empty
-yields nothing, as it does in the user's loader. Copies are timed into the same shared ledger as the map-style cache.
+yields nothing, as it does in the user's loader. Copies are timed into the same shared ledger as the map-style cache,
+each counted as the samples its item holds (a whole batch when the chain is cut after ``batched``).
 
 :class:`TimedStream` is the stage-cost pass's view of a stream: per-stage wall, CPU and run-queue time of each item.
 """
@@ -22,6 +23,8 @@ yields nothing, as it does in the user's loader. Copies are timed into the same 
 from __future__ import annotations
 
 import copy
+import math
+import sys
 import time
 from itertools import islice
 from typing import Any, Callable, Iterator
@@ -32,9 +35,11 @@ from fastpipe.diagnosis._cache import (
     CachePointDataset,
     PointProbe,
     UnavailablePoint,
+    _Call,
     _Capture,
     _Entry,
     _entry_from,
+    _locate_all,
     _Recorder,
     _within,
     fresh_copy,
@@ -85,9 +90,8 @@ class CachePointIterable(CachePointDataset, IterableDataset):
                 except StopIteration:
                     break
                 calls = recorder.calls[before:]
-                reason = unplaceable(method, item, calls)
-                if reason is not None:
-                    raise UnavailablePoint.because(self.point, reason)
+                if unplaceable(method, item, calls) is not None:
+                    raise UnavailablePoint.because(self.point, _why_unpaired(method, item, recorder.calls, before, stream))
                 self.calls_per_sample = len(calls)
                 entries.append(_entry_from(_Capture(item, calls, None), self.skip_copies))
         finally:
@@ -105,26 +109,141 @@ class CachePointIterable(CachePointDataset, IterableDataset):
         captured = list(islice(iter(cut_chain(self.dataset, self.pipeline, self.cut)), self.pool))
         if not captured:
             return
-        stream: Iterator[Any] = self._copies(captured)
+        batching = open_batches(self.pipeline, self.cut)
+        stream: Iterator[Any] = self._copies(captured, [samples_in(value, batching) for value in captured])
         for stage in self.pipeline.stages[self.cut :]:
             stream = stage.transform(stream)
         yield from stream
 
-    def _copies(self, captured: list[Any]) -> Iterator[Any]:
-        """Endless copies of the captured items (the rest of the chain may change them in place), timed."""
+    def _copies(self, captured: list[Any], samples: list[int]) -> Iterator[Any]:
+        """Endless copies of the captured items (the rest of the chain may change them in place), timed; each copy
+        is counted as the ``samples`` its item holds (a batch, when the chain is cut after ``batched``), so the ledger's
+        copy time per sample is per sample, as attribution's copy discount (x batch size) needs it."""
         while True:
-            for value in captured:
+            for value, count in zip(captured, samples):
                 began = self.clock()
                 copied = fresh_copy(value)
-                self._record(self.clock() - began, True)
+                self._record(self.clock() - began, True, count)
                 yield copied
 
 
 def cut_chain(dataset: Any, pipeline: TransformPipeline, stop: int) -> Any:
-    """A shallow copy of a WebDataset ``DataPipeline`` that ends after its first ``stop`` stages (the shard read kept)."""
+    """A shallow copy of a WebDataset ``DataPipeline`` that ends after its first ``stop`` stages (the shard read kept).
+
+    The copy has no epoch limit (``nsamples=-1``; its ``repetitions`` are kept, so a ``with_epoch`` chain still reads
+    its shards again and again): ``with_epoch(n)`` counts what the whole chain yields (batches, when it batches), so on
+    a shorter chain it would cut the epoch short; whoever needs the user's epoch limits the full chain's output
+    (:func:`epoch_limit`).
+    """
     clone = copy.copy(dataset)
     clone.pipeline = list(dataset.pipeline[: pipeline.offset + stop])
+    if getattr(dataset, "nsamples", -1) > 0:
+        clone.nsamples = -1
     return clone
+
+
+def epoch_limit(dataset: Any) -> int | None:
+    """How many items an epoch of the whole WebDataset chain yields (``with_epoch(n)``: n), or None when unlimited;
+    read as ``DataPipeline.__iter__`` reads it."""
+    nsamples = getattr(dataset, "nsamples", -1)
+    return nsamples if getattr(dataset, "repetitions", 1) != 1 and isinstance(nsamples, int) and nsamples > 0 else None
+
+
+def open_batches(pipeline: TransformPipeline, stop: int) -> list[Any]:
+    """The ``batched`` steps among a WebDataset chain's first ``stop`` stages that no later ``unbatched`` undid: an
+    item cut there is a batch of batches of ... (one level per step); empty when it is one sample."""
+    wds = sys.modules.get("webdataset")
+    if wds is None:
+        return []
+    batched, unbatched = getattr(wds.filters.batched, "f", None), getattr(wds.filters.unbatched, "f", None)
+    found: list[Any] = []
+    for stage in pipeline.stages[:stop]:
+        f = getattr(stage.transform, "f", None)
+        if f is None:
+            continue
+        if f is batched:
+            found.append(stage.transform)
+        elif f is unbatched and found:
+            found.pop()
+    return found
+
+
+def samples_in(item: Any, batching: list[Any]) -> int:
+    """How many samples ``item`` holds, cut after the ``batching`` steps (:func:`open_batches`): 1 for a sample; for
+    a batch, its rows (a partial last batch counts what it has), else the ``batchsize`` the step was given."""
+    if not batching:
+        return 1
+    sizes = [_batch_args(step)[0] for step in batching]
+    if len(batching) > 1:  # batches of batches: the sizes the steps were given
+        return max(1, math.prod(sizes))
+    rows = _rows(item, collated=_batch_args(batching[0])[1])
+    return rows if rows else max(1, sizes[0])
+
+
+def _batch_args(step: Any) -> tuple[int, bool]:
+    """(batchsize, whether samples are collated) of a ``webdataset.filters.batched`` step, with its defaults."""
+    args, kw = tuple(getattr(step, "args", ())), dict(getattr(step, "kw", {}))
+    size = args[0] if args else kw.get("batchsize", 20)
+    collate = args[1] if len(args) > 1 else kw.get("collation_fn", True)
+    return (size if isinstance(size, int) else 1), collate is not None
+
+
+def _rows(batch: Any, collated: bool) -> int | None:
+    """The samples in one batch: a list of samples (no collation), or columns of equal length (a dict or tuple of
+    stacked tensors, arrays and lists, as ``webdataset``'s default collation makes); None when it cannot tell."""
+    if not collated:
+        return len(batch) if isinstance(batch, (list, tuple)) else None
+    columns = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    for column in columns:
+        shape = getattr(column, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(column, (list, tuple)):
+            return len(column)
+    return None
+
+
+def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream: Iterator[Any]) -> str:
+    """Why the transform calls made while the stream produced ``item`` (``calls[first:]``) cannot be put back into it.
+
+    A buffer between the transform and the yield (a shuffle buffer, a prefetch queue) pairs an item with calls made
+    for earlier or later items: the item holds an earlier call's output, or only some of its own calls' outputs and the
+    next item an earlier one or another number of calls (read once more to tell this from a stream that changes one
+    of two views). Anything else changed the output on its way out, as a map-style ``__getitem__`` can."""
+    if not calls[first:]:
+        return unplaceable(method, item, []) or ""
+    if _holds(item, calls[:first]) or (_holds(item, calls[first:]) and _next_unpaired(calls, len(calls) - first, stream)):
+        return (
+            f"{method} holds the transform's outputs in a buffer before yielding them (a shuffle or prefetch buffer: the "
+            "item it yields was made by the transform for an earlier item), so a cached value cannot be put back in its "
+            "place and the cache cannot stand in for the stages before the buffer, which reorders and holds samples; only "
+            "finished samples are cached (the sample point). To measure each stage, put the buffer before the stages: "
+            "shuffle the raw items in the source, `self.stages = fastpipe.Stages(source=<shuffled raw items>, "
+            "transforms=[<each step>, ...])`, and yield each output as it comes (`return iter(self.stages)`); a buffer of "
+            "raw (encoded) items also holds less memory than one of decoded samples"
+        )
+    return (
+        f"{method} changes its transform's output before yielding it (e.g. `yield self.transform(x).float(), y`), so a "
+        "cached value cannot be put back in its place; to get this point, make that last step the transform's final "
+        "stage (for a fastpipe.Stages(source=...), the last of its transforms=[...])"
+    )
+
+
+def _holds(item: Any, calls: list[_Call]) -> bool:
+    """Whether ``item`` holds (by identity) the output of any of ``calls``."""
+    return any(_locate_all(item, call.output) for call in calls)
+
+
+def _next_unpaired(calls: list[_Call], per_item: int, stream: Iterator[Any]) -> bool:
+    """Reads one more item: whether it holds the output of a call made before it was asked for, or took another number
+    of calls than the item before (``per_item``): a buffer fills with many calls, then takes one an item; a stream
+    that changes one of two views makes two calls for every item."""
+    first = len(calls)  # ``calls`` is the recorder's own list: the next item's calls are appended to it
+    try:
+        following = next(stream)
+    except StopIteration:
+        return False
+    return _holds(following, calls[:first]) or len(calls) - first != per_item
 
 
 def _cycle(items: list[Any]) -> Iterator[Any]:
@@ -166,7 +285,8 @@ class TimedStream(IterableDataset):
     pipeline so its stages report to it. A transform called per item is replaced (on a copy) by the timed runner, and
     what the item took beyond its stages is the raw load. A WebDataset chain gets each filter timed in place: a
     filter's own time is the time spent in it minus the time its upstream took, and each item leaving the shard read
-    counts as one sample (so with ``batched`` in the chain, costs stay per sample).
+    counts as one sample (so with ``batched`` in the chain, costs stay per sample). An epoch is the chain's own:
+    ``with_epoch(n)`` limits the whole chain's items (batches, when it batches), not the shard read's samples.
     """
 
     def __init__(
@@ -205,7 +325,8 @@ class TimedStream(IterableDataset):
         stream: Iterator[Any] = _Timed(RAW_STAGE, None, self.ledger, raw=True)(iter(cut_chain(self.dataset, self.pipeline, 0)))
         for stage in self.pipeline.stages:
             stream = _Timed(stage.name, stage.transform, self.ledger)(stream)
-        return stream
+        limit = epoch_limit(self.dataset)  # the user's epoch: n items of the whole chain, as DataPipeline.__iter__ cuts it
+        return stream if limit is None else islice(stream, limit)
 
 
 class _Timed:

@@ -32,9 +32,8 @@ from fastpipe.diagnosis import Report
 from fastpipe.diagnosis import diagnose as _diagnose
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import require
-from fastpipe.monitor import Watch, tap_dataloaders
+from fastpipe.monitor import SHARE_METRIC, WAIT_METRIC, Watch, tap_dataloaders
 
-SHARE_METRIC = "fastpipe/input_bound_share"
 _CALLBACK: type | None = None
 
 
@@ -106,7 +105,7 @@ def _make_callback_class(base: type) -> type:
             epoch = self.watch.end_epoch()
             if epoch is None or not epoch.steps:
                 return
-            logs = {SHARE_METRIC: epoch.share, "fastpipe/wait_ms_per_step": 1000 * epoch.wait_s / epoch.steps}
+            logs = {SHARE_METRIC: epoch.share, WAIT_METRIC: 1000 * epoch.wait_s / epoch.steps}
             if self.trainer is not None:
                 self.trainer.log(logs)
             else:

@@ -30,10 +30,9 @@ from fastpipe.diagnosis import Report
 from fastpipe.diagnosis import diagnose as _diagnose
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import autocast_for, on_device, require
-from fastpipe.monitor import Watch, tap_dataloaders
+from fastpipe.monitor import SHARE_METRIC, WAIT_METRIC, Watch, tap_dataloaders
 from fastpipe.workloads import Workload
 
-SHARE_METRIC = "fastpipe/input_bound_share"
 _CALLBACK: type | None = None
 
 
@@ -94,7 +93,7 @@ def _make_callback_class(base: type) -> type:
             epoch = self.watch.end_epoch()
             if epoch is not None and epoch.steps:
                 pl_module.log(SHARE_METRIC, epoch.share, on_epoch=True, prog_bar=False)
-                pl_module.log("fastpipe/wait_ms_per_step", 1000 * epoch.wait_s / epoch.steps, on_epoch=True)
+                pl_module.log(WAIT_METRIC, 1000 * epoch.wait_s / epoch.steps, on_epoch=True)
 
         def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
             self._close()

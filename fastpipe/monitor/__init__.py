@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 from fastpipe.monitor._ledger import BANDS, WaitLedger, Window, band_for
 from fastpipe.monitor._memory import MemorySnapshot, memory_snapshot
 from fastpipe.monitor._tap import tap_dataloaders
-from fastpipe.monitor._watch import HINT_SHARE, Watch, WatchIterator, diagnose_hint
+from fastpipe.monitor._watch import HINT_SHARE, SHARE_METRIC, WAIT_METRIC, Watch, WatchIterator, diagnose_hint
 
 
 def watch(
@@ -38,6 +38,8 @@ __all__ = [
     "BANDS",
     "HINT_SHARE",
     "MemorySnapshot",
+    "SHARE_METRIC",
+    "WAIT_METRIC",
     "WaitLedger",
     "Watch",
     "WatchIterator",

@@ -27,6 +27,9 @@ from fastpipe.monitor._sinks import make_sink
 HINT_SHARE = 0.05
 """From this share on, the summary names the diagnosis to run next."""
 PREFIX = "fastpipe.watch"
+#: The metric names every sink and framework callback logs under (one spelling for all of them).
+SHARE_METRIC = "fastpipe/input_bound_share"
+WAIT_METRIC = "fastpipe/wait_ms_per_step"
 MAX_LINES = 1000
 """Summary lines kept in ``Watch.lines`` (the latest), so ``every=1`` on a long run holds bounded memory."""
 
@@ -133,8 +136,8 @@ class Watch:
     def metrics(self, window: Window) -> dict[str, float]:
         """The figures sent to ``log`` for a window, under ``fastpipe/`` names."""
         out = {
-            "fastpipe/input_bound_share": window.share,
-            "fastpipe/wait_ms_per_step": 1000 * window.wait_s / max(1, window.steps),
+            SHARE_METRIC: window.share,
+            WAIT_METRIC: 1000 * window.wait_s / max(1, window.steps),
             "fastpipe/ms_per_step": 1000 * window.elapsed_s / max(1, window.steps),
         }
         if self._last_memory is not None:
