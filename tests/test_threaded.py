@@ -193,13 +193,16 @@ def test_diagnose_takes_it_as_a_loader(corpus: Path, slow_reads: None) -> None:
     """The ladder's device, host and baseline points are measured; the per-stage points are stated unavailable with
     the loader's reason; its ring's counts reach the report's notes; the user's sampler is not advanced."""
     from fastpipe import diagnose
-    from fastpipe.datasets.threaded import UNSUPPORTED_POINT_REASON
+    from fastpipe.datasets.threaded import BATCHES_WHOLE_REASON, UNSUPPORTED_POINT_REASON
 
     loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, shuffle=True, threads=2)
     report = diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, budget=1.0, progress=False)
     for point in ("device", "host", "baseline"):
         assert report.experiment(point) is not None, point
     assert any(UNSUPPORTED_POINT_REASON in u.reason for u in report.unavailable)
+    assert report.experiment("sample") is None and any(
+        u.cache_point == "sample" and BATCHES_WHOLE_REASON in u.reason for u in report.unavailable
+    )
     assert any("batches went into reused buffers" in note for note in report.notes)
     assert loader.stats()["batches"] == 0, "the diagnosis iterated its own copies, not the user's loader"
 
@@ -223,6 +226,7 @@ def test_stage_clocks_count_each_threads_work(corpus: Path) -> None:
     assert stages["read"]["thread"] == stages["draw"]["thread"] == "reading thread"
 
     generic = ThreadLoader(ImageFolder(corpus, size=16, transform=lambda image: image), batch_size=6)
+    assert loader.batches_whole and generic.batches_whole is None, "the generic path does run dataset[i] and collate"
     list(generic)
     (only,) = generic.stage_clocks()["stages"]
     assert (only["stage"], only["thread"], only["items"], only["calls"]) == ("load + collate", "loop thread", 20, 4)
@@ -243,6 +247,9 @@ def test_diagnose_reports_its_stage_costs(corpus: Path, slow_reads: None, monkey
     report = diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, budget=0.3, progress=False)
     costs = report.loader_stage_costs
     assert costs is not None and costs.loader == "ThreadLoader" and costs.steps >= 4
+    # no sample point: cached samples collated in the loop's thread would time a path this loader never runs
+    assert report.experiment("sample") is None
+    assert [c.stage for c in report.components][-1] == "raw load + transforms + hand-over", "no collate/IPC: it has none"
     assert [s.stage for s in costs.stages] == ["read", "draw", "decode", "hand-over", "wait"]
     for stage in costs.stages:
         assert stage.ms_per_step > 0 and stage.share_of_step > 0 and stage.ms_per_image > 0, stage

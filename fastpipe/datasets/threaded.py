@@ -55,6 +55,12 @@ from fastpipe.ops.jpeg_batch import MAX_THREADS
 
 #: Why the per-stage cache points do not apply: the diagnosis reads it (StagesOutsideWorkers).
 UNSUPPORTED_POINT_REASON = "the ThreadLoader decodes whole batches in threads, outside any DataLoader worker"
+#: Why the sample point does not apply on the fast path (BatchesWhole).
+BATCHES_WHOLE_REASON = (
+    "the ThreadLoader decodes whole batches straight into their buffers, with no per-sample step and no collate: cached "
+    "samples would be indexed and collated in the loop's thread, a path it never runs; its stage costs (read, decode, "
+    "hand-over) come from its own clocks instead"
+)
 
 
 def _as_list(indices: list[int]) -> list[int]:
@@ -138,6 +144,14 @@ class ThreadLoader:
     def unsupported_point_reason(self) -> str:
         """The diagnosis measures the device, host, sample and baseline points only (its StagesOutsideWorkers hook)."""
         return UNSUPPORTED_POINT_REASON
+
+    @property
+    def batches_whole(self) -> str | None:
+        """Why the diagnosis leaves out the sample point (its BatchesWhole hook): on the fast path no sample exists apart
+        from its batch, and cached samples would be indexed and collated in the loop's thread, a path this loader never
+        runs (it would read slower than the loader itself and name a collate that does not exist). None on the generic
+        path, which does run ``dataset[i]`` and ``default_collate`` in the loop's thread."""
+        return BATCHES_WHOLE_REASON if self.fast() else None
 
     def __len__(self) -> int:
         return len(self._indices)

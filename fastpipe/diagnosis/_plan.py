@@ -44,12 +44,13 @@ class Plan:
         """The components between two points (several when points between them were not measured)."""
         return self.components[self.points.index(upper) : self.points.index(lower)]
 
-    def drop(self, point: str, reason: str) -> None:
-        """Take ``point`` out (it cannot be built): its two neighbouring components merge into one span."""
+    def drop(self, point: str, reason: str, label: str | None = None) -> None:
+        """Take ``point`` out (it cannot be built): its two neighbouring components merge into one span, named ``label``
+        where the loader knows better what runs there (a ThreadLoader hands batches over; it has no collate/IPC)."""
         if point not in self.points or point in (DEVICE, BASELINE):
             return
         i = self.points.index(point)
-        merged = f"{self.components[i]} + {self.components[i - 1]}" if i > 0 else self.components[i]
+        merged = label or (f"{self.components[i]} + {self.components[i - 1]}" if i > 0 else self.components[i])
         self.components[i - 1 : i + 1] = [merged]
         self.points.remove(point)
         self.unavailable.append(Unavailable(point, reason))

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis import _ddp as ddp
 from fastpipe.diagnosis._cache import UnavailablePoint, cache_point_dataset, stage_of_error
-from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, CachePoint
+from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, SAMPLE, CachePoint
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._loader_stages import LoaderStageCosts, StageWindow
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
@@ -29,9 +29,9 @@ from fastpipe.diagnosis._plan import Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.errors import ConfigError, PipelineError
-from fastpipe.loading._protocols import TimesOwnStages, stages_outside_workers
+from fastpipe.loading._protocols import TimesOwnStages, batches_whole, stages_outside_workers
 from fastpipe.loading._rebuild import discard_loader, rebuild_loader
-from fastpipe.stages import StageError
+from fastpipe.stages import RAW_STAGE, StageError
 from fastpipe.workloads._workload import Workload
 
 
@@ -103,6 +103,8 @@ class PointRunner:
         if stages_outside_workers(loader):  # a RayLoader: its stages run inside Ray tasks
             self.pipeline, why_not = None, stages_outside_workers(loader)
         self.plan: Plan = make_plan(self.pipeline, why_not)
+        if batches_whole(loader):  # the ThreadLoader's batch decode: a cached sample stands for no step of it
+            self.plan.drop(SAMPLE, batches_whole(loader), label=f"{RAW_STAGE} + transforms + hand-over")
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []

@@ -7,6 +7,7 @@ workers down cleanly, and ``recycle`` (shared-memory rings). It may import only 
 
 from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.loading._protocols import (
+    BatchesWhole,
     LoaderStats,
     PinsForDevice,
     RebuildsAroundDataset,
@@ -19,6 +20,7 @@ from fastpipe.loading._protocols import (
 from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing
 
 __all__ = [
+    "BatchesWhole",
     "DevicePrefetcher",
     "LoaderStats",
     "PinsForDevice",

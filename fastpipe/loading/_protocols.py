@@ -96,6 +96,21 @@ class TimesOwnStages(Protocol):
         """Running totals since the loader was made; cheap enough to read after every step."""
 
 
+@runtime_checkable
+class BatchesWhole(Protocol):
+    """A loader that makes whole batches at once (the ThreadLoader's batch decode): no sample exists apart from its
+    batch, so a cache of finished samples, served one at a time and collated, would time a path the loader never runs."""
+
+    @property
+    def batches_whole(self) -> str | None:
+        """Why the sample point does not stand for this loader, or None when it serves samples one by one after all."""
+
+
+def batches_whole(loader: Any) -> str | None:
+    """Why a loader's sample point would time another path than its own (see :class:`BatchesWhole`), or None."""
+    return loader.batches_whole if isinstance(loader, BatchesWhole) else None
+
+
 def stages_outside_workers(loader: Any) -> str | None:
     """The reason a loader's stages cannot be cached per stage, or None for a loader whose stages run in workers."""
     return loader.unsupported_point_reason if isinstance(loader, StagesOutsideWorkers) else None
