@@ -33,7 +33,7 @@ def add_parser(subparsers: Any) -> None:
         "--tolerance",
         type=float,
         default=0.05,
-        help="differences in time per step below this fraction of the longer step (at least the device step) count as noise (default 0.05)",
+        help="differences in time per step below this fraction of the device step count as noise (default 0.05); two settings within it of the longer step are equally good",
     )
     parser.add_argument(
         "--shm-budget-mb", type=float, default=None, help="shared memory the loader may use, in MB (default: what /dev/shm has free)"

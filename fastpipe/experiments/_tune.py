@@ -11,12 +11,14 @@ loader rebuilt at each setting, against the device bound (one batch cached on th
 
 Settings are compared in time per step (1 / steps/s), the unit in which costs add up: a
 setting is better when its step is shorter beyond noise (two standard errors of the time per
-step, from both measurements) and beyond ``tolerance`` of the longer of the two steps (at least of
-the device step). Differences of steps/s would hide real gains far from the bound: with a bound
-of 10 steps/s, going from 0.4 to 0.8 steps/s is under 5% of the bound in steps/s, yet it halves
-the step (2.5 s to 1.25 s). The tolerance scales with the step because the noise within one
-setting's run misses the drift between runs on a shared machine: a 50 ms step that reads 1 ms
-shorter with one more worker is not worth that worker's memory.
+step, from both measurements) and beyond ``tolerance`` of the device step. Differences of
+steps/s would hide real gains far from the bound: with a bound of 10 steps/s, going from 0.4
+to 0.8 steps/s is under 5% of the bound in steps/s, yet it halves the step (2.5 s to 1.25 s).
+The worker sweep goes on only while the added workers give at least half of the share of the
+step they could give at most (``1 - w_before / w_after``): the noise within one setting's run
+misses the drift between runs on a shared machine, and a 50 ms step that reads 2 ms shorter
+with a second worker is drift, or a gain not worth that worker's memory. For the same reason
+two settings count as equal when their steps differ by less than ``tolerance`` of the longer.
 
 The recommendation is the cheapest setting (fewest workers, then smallest prefetch) that
 reaches the bound within noise or, when none does, the cheapest within noise of the best.
@@ -199,43 +201,55 @@ class _Sweep:
     def bound_ms(self) -> float:
         return 1000.0 / self.bound
 
-    def floor_ms(self, *steps_ms: float) -> float:
-        """Differences below ``tolerance`` of the longest step compared (at least the device step) count as
-        equal, whatever the statistics say."""
-        return self.tolerance * max(self.bound_ms, *steps_ms)
+    def floor_ms(self) -> float:
+        """Differences below ``tolerance`` of the device step count as noise when claiming a gain, whatever the statistics say."""
+        return self.tolerance * self.bound_ms
 
     def noisy(self, steps_per_s: float, noise: float) -> bool:
         """Two standard errors of the time per step wider than the tolerance: too noisy to decide on, so worth measuring longer."""
-        step_ms = 1000.0 / steps_per_s
-        return SIGNIFICANCE * noise * step_ms > self.floor_ms(step_ms)
+        return SIGNIFICANCE * noise * 1000.0 / steps_per_s > self.floor_ms()
 
-    def allowance(self, a_ms: float, a_noise: float, b_ms: float, b_noise: float, capped: bool) -> float:
+    def allowance(self, a_ms: float, a_noise: float, b_ms: float, b_noise: float, floor: float, capped: bool) -> float:
         """How far apart two times per step may be and still count as equal: two standard errors of their
-        difference (noise in time, from both measurements), at least ``tolerance`` of the longer step.
+        difference (noise in time, from both measurements), at least ``floor``.
 
-        ``capped``: at most twice the tolerance, so that a noisy run cannot pass a large gap off as
+        ``capped``: at most twice the floor, so that a noisy run cannot pass a large gap off as
         "within noise" when claiming a setting is as good (at the bound, or as the best); claims
         that one setting is *better* stay uncapped, so noise makes them harder, never easier.
         """
-        floor = self.floor_ms(a_ms, b_ms)
         allowance = max(difference_noise(a_ms, a_noise, b_ms, b_noise), floor)
         return min(allowance, 2 * floor) if capped else allowance
 
     def at_bound(self, trial: Trial) -> bool:
         assert trial.step_ms is not None and trial.noise is not None
-        allowance = self.allowance(self.bound_ms, self.bound_noise, trial.step_ms, trial.noise, capped=True)
+        allowance = self.allowance(self.bound_ms, self.bound_noise, trial.step_ms, trial.noise, self.floor_ms(), capped=True)
         return trial.step_ms - self.bound_ms <= allowance
 
     def better(self, trial: Trial, than: Trial) -> bool:
-        """``trial``'s step is shorter than ``than``'s beyond noise and tolerance."""
+        """``trial``'s step is shorter than ``than``'s beyond noise and ``tolerance`` of the device step."""
         assert trial.step_ms is not None and than.step_ms is not None
-        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, than.step_ms, than.noise or 0.0, capped=False)
+        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, than.step_ms, than.noise or 0.0, self.floor_ms(), capped=False)
         return than.step_ms - trial.step_ms > allowance
 
-    def equal(self, trial: Trial, best: Trial) -> bool:
-        """``trial``'s step is within noise of ``best``'s."""
+    def worth_more_workers(self, trial: Trial, best: Trial) -> bool:
+        """``trial`` (more workers) is better than ``best`` and by at least half of what its added workers could give.
+
+        Workers that share the load perfectly cut the step by ``1 - w_best / w_trial``; a gain under half of that
+        means the workers no longer set the pace (the cores, the copy or the loop do), so the sweep stops. Against
+        that ideal rather than the device step: a pipeline whose step is far above the bound keeps getting a worker's
+        share with each one added (1/21 of the step from 20 to 21 workers), while drift between two runs on a shared
+        machine (a 50 ms step reading 2 ms shorter) stays under half of what one more worker would give.
+        """
         assert trial.step_ms is not None and best.step_ms is not None
-        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, best.step_ms, best.noise or 0.0, capped=True)
+        ideal = best.step_ms * (1.0 - best.num_workers / trial.num_workers)
+        return self.better(trial, best) and best.step_ms - trial.step_ms >= 0.5 * ideal
+
+    def equal(self, trial: Trial, best: Trial) -> bool:
+        """``trial``'s step is within noise of ``best``'s, and within ``tolerance`` of the longer of the two: a step
+        a few percent longer is not worth the memory of another worker or a deeper queue."""
+        assert trial.step_ms is not None and best.step_ms is not None
+        floor = self.tolerance * max(self.bound_ms, trial.step_ms, best.step_ms)
+        allowance = self.allowance(trial.step_ms, trial.noise or 0.0, best.step_ms, best.noise or 0.0, floor, capped=True)
         return trial.step_ms - best.step_ms <= allowance
 
     def measured(self) -> list[Trial]:
@@ -271,6 +285,14 @@ def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[s
             stops.append(
                 f"worker sweep at {workers_text(workers)}: no gain beyond noise over {workers_text(best.num_workers)} "
                 f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step), so more workers were not tried"
+            )
+            return
+        if best is not None and not sweep.worth_more_workers(trial, best):
+            ideal = 1.0 - best.num_workers / workers
+            stops.append(
+                f"worker sweep at {workers_text(workers)}: a small gain over {workers_text(best.num_workers)} "
+                f"({trial.step_ms:.1f} vs {best.step_ms:.1f} ms per step, {1 - trial.step_ms / best.step_ms:.0%} shorter), "
+                f"under half of the {ideal:.0%} that the added workers could give, so more workers were not tried"
             )
             return
         best = trial  # the first, or better than the best beyond noise
@@ -366,10 +388,11 @@ def tune(
         steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
         max_workers: the largest count tried (default: usable cores + 2).
         prefetch_factors: the values the second sweep may try at the chosen worker count.
-        tolerance: differences in time per step below this fraction of the longer step compared (at least
-            the device step) count as noise, whatever the statistics say.
+        tolerance: differences in time per step below this fraction of the device step count as noise when
+            claiming a gain, and below this fraction of the longer step when choosing the cheapest setting as good
+            as the best, whatever the statistics say.
         extensions: how many more runs a setting gets, pooled with the first, while two standard errors
-            of its time per step exceed ``tolerance`` of that step (a busy machine).
+            of its throughput exceed ``tolerance`` of the bound (a busy machine).
         shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
         worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
         on_trial: called with each :class:`Trial` as it finishes (for progress output).
