@@ -210,6 +210,13 @@ struct Scratch {
   }
 };
 
+// This thread's scratch, reached through a plain reference: a thread_local used directly is
+// re-addressed (__tls_get_addr in a shared library) at many of its uses inside the op's loops.
+__attribute__((noinline)) Scratch& thread_scratch() {
+  thread_local Scratch buffers;
+  return buffers;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 }  // namespace
@@ -267,7 +274,7 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
 
   // The box in the scaled image keeps its sub-pixel offsets.
   const int scaled_w = static_cast<int>(cinfo->output_width), scaled_h = static_cast<int>(cinfo->output_height);
-  thread_local Scratch buffers;
+  Scratch& buffers = thread_scratch();
   precompute(buffers.vert, scaled_h, double(top) / denom, double(top + height) / denom, static_cast<int>(out_h), kVerticalBits);
   precompute(buffers.horiz, scaled_w, double(left) / denom, double(left + width) / denom, static_cast<int>(out_w), kHorizontalBits);
   const Coefficients& vert = buffers.vert;
