@@ -108,6 +108,18 @@ def test_the_dispatched_kernel_gives_the_portable_bytes(files: dict[str, bytes],
     assert compared == len(files) * 11 * 2
 
 
+def test_reused_scratch_keeps_no_state_between_images(files: dict[str, bytes], restore_kernel: None) -> None:
+    """The op keeps its coefficients, weights and rows in the thread's scratch between calls: decoding the same
+    cases in the opposite order (large shrinks after small ones, enlargements after shrinks) gives the same bytes."""
+    rng = random.Random(1)
+    cases = [(data, box, size, i % 2 == 1) for data in files.values() for i, (box, size) in enumerate(_cases(*jpeg.jpeg_size(data), rng))]
+    for kernel in _kernels():
+        forward = [_decode(kernel, *case) for case in cases]
+        backward = [_decode(kernel, *case) for case in reversed(cases)][::-1]
+        for case, a, b in zip(cases, forward, backward):
+            assert torch.equal(a, b), (kernel, case[1:])
+
+
 def test_the_batch_op_uses_the_same_kernels(files: dict[str, bytes], restore_kernel: None) -> None:
     data = [torch.frombuffer(bytearray(files[k]), dtype=torch.uint8) for k in files]
     sizes = [jpeg.jpeg_size(d) for d in data]

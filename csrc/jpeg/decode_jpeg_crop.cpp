@@ -55,10 +55,11 @@ struct Coefficients {
   std::vector<int> count;    // taps for each output index
   std::vector<int32_t> weights;  // ksize per output index, zero padded
   int lo = 0, hi = 0;        // input range [lo, hi) that any output uses
+  std::vector<double> taps;  // precompute's scratch: one output's unnormalised weights
 };
 
-Coefficients precompute(int in_size, double in0, double in1, int out_size, int bits) {
-  Coefficients c;
+// Fills `c`, reusing its vectors' memory (the op keeps one per axis per thread: no allocation per image).
+void precompute(Coefficients& c, int in_size, double in0, double in1, int out_size, int bits) {
   // PIL receives the box as C floats.
   const double start = static_cast<float>(in0), end = static_cast<float>(in1);
   const double scale = (end - start) / out_size;
@@ -68,7 +69,8 @@ Coefficients precompute(int in_size, double in0, double in1, int out_size, int b
   c.first.resize(out_size);
   c.count.resize(out_size);
   c.weights.assign(static_cast<size_t>(out_size) * c.ksize, 0);
-  std::vector<double> w(c.ksize);
+  c.taps.resize(c.ksize);
+  double* w = c.taps.data();
   c.lo = in_size;
   c.hi = 0;
   const double one = static_cast<double>(1 << bits);
@@ -106,7 +108,6 @@ Coefficients precompute(int in_size, double in0, double in1, int out_size, int b
     c.lo = std::min(c.lo, xmin);
     c.hi = std::max(c.hi, xmin + xmax);
   }
-  return c;
 }
 
 using resize::kFinalShift;
@@ -197,14 +198,24 @@ void cmyk_to_rgbx(const uint8_t* in, uint8_t* out, int n) {
 // cost page faults, and the decoded pixels need no zeroing.
 struct Scratch {
   std::vector<uint8_t> pixels, cmyk_row, rgbx;
-  std::vector<int16_t> mid;
-  std::vector<int32_t> acc, pairs;
+  std::vector<int16_t> mid, hweights;
+  std::vector<int32_t> acc, pairs, wide;
+  std::vector<int> hfirst, pair_first;
+  std::vector<const uint8_t*> taps;
+  Coefficients vert, horiz;
   template <typename T>
   static T* at_least(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
     return v.data();
   }
 };
+
+// This thread's scratch, reached through a plain reference: a thread_local used directly is
+// re-addressed (__tls_get_addr in a shared library) at many of its uses inside the op's loops.
+__attribute__((noinline)) Scratch& thread_scratch() {
+  thread_local Scratch buffers;
+  return buffers;
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -263,8 +274,11 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
 
   // The box in the scaled image keeps its sub-pixel offsets.
   const int scaled_w = static_cast<int>(cinfo->output_width), scaled_h = static_cast<int>(cinfo->output_height);
-  const Coefficients vert = precompute(scaled_h, double(top) / denom, double(top + height) / denom, static_cast<int>(out_h), kVerticalBits);
-  const Coefficients horiz = precompute(scaled_w, double(left) / denom, double(left + width) / denom, static_cast<int>(out_w), kHorizontalBits);
+  Scratch& buffers = thread_scratch();
+  precompute(buffers.vert, scaled_h, double(top) / denom, double(top + height) / denom, static_cast<int>(out_h), kVerticalBits);
+  precompute(buffers.horiz, scaled_w, double(left) / denom, double(left + width) / denom, static_cast<int>(out_w), kHorizontalBits);
+  const Coefficients& vert = buffers.vert;
+  const Coefficients& horiz = buffers.horiz;
 
   // One column of margin each side: fancy (interpolating) chroma upsampling treats the edges of
   // the decoded window as image edges, so the window's outermost columns differ from a full decode.
@@ -294,7 +308,6 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
               jpeg_detail::memory_budget(*max_pixels) >> 20, " MiB that the pixel limit of ", max_pixels.value_or(0), " allows");
 
   // Decode the box's rows; CMYK rows go through a scratch row and PIL's conversion.
-  thread_local Scratch buffers;
   uint8_t* pixels_ptr = Scratch::at_least(buffers.pixels, stride * rows);
   uint8_t* scratch_ptr = cmyk ? Scratch::at_least(buffers.cmyk_row, static_cast<size_t>(decoded_w) * 4) : nullptr;
   int rows_read = 0;
@@ -320,25 +333,26 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
   int32_t* acc = Scratch::at_least(buffers.acc, static_cast<size_t>(n));
   const resize::Kernel kernel = resize::current_kernel();  // one kernel for the whole image (resize.cpp)
   const int resized_rows = kernel == resize::Kernel::kSkip ? 0 : static_cast<int>(out_h);  // skip: a timing aid, output unwritten
-  std::vector<const uint8_t*> taps(vert.ksize);
+  const uint8_t** taps = Scratch::at_least(buffers.taps, static_cast<size_t>(vert.ksize));
   for (int y = 0; y < resized_rows; ++y) {
     const int count = vert.count[y];
     for (int k = 0; k < count; ++k) {
       taps[k] = pixels_ptr + stride * (vert.first[y] - vert.lo + k) + static_cast<size_t>(col0) * channels;
     }
     int16_t* row = mid + static_cast<size_t>(y) * padded;
-    resize::vertical_row(kernel, taps.data(), &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc, row);
+    resize::vertical_row(kernel, taps, &vert.weights[static_cast<size_t>(y) * vert.ksize], count, n, acc, row);
     std::memset(row + n, 0, sizeof(int16_t) * (padded - n));
   }
 
   // Horizontal pass into the planes, flipped if asked.
-  std::vector<int16_t> hweights(horiz.weights.begin(), horiz.weights.end());  // <= 1 << 14: fits
-  std::vector<int> hfirst(out_w);
+  int16_t* hweights = Scratch::at_least(buffers.hweights, horiz.weights.size());
+  std::copy(horiz.weights.begin(), horiz.weights.end(), hweights);  // <= 1 << 14: fits
+  int* hfirst = Scratch::at_least(buffers.hfirst, static_cast<size_t>(out_w));
   for (int x = 0; x < out_w; ++x) hfirst[x] = horiz.first[x] - horiz.lo;
   // The same weights as int32 pairs (w[2j] | w[2j+1] << 16) for the RGBX kernels' madd (resize.h).
   const int n_pairs = (horiz.ksize + 1) / 2;
   int32_t* pairs = Scratch::at_least(buffers.pairs, static_cast<size_t>(out_w) * n_pairs);
-  std::vector<int> pair_first(out_w);
+  int* pair_first = Scratch::at_least(buffers.pair_first, static_cast<size_t>(out_w));
   for (int xd = 0; xd < out_w; ++xd) {
     const int x = hflip ? static_cast<int>(out_w) - 1 - xd : xd;  // the flip, fused: output xd reads source pixel x's taps
     pair_first[xd] = hfirst[x];
@@ -349,6 +363,11 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
       pairs[static_cast<size_t>(xd) * n_pairs + j] = static_cast<int32_t>(lo | (hi << 16));
     }
   }
+  int32_t* wide = nullptr;  // the AVX2 kernel's layout of the same pairs (resize.h)
+  if (kernel == resize::Kernel::kAvx2 && channels == 4) {
+    wide = Scratch::at_least(buffers.wide, resize::wide_pairs_size(n_pairs, static_cast<int>(out_w)));
+    resize::pack_wide_pairs(pairs, n_pairs, static_cast<int>(out_w), wide);
+  }
   uint8_t* rgbx = Scratch::at_least(buffers.rgbx, static_cast<size_t>(out_w) * 4 + 16);
   const size_t plane = static_cast<size_t>(out_h) * out_w;
   for (int y = 0; y < resized_rows; ++y) {
@@ -356,9 +375,9 @@ void decode_jpeg_crop_into(const uint8_t* buffer, int64_t nbytes, int64_t top, i
     uint8_t* planes[3] = {base + static_cast<size_t>(y) * out_w, base + plane + static_cast<size_t>(y) * out_w,
                           base + 2 * plane + static_cast<size_t>(y) * out_w};
     if (channels == 4) {
-      resize::horizontal_row4(kernel, row, pair_first.data(), pairs, n_pairs, static_cast<int>(out_w), rgbx, planes);
+      resize::horizontal_row4(kernel, row, pair_first, pairs, wide, n_pairs, static_cast<int>(out_w), rgbx, planes);
     } else {
-      horizontal_row1(row, hfirst.data(), hweights.data(), horiz.ksize, static_cast<int>(out_w), hflip, planes);
+      horizontal_row1(row, hfirst, hweights, horiz.ksize, static_cast<int>(out_w), hflip, planes);
     }
   }
   if (channels == 1 && resized_rows > 0) {  // greyscale expands to three equal channels, as PIL's convert("RGB")

@@ -8,8 +8,9 @@
 // * avx2 (x86-64 with GCC or Clang, used when the CPU has it): the vertical pass keeps the sums
 //   of all taps in registers (two rows per _mm256_madd_epi16, 16 bytes of each at a time) and
 //   writes each int16 once, instead of reading and writing an int32 row per tap; the horizontal
-//   pass computes two output pixels per 256-bit register and transposes 16 RGBX pixels straight
-//   into the three planes (byte shuffles), with no RGBX row in between.
+//   pass computes two output pixels per 256-bit register (their weights laid out once per image,
+//   pack_wide_pairs, and each pixel pair's channels regrouped by one byte shuffle) and transposes
+//   16 RGBX pixels straight into the three planes (byte shuffles), with no RGBX row in between.
 //
 // Why bit-identical: every product is an int16 weight (<= 1 << 14) times a non-negative value
 // below 2**15, summed in int32 without overflow, with the same rounding constant and shift, so
@@ -226,34 +227,57 @@ void vertical_row_avx2(const uint8_t* const* rows, const int32_t* w, int taps, i
   }
 }
 
-// Output pixels x0 (low lane) and x1 (high lane): per lane exactly rgbx_pixel's arithmetic.
+// Two pixels' RGBX int16 (2j, 2j+1 of each output's taps) regrouped per channel, (2j, 2j+1) pairs:
+// one byte shuffle per 128-bit lane, the same int16 as unpacklo(two, two >> 8) in rgbx_pixel.
+FASTPIPE_AVX2_FN FASTPIPE_INLINE __m256i by_pairs(__m256i two) {
+  return _mm256_shuffle_epi8(two, _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6,
+                                                   7, 14, 15));
+}
+
+FASTPIPE_AVX2_FN FASTPIPE_INLINE __m256i two_sources(const int16_t* s0, const int16_t* s1, int j) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + j * 8))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1 + j * 8)), 1);
+}
+
+// Output pixels x0 (low lane) and x1 (high lane): per lane exactly rgbx_pixel's arithmetic. `wide`
+// holds each pair j's weights already laid out for both lanes (pack_wide_pairs: four copies of
+// x0's pair, then four of x1's), so the loop is two loads, a shuffle, a madd and an add per pair.
 template <int NP>
-FASTPIPE_AVX2_FN FASTPIPE_INLINE __m256i rgbx_two(const int16_t* row, int f0, int f1, const int32_t* w0, const int32_t* w1, int n_pairs,
-                                                  __m256i half) {
+FASTPIPE_AVX2_FN FASTPIPE_INLINE __m256i rgbx_two(const int16_t* row, int f0, int f1, const int32_t* wide, int n_pairs, __m256i half) {
   const int16_t* s0 = row + static_cast<size_t>(f0) * 4;
   const int16_t* s1 = row + static_cast<size_t>(f1) * 4;
   __m256i acc = half;
   for (int j = 0; j < (NP > 0 ? NP : n_pairs); ++j) {
-    const __m256i two = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + j * 8))),
-                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1 + j * 8)), 1);
-    const __m256i interleaved = _mm256_unpacklo_epi16(two, _mm256_srli_si256(two, 8));
-    const __m256i wj = _mm256_blend_epi32(_mm256_set1_epi32(w0[j]), _mm256_set1_epi32(w1[j]), 0xF0);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(interleaved, wj));
+    const __m256i wj = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wide + 8 * j));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(by_pairs(two_sources(s0, s1, j)), wj));
   }
   return _mm256_srai_epi32(acc, kFinalShift);
 }
 
-// Eight output pixels from x, as bytes: lane 0 holds pixels x, x+2, x+4, x+6 (RGBX each), lane 1
+// One output pixel in both lanes (the high one unused), its weights broadcast: the row's last
+// out_w % 8 pixels.
+template <int NP>
+FASTPIPE_AVX2_FN FASTPIPE_INLINE __m256i rgbx_one(const int16_t* row, int f, const int32_t* w, int n_pairs, __m256i half) {
+  const int16_t* s = row + static_cast<size_t>(f) * 4;
+  __m256i acc = half;
+  for (int j = 0; j < (NP > 0 ? NP : n_pairs); ++j) {
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(by_pairs(two_sources(s, s, j)), _mm256_set1_epi32(w[j])));
+  }
+  return _mm256_srai_epi32(acc, kFinalShift);
+}
+
+// Eight output pixels from x (even), as bytes: lane 0 holds pixels x, x+2, x+4, x+6 (RGBX each), lane 1
 // pixels x+1, x+3, x+5, x+7; then each lane's bytes grouped by channel (R R R R G G G G ...), and
 // the two lanes' groups interleaved: (R of x..x+7, G of x..x+7) and (B of x..x+7, X ...).
 template <int NP>
-FASTPIPE_AVX2_FN FASTPIPE_INLINE void eight_pixels(const int16_t* row, const int* first, const int32_t* pairs, int n_pairs, int x, __m256i half,
+FASTPIPE_AVX2_FN FASTPIPE_INLINE void eight_pixels(const int16_t* row, const int* first, const int32_t* wide, int n_pairs, int x, __m256i half,
                                                   __m128i& rg, __m128i& bx) {
-  const int32_t* w = pairs + static_cast<size_t>(x) * n_pairs;
-  const __m256i a = rgbx_two<NP>(row, first[x], first[x + 1], w, w + n_pairs, n_pairs, half);
-  const __m256i b = rgbx_two<NP>(row, first[x + 2], first[x + 3], w + 2 * n_pairs, w + 3 * n_pairs, n_pairs, half);
-  const __m256i c = rgbx_two<NP>(row, first[x + 4], first[x + 5], w + 4 * n_pairs, w + 5 * n_pairs, n_pairs, half);
-  const __m256i d = rgbx_two<NP>(row, first[x + 6], first[x + 7], w + 6 * n_pairs, w + 7 * n_pairs, n_pairs, half);
+  const int32_t* w = wide + static_cast<size_t>(x / 2) * n_pairs * 8;  // output pair x / 2
+  const int step = n_pairs * 8;
+  const __m256i a = rgbx_two<NP>(row, first[x], first[x + 1], w, n_pairs, half);
+  const __m256i b = rgbx_two<NP>(row, first[x + 2], first[x + 3], w + step, n_pairs, half);
+  const __m256i c = rgbx_two<NP>(row, first[x + 4], first[x + 5], w + 2 * step, n_pairs, half);
+  const __m256i d = rgbx_two<NP>(row, first[x + 6], first[x + 7], w + 3 * step, n_pairs, half);
   const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
   const __m256i by_channel =
       _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
@@ -263,7 +287,8 @@ FASTPIPE_AVX2_FN FASTPIPE_INLINE void eight_pixels(const int16_t* row, const int
 }
 
 template <int NP>
-FASTPIPE_AVX2_FN void horizontal_avx2(const int16_t* row, const int* first, const int32_t* pairs, int np, int out_w, uint8_t* const* planes) {
+FASTPIPE_AVX2_FN void horizontal_avx2(const int16_t* row, const int* first, const int32_t* pairs, const int32_t* wide, int np, int out_w,
+                                      uint8_t* const* planes) {
   const __m256i half = _mm256_set1_epi32(1 << (kFinalShift - 1));
   const int n_pairs = NP > 0 ? NP : np;
   uint8_t* const p0 = planes[0];
@@ -272,22 +297,21 @@ FASTPIPE_AVX2_FN void horizontal_avx2(const int16_t* row, const int* first, cons
   int x = 0;
   for (; x + 16 <= out_w; x += 16) {
     __m128i rg0, bx0, rg1, bx1;
-    eight_pixels<NP>(row, first, pairs, n_pairs, x, half, rg0, bx0);
-    eight_pixels<NP>(row, first, pairs, n_pairs, x + 8, half, rg1, bx1);
+    eight_pixels<NP>(row, first, wide, n_pairs, x, half, rg0, bx0);
+    eight_pixels<NP>(row, first, wide, n_pairs, x + 8, half, rg1, bx1);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p0 + x), _mm_unpacklo_epi64(rg0, rg1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p1 + x), _mm_unpackhi_epi64(rg0, rg1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p2 + x), _mm_unpacklo_epi64(bx0, bx1));
   }
   for (; x + 8 <= out_w; x += 8) {
     __m128i rg, bx;
-    eight_pixels<NP>(row, first, pairs, n_pairs, x, half, rg, bx);
+    eight_pixels<NP>(row, first, wide, n_pairs, x, half, rg, bx);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p0 + x), rg);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p1 + x), _mm_unpackhi_epi64(rg, rg));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p2 + x), bx);
   }
-  for (; x < out_w; ++x) {  // the last out_w % 8 pixels, one at a time (two lanes, the high one unused)
-    const int32_t* w = pairs + static_cast<size_t>(x) * n_pairs;
-    const __m256i a = rgbx_two<NP>(row, first[x], first[x], w, w, n_pairs, half);
+  for (; x < out_w; ++x) {  // the last out_w % 8 pixels, one at a time
+    const __m256i a = rgbx_one<NP>(row, first[x], pairs + static_cast<size_t>(x) * n_pairs, n_pairs, half);
     const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_castsi256_si128(a)), _mm_setzero_si128());
     const uint32_t px = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
     p0[x] = static_cast<uint8_t>(px);
@@ -296,12 +320,13 @@ FASTPIPE_AVX2_FN void horizontal_avx2(const int16_t* row, const int* first, cons
   }
 }
 
-void horizontal_row4_avx2(const int16_t* row, const int* first, const int32_t* pairs, int np, int out_w, uint8_t* const* planes) {
+void horizontal_row4_avx2(const int16_t* row, const int* first, const int32_t* pairs, const int32_t* wide, int np, int out_w,
+                          uint8_t* const* planes) {
   switch (np) {
-    case 2: return horizontal_avx2<2>(row, first, pairs, np, out_w, planes);
-    case 3: return horizontal_avx2<3>(row, first, pairs, np, out_w, planes);
-    case 4: return horizontal_avx2<4>(row, first, pairs, np, out_w, planes);
-    default: return horizontal_avx2<0>(row, first, pairs, np, out_w, planes);
+    case 2: return horizontal_avx2<2>(row, first, pairs, wide, np, out_w, planes);
+    case 3: return horizontal_avx2<3>(row, first, pairs, wide, np, out_w, planes);
+    case 4: return horizontal_avx2<4>(row, first, pairs, wide, np, out_w, planes);
+    default: return horizontal_avx2<0>(row, first, pairs, wide, np, out_w, planes);
   }
 }
 #endif  // FASTPIPE_RESIZE_AVX2
@@ -344,12 +369,28 @@ void vertical_row(Kernel kernel, const uint8_t* const* rows, const int32_t* w, i
   vertical_row_portable(rows, w, taps, n, acc, out);
 }
 
-void horizontal_row4(Kernel kernel, const int16_t* row, const int* first, const int32_t* pairs, int n_pairs, int out_w, uint8_t* rgbx,
-                     uint8_t* const* planes) {
+size_t wide_pairs_size(int n_pairs, int out_w) { return static_cast<size_t>(out_w / 2) * n_pairs * 8; }
+
+void pack_wide_pairs(const int32_t* pairs, int n_pairs, int out_w, int32_t* wide) {
+  for (int p = 0; p < out_w / 2; ++p) {
+    for (int j = 0; j < n_pairs; ++j) {
+      int32_t* v = wide + (static_cast<size_t>(p) * n_pairs + j) * 8;
+      const int32_t w0 = pairs[static_cast<size_t>(2 * p) * n_pairs + j], w1 = pairs[static_cast<size_t>(2 * p + 1) * n_pairs + j];
+      for (int l = 0; l < 4; ++l) {
+        v[l] = w0;
+        v[4 + l] = w1;
+      }
+    }
+  }
+}
+
+void horizontal_row4(Kernel kernel, const int16_t* row, const int* first, const int32_t* pairs, const int32_t* wide, int n_pairs, int out_w,
+                     uint8_t* rgbx, uint8_t* const* planes) {
 #if defined(FASTPIPE_RESIZE_AVX2)
-  if (kernel == Kernel::kAvx2) return horizontal_row4_avx2(row, first, pairs, n_pairs, out_w, planes);
+  if (kernel == Kernel::kAvx2) return horizontal_row4_avx2(row, first, pairs, wide, n_pairs, out_w, planes);
 #endif
   (void)kernel;
+  (void)wide;
   horizontal_row4_portable(row, first, pairs, n_pairs, out_w, rgbx, planes);
 }
 

@@ -3,6 +3,7 @@
 // their output is the same bytes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,12 +36,20 @@ std::vector<std::string> available_kernels();
 // bits. `acc` is n int32 of scratch (the portable kernel's running sums).
 void vertical_row(Kernel kernel, const uint8_t* const* rows, const int32_t* w, int taps, int n, int32_t* acc, int16_t* out);
 
+// The horizontal weight pairs laid out for the AVX2 kernel, once per image: for each pair of output
+// pixels (2p, 2p+1) and each j, eight int32, four copies of pairs[2p * n_pairs + j] then four of
+// pairs[(2p + 1) * n_pairs + j] (one 256-bit load instead of two broadcasts and a blend per pair
+// of taps in the inner loop). `wide` must hold wide_pairs_size(n_pairs, out_w) int32.
+size_t wide_pairs_size(int n_pairs, int out_w);
+void pack_wide_pairs(const int32_t* pairs, int n_pairs, int out_w, int32_t* wide);
+
 // One output row of the horizontal pass over an RGBX int16 row: output pixel x reads n_pairs
 // pairs of pixels from row + first[x] * 4 with the weight pairs pairs[x * n_pairs + j]
 // (w[2j] | w[2j+1] << 16; the flip is already in `first` and `pairs`), into three planes.
-// `rgbx` is out_w * 4 + 16 bytes of scratch.
-void horizontal_row4(Kernel kernel, const int16_t* row, const int* first, const int32_t* pairs, int n_pairs, int out_w, uint8_t* rgbx,
-                     uint8_t* const* planes);
+// `wide` is pack_wide_pairs' layout of `pairs` (read by the AVX2 kernel only); `rgbx` is
+// out_w * 4 + 16 bytes of scratch.
+void horizontal_row4(Kernel kernel, const int16_t* row, const int* first, const int32_t* pairs, const int32_t* wide, int n_pairs, int out_w,
+                     uint8_t* rgbx, uint8_t* const* planes);
 
 }  // namespace resize
 }  // namespace fastpipe
