@@ -262,3 +262,39 @@ def test_a_jpeg_folder_read_by_fastpipes_image_folder_is_pointed_at_the_thread_l
     (baseline / "a").mkdir(parents=True)
     Image.fromarray(pixels).save(baseline / "a" / "0.jpg")
     assert "fastpipe prepare" not in recommend(RAW, RAW, transform=IMAGENET, dataset=ImageFolder(baseline, transform=IMAGENET)).summary
+
+
+def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tmp_path: Path) -> None:
+    """The probe reads a bounded prefix of each path (a 3 MB file whose frame header lies beyond it is not counted),
+    skips samples that are not paths (an int would be taken by open() as a file descriptor and closed), and counts
+    only JPEGs whose frame header it saw."""
+    import os
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fastpipe.diagnosis._advice import HEADER_PROBE_BYTES, _progressive
+
+    pixels = np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "p.jpg", progressive=True)
+    Image.fromarray(pixels).save(tmp_path / "b.jpg")
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    data = (tmp_path / "p.jpg").read_bytes()
+    # a comment segment of 64 kB, repeated past the probe's prefix, before the frame header
+    comment = b"\xff\xfe" + (65535).to_bytes(2, "big") + b"c" * 65533
+    padded = data[:2] + comment * (HEADER_PROBE_BYTES // len(comment) + 2) + data[2:]
+    (tmp_path / "late.jpg").write_bytes(padded)
+    read, write = os.pipe()
+    try:
+        samples = [
+            (read, 0),
+            (str(tmp_path / "p.jpg"), 0),
+            (tmp_path / "b.jpg", 0),
+            (str(tmp_path / "x.png"), 0),
+            (str(tmp_path / "late.jpg"), 0),
+        ]
+        assert _progressive(SimpleNamespace(samples=samples)) == (1, 2)
+        os.fstat(read)  # still open: raises OSError if the probe closed it
+    finally:
+        os.close(read)
+        os.close(write)

@@ -596,23 +596,55 @@ def _thread_loader_fits(dataset: object | None) -> bool:
     return type(folder).__module__.startswith("fastpipe.datasets") and type(getattr(fast_path, "decode", None)).__name__ == "DecodeCrop"
 
 
+#: How much of each file the progressive probe reads: the frame header follows the APPn segments (EXIF, ICC), which
+#: rarely reach this far; a file whose header lies beyond it is not counted as probed.
+HEADER_PROBE_BYTES = 256 * 1024
+
+
 def _progressive(dataset: object | None, probe: int = 16) -> tuple[int, int]:
-    """(progressive JPEGs, files probed) among the first ``probe`` samples of an ImageFolder-like dataset (markers only)."""
+    """(progressive JPEGs, JPEG files probed) among the first ``probe`` samples of an ImageFolder-like dataset.
+
+    Reads at most :data:`HEADER_PROBE_BYTES` of each file (a shard or a huge file is not read whole) and only paths
+    (a str or ``os.PathLike``: an int would be taken by ``open`` as one of the process's file descriptors and closed).
+    """
     samples = getattr(_folder(dataset), "samples", None)
     if not isinstance(samples, (list, tuple)) or not samples:
         return 0, 0
-    from fastpipe.ops.jpeg import is_progressive, read_bytes
+    import os
+
+    import torch
+
+    from fastpipe.ops.jpeg import is_jpeg, is_progressive, sof_offset
 
     found = probed = 0
     for sample in samples[:probe]:
-        path = sample[0] if isinstance(sample, (list, tuple)) else sample
+        path = sample[0] if isinstance(sample, (list, tuple)) and sample else sample
+        if not isinstance(path, (str, os.PathLike)):
+            continue
         try:
-            data = read_bytes(path)
-        except (OSError, TypeError, ValueError):
+            with open(path, "rb") as f:
+                head = f.read(HEADER_PROBE_BYTES)
+        except (OSError, ValueError):
+            continue
+        data = torch.frombuffer(bytearray(head), dtype=torch.uint8) if head else torch.empty(0, dtype=torch.uint8)
+        if not is_jpeg(data) or sof_offset(head) is None:
             continue
         probed += 1
         found += is_progressive(data)
     return found, probed
+
+
+def _prepare_line(found: int, probed: int) -> str:
+    """What the progressive probe found, as advice (empty when nothing was probed)."""
+    if found:
+        return (
+            f" {found} of {probed} files probed are progressive JPEGs, several times slower to decode than baseline: "
+            "`fastpipe prepare ROOT NEW_ROOT` copies the folder with them rewritten losslessly as baseline (pixels identical), "
+            "the rest hard-linked; train on NEW_ROOT."
+        )
+    if probed:
+        return f" None of the {probed} files probed is a progressive JPEG, so `fastpipe prepare` would not make them faster."
+    return ""
 
 
 def _with_prepare(advice: Advice, dataset: object | None) -> Advice:
@@ -620,12 +652,7 @@ def _with_prepare(advice: Advice, dataset: object | None) -> Advice:
     found, probed = _progressive(dataset)
     if not found:
         return advice
-    line = (
-        f" {found} of {probed} files probed are progressive JPEGs, several times slower to decode than baseline: "
-        "`fastpipe prepare ROOT NEW_ROOT` copies the folder with them rewritten losslessly as baseline (pixels identical), "
-        "the rest hard-linked; train on NEW_ROOT."
-    )
-    return Advice(summary=advice.summary + line, snippet=advice.snippet, caveat=advice.caveat)
+    return Advice(summary=advice.summary + _prepare_line(found, probed), snippet=advice.snippet, caveat=advice.caveat)
 
 
 def _is_fastpipe_mask(stage: object | None) -> bool:
@@ -728,15 +755,7 @@ def recommend_loader_stage(costs: LoaderStageCosts, dataset: object | None, core
                 "the decode off the CPU where a GPU decoder is available (fastpipe.datasets.EncodedImageFolder with "
                 "DecodeCropOnDevice, as jpeg:device-decode does)."
             )
-        found, probed = _progressive(dataset)
-        if found:
-            fix += (
-                f" {found} of {probed} files probed are progressive JPEGs, several times slower to decode than baseline: "
-                "`fastpipe prepare ROOT NEW_ROOT` rewrites them losslessly as baseline (pixels identical); train on NEW_ROOT."
-            )
-        elif probed:
-            fix += f" None of the {probed} files probed is a progressive JPEG, so `fastpipe prepare` would not make them faster."
-        return Advice(summary=head + fix)
+        return Advice(summary=head + fix + _prepare_line(*_progressive(dataset)))
     if top.stage == "read":
         return Advice(
             summary=head + " Storage sets the pace: one thread reads the files, so threads= (decoders) cannot help; put the "
