@@ -136,12 +136,39 @@ def costs_with(read_ms: float, decode_ms: float, wait_ms: float, threads: float)
 
 
 def test_advice_names_the_dominant_stage_never_the_wait() -> None:
-    decode = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=1), None, cores=4)
-    assert decode is not None and "decode dominates" in decode.summary and "threads= (now 1 per batch; 4 cores here)" in decode.summary
-    covered = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=4), None, cores=4)
-    assert covered is not None and "4 native threads per batch it already has the 4 cores" in covered.summary
+    decode = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=1), None, cores=4, threads=1, batch_size=32)
+    assert decode is not None and "decode dominates" in decode.summary and "threads=4 (now 1; 4 cores here" in decode.summary
+    covered = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=4), None, cores=4, threads=4, batch_size=32)
+    assert covered is not None and "threads=4 it already has the 4 cores" in covered.summary
     read = recommend_loader_stage(costs_with(15.0, 12.0, 30.0, threads=2), None, cores=4)
     assert read is not None and "read dominates" in read.summary and "storage" in read.summary
+
+
+def test_more_threads_are_advised_only_where_they_can_help() -> None:
+    """The op starts at most one thread per image: with batches of 4 on 16 cores, threads=8 is already more than
+    it uses (the clocks count 4 per call), so no more are advised; nor on saturated cores."""
+    few_images = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=4), None, cores=16, threads=8, batch_size=4)
+    assert few_images is not None and "more threads will not help" in few_images.summary
+    assert "Give it more native threads" not in few_images.summary
+    busy = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=1), None, cores=4, threads=1, batch_size=32, saturated=True)
+    assert busy is not None and "cores were saturated" in busy.summary and "Give it more" not in busy.summary
+
+
+def test_not_input_bound_the_table_says_its_figures_cost_no_step() -> None:
+    costs = costs_with(2.0, 12.0, 30.0, threads=1)
+    assert not any("not input-bound" in line for line in costs.lines())
+    costs.input_bound = False
+    assert any("not input-bound" in line and "costs training time" in line for line in costs.lines())
+
+
+def test_hand_over_in_a_span_is_not_advised_as_a_transform() -> None:
+    from fastpipe.diagnosis._advice import recommend
+    from fastpipe.diagnosis._plan import SPAN, kind_of
+
+    span = "raw load + transforms + hand-over"
+    assert kind_of([span]) == SPAN
+    text = recommend(span, SPAN).summary
+    assert "hand-over: the ThreadLoader giving decoded batches" in text and "custom transform" not in text.split("hand-over:")[1]
 
 
 def test_decode_advice_counts_progressive_files(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from fastpipe.diagnosis._loader_stages import LoaderStageCosts, native
+from fastpipe.diagnosis._loader_stages import LoaderStageCosts
+from fastpipe.diagnosis._plan import HAND_OVER
 
 RAW, TRANSFORM, COLLATE, COPY, WORKERS = "raw load", "transform", "collate/IPC", "host-to-device copy", "too few workers"
 #: torchvision's RandomResizedCrop scale range: on average a box covers (0.08 + 1) / 2 of the image's area.
@@ -717,6 +718,10 @@ def _span(parts: list[str], transform: object | None, dataset: object | None, im
         RAW: lambda: _raw_load(transform, dataset, image_size),
         COLLATE: lambda: _collate(transform, dataset),
         COPY: _copy,
+        HAND_OVER: lambda: Advice(
+            summary="hand-over: the ThreadLoader giving decoded batches to the loop (ring views and buffer release), not a "
+            "transform; its own clocks time it with the loader's other stages."
+        ),
     }
     advice = [kinds[p]() if p in kinds else _transform(re.sub(r"#\d+$", "", p), transform, dataset, image_size) for p in parts]
     first = next((a for a in advice if a.snippet is not None), None)
@@ -731,13 +736,23 @@ def _span(parts: list[str], transform: object | None, dataset: object | None, im
     )
 
 
-def recommend_loader_stage(costs: LoaderStageCosts, dataset: object | None, cores: int) -> Advice | None:
+def recommend_loader_stage(
+    costs: LoaderStageCosts,
+    dataset: object | None,
+    cores: int,
+    *,
+    threads: int | None = None,
+    batch_size: int | None = None,
+    saturated: bool = False,
+) -> Advice | None:
     """The remedy for an input-bound loader that times its own stages (the ThreadLoader): its dominant stage's.
 
     The ladder says how much the input costs each step; the loader's clocks say which of its threads spends the
     time, so the advice names that stage: decode (more ``threads=`` while cores are free, ``fastpipe prepare`` for
     progressive JPEGs), read (storage: one thread reads), or the generic path's per-image ``dataset[i]`` and collate.
-    None when no stage was timed.
+    None when no stage was timed. ``threads`` is the loader's setting (the clocks count the threads each call used,
+    at most the images in its batch); more threads help only up to the batch size and the cores, and not at all when
+    the CPU was ``saturated`` during the baseline (the reading and loop threads need a share of it too).
     """
     top = costs.dominant()
     if top is None:
@@ -746,15 +761,20 @@ def recommend_loader_stage(costs: LoaderStageCosts, dataset: object | None, core
     per_image = "" if top.ms_per_image is None else f" ({top.ms_per_image:.2f} ms per image)"
     head = f"In the {costs.loader}, {top.stage} dominates: the {top.thread} spends {top.ms_per_step:.1f} ms per step on {top.what}{per_image}{share}."
     if top.stage == "decode":
-        threads = top.threads or 1.0
-        if threads < cores:
-            fix = f" Give it more native threads: threads= (now {threads:.3g} per batch; {cores} cores here)."
-        else:
+        setting = threads if threads is not None else max(1, round(top.threads or 1.0))
+        useful = min(cores, batch_size) if batch_size else cores  # the op starts at most one thread per image
+        off_cpu = (
+            "take the decode off the CPU where a GPU decoder is available (fastpipe.datasets.EncodedImageFolder with "
+            "DecodeCropOnDevice, as jpeg:device-decode does)."
+        )
+        if saturated:
+            fix = f" The cores were saturated during the run (threads={setting}, {cores} cores here), so more threads will not help; {off_cpu}"
+        elif setting < useful:
             fix = (
-                f" With {native(threads)} per batch it already has the {cores} cores here, so more threads will not help; take "
-                "the decode off the CPU where a GPU decoder is available (fastpipe.datasets.EncodedImageFolder with "
-                "DecodeCropOnDevice, as jpeg:device-decode does)."
+                f" Give it more native threads: threads={useful} (now {setting}; {cores} cores here, {batch_size or 'n/a'} images a batch)."
             )
+        else:
+            fix = f" With threads={setting} it already has the {cores} cores here, so more threads will not help; {off_cpu}"
         return Advice(summary=head + fix + _prepare_line(*_progressive(dataset)))
     if top.stage == "read":
         return Advice(

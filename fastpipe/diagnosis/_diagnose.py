@@ -335,7 +335,17 @@ class _Diagnosis:
         costs = report.loader_stage_costs
         if costs is None or not self.input_bound():
             return
-        advice = recommend_loader_stage(costs, self.workload.loader.dataset, usable_cores())
+        loader = self.workload.loader
+        baseline = report.experiment(BASELINE)
+        saturated = baseline is not None and (baseline.system_cpu_util or 0.0) >= SATURATED_CPU
+        advice = recommend_loader_stage(
+            costs,
+            loader.dataset,
+            usable_cores(),
+            threads=getattr(loader, "threads", None),
+            batch_size=report.batch_size,
+            saturated=saturated,
+        )
         if advice is None:
             return
         ours = [b for b in report.bottlenecks + report.unresolved if b.kind != COPY]
@@ -518,6 +528,8 @@ def diagnose(
             runner.close()  # the progress line, and the loader behind the cached host batches
         costs, why_not = None, None
         loader_costs = diagnosis.report.loader_stage_costs = runner.loader_stage_costs()  # free: the baseline's own steps
+        if loader_costs is not None:
+            loader_costs.input_bound = diagnosis.input_bound()
         if not diagnosis.input_bound() or diagnosis.report.interrupted:
             pass  # nothing to split or name: the ladder's figures stand
         elif not options.stage_costs:

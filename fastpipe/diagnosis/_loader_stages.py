@@ -106,6 +106,9 @@ class LoaderStageCosts:
     """Images delivered to the loop in the window."""
     batches: int
     stages: list[LoaderStageCost] = field(default_factory=list)
+    input_bound: bool | None = None
+    """The diagnosis's verdict on the baseline (None: not given). Not input-bound, the loop's wait overlaps work the
+    device already has queued: the table still shows where the threads' time goes, but none of it costs a step."""
 
     @classmethod
     def from_windows(cls, loader: str, windows: list[StageWindow]) -> "LoaderStageCosts | None":
@@ -200,6 +203,11 @@ class LoaderStageCosts:
             "batch while the decoding thread decodes this one, both while the loop runs its step), so the shares overlap and "
             "do not add up to 100%."
         ]
+        if self.input_bound is False:
+            lines.append(
+                "The run is not input-bound: the loop's wait in next() overlaps the step the device is running, so none of "
+                "these figures costs training time; they say where the loader's threads spend theirs."
+            )
         decode = next((s for s in self.stages if s.stage == "decode"), None)
         if decode is not None and decode.threads is not None:
             lines.append(

@@ -23,6 +23,8 @@ from fastpipe.stages import RAW_STAGE, TransformPipeline
 
 COPY, COLLATE = "host-to-device copy", "collate/IPC"
 SPAN = "span"
+HAND_OVER = "hand-over"
+"""The ThreadLoader's hand-over of decoded batches to the loop: what stands where a DataLoader has collate/IPC."""
 """The kind of a span that merges several kinds of component (measured points left out between them)."""
 
 
@@ -95,4 +97,6 @@ def _part_kind(part: str) -> str:
         return COLLATE
     if part == COPY:
         return COPY
+    if part == HAND_OVER:
+        return HAND_OVER
     return "transform"

@@ -25,7 +25,7 @@ from fastpipe.diagnosis._loader_stages import LoaderStageCosts, StageWindow
 from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
 from fastpipe.diagnosis._memory_section import PointMemory, child_pids, point_memory
 from fastpipe.diagnosis._noise import pool
-from fastpipe.diagnosis._plan import Plan, make_plan, point_label
+from fastpipe.diagnosis._plan import HAND_OVER, Plan, make_plan, point_label
 from fastpipe.diagnosis._report import ExperimentResult
 from fastpipe.diagnosis._snapshot import preserve_user_state
 from fastpipe.errors import ConfigError, PipelineError
@@ -104,7 +104,7 @@ class PointRunner:
             self.pipeline, why_not = None, stages_outside_workers(loader)
         self.plan: Plan = make_plan(self.pipeline, why_not)
         if batches_whole(loader):  # the ThreadLoader's batch decode: a cached sample stands for no step of it
-            self.plan.drop(SAMPLE, batches_whole(loader), label=f"{RAW_STAGE} + transforms + hand-over")
+            self.plan.drop(SAMPLE, batches_whole(loader), label=f"{RAW_STAGE} + transforms + {HAND_OVER}")
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
