@@ -110,7 +110,10 @@ def test_the_dispatched_kernel_gives_the_portable_bytes(files: dict[str, bytes],
 
 def test_reused_scratch_keeps_no_state_between_images(files: dict[str, bytes], restore_kernel: None) -> None:
     """The op keeps its coefficients, weights and rows in the thread's scratch between calls: decoding the same
-    cases in the opposite order (large shrinks after small ones, enlargements after shrinks) gives the same bytes."""
+    cases in the opposite order (large shrinks after small ones, enlargements after shrinks) gives the same bytes,
+    and so does each case decoded alone in a new thread (its scratch fresh)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     rng = random.Random(1)
     cases = [(data, box, size, i % 2 == 1) for data in files.values() for i, (box, size) in enumerate(_cases(*jpeg.jpeg_size(data), rng))]
     for kernel in _kernels():
@@ -118,6 +121,10 @@ def test_reused_scratch_keeps_no_state_between_images(files: dict[str, bytes], r
         backward = [_decode(kernel, *case) for case in reversed(cases)][::-1]
         for case, a, b in zip(cases, forward, backward):
             assert torch.equal(a, b), (kernel, case[1:])
+        for case, a in zip(cases, forward):
+            with ThreadPoolExecutor(max_workers=1) as fresh:  # a new thread per case: its thread_local scratch is new
+                alone = fresh.submit(_decode, kernel, *case).result()
+            assert torch.equal(a, alone), (kernel, case[1:])
 
 
 def test_the_batch_op_uses_the_same_kernels(files: dict[str, bytes], restore_kernel: None) -> None:
