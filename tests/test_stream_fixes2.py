@@ -120,6 +120,18 @@ def test_two_views_collated_by_torch_count_the_batch_not_the_views(urls) -> None
     assert cached.copy_stats().samples == 8  # 4 a batch, not 2 (the views)
 
 
+def test_two_views_collated_by_webdataset_count_the_batch_too(urls) -> None:
+    from fastpipe.diagnosis._points import leading_size
+
+    stream = base(urls).map(two_views).batched(4).map(ident)  # webdataset's collation: views stay a list of 4 pairs
+    pipeline, _ = find_pipeline(stream)
+    cached = CachePointIterable(stream, pipeline, "after:batched", pool=2, clock=Ticks())
+    items = served(cached, 2)
+    assert len(items[0][0]) == 4 and items[0][0][0][0].shape[0] == 3  # a view's first dimension is its channels
+    assert leading_size(items[0]) == 4  # the stacked labels, a top-level column, before the nested views
+    assert cached.copy_stats().samples == 8
+
+
 def test_a_batch_before_an_unrecognised_step_counts_its_rows(urls) -> None:
     stream = base(urls).batched(4).compose(passthrough).map(ident)
     pipeline, _ = find_pipeline(stream)

@@ -489,7 +489,7 @@ def first_shape(batch: Any) -> tuple[int, ...] | None:
     while level:
         for item in level:
             shape = getattr(item, "shape", None)
-            if shape is not None and not isinstance(item, (list, tuple, dict)) and len(shape) > 0:
+            if isinstance(shape, tuple) and len(shape) > 0 and not isinstance(item, (list, tuple, dict)):  # torch.Size is one
                 return tuple(int(size) for size in shape)
         level = [
             part for item in level if isinstance(item, (list, tuple, dict)) for part in (item.values() if isinstance(item, dict) else item)

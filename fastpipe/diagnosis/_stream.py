@@ -345,7 +345,9 @@ class TimedStream(IterableDataset):
     what the item took beyond its stages is the raw load. A WebDataset chain gets each filter timed in place: a
     filter's own time is the time spent in it minus the time its upstream took, and each item leaving the shard read
     counts as one sample (so with ``batched`` in the chain, costs stay per sample). An epoch is the chain's own:
-    ``with_epoch(n)`` limits the whole chain's items (batches, when it batches), not the shard read's samples.
+    ``with_epoch(n)`` limits the whole chain's items (batches, when it batches), not the shard read's samples, and
+    the passes over the shards repeat around the whole timed chain, ending after one that yields nothing
+    (:func:`chain_passes`), as ``DataPipeline.iterator`` ends them.
     """
 
     def __init__(
