@@ -270,6 +270,14 @@ def apply(rules: list[Rule], facts: Facts) -> list[str]:
     return [line for line in (rule(facts) for rule in rules) if line]
 
 
+def workers_needed(costs: dict[str, Any] | None, device_ms: float, batch: int | None) -> int | None:
+    """The workers that deliver a batch every device step: ``batch x`` the sum of every stage's own time per sample
+    ``/ device step`` (a worker spends that sum on each sample); None without costs, a batch size or a device step."""
+    if not costs or not batch or device_ms <= 0:
+        return None
+    return math.ceil(batch * sum(c.own_ms for c in costs.values()) / device_ms)
+
+
 def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, batch: int | None, cores: int) -> str | None:
     """Rule 5's wording: whether the stage waits or computes, and for one that waits, the workers that would hide it.
 
@@ -286,9 +294,9 @@ def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, 
         "a remote call), so making its code faster will not help; overlap the waits instead: more DataLoader workers, a "
         "deeper prefetch_factor, faster or local storage."
     )
-    if costs and batch and device_ms > 0:
+    needed = workers_needed(costs, device_ms, batch)
+    if costs and batch and needed is not None:
         per_sample = sum(c.own_ms for c in costs.values())
-        needed = math.ceil(batch * per_sample / device_ms)
         cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
         text += (
             f" At the measured {per_sample:.1f} ms per sample in a worker ({sum(c.wait_ms for c in costs.values()):.1f} of "

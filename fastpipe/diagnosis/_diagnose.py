@@ -24,7 +24,16 @@ from fastpipe.diagnosis import _ddp as ddp
 from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
 from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
 from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
-from fastpipe.diagnosis._caveats import BUSY_MACHINE, CAVEATS, NOTES, SATURATION_CAVEAT_START, Facts, apply, waiting_text
+from fastpipe.diagnosis._caveats import (
+    BUSY_MACHINE,
+    CAVEATS,
+    NOTES,
+    SATURATION_CAVEAT_START,
+    Facts,
+    apply,
+    waiting_text,
+    workers_needed,
+)
 from fastpipe.diagnosis._memory_section import finish_memory_section, start_memory_section
 from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._plan import COLLATE, COPY, Plan, point_label
@@ -376,7 +385,7 @@ def _advise(
     (rule 5 of :mod:`fastpipe.diagnosis._attribute`); one that computes gets advice about its code. A worker-side stage
     found while the cores had room also gets the tuner's advice: more workers may carry it before any stage is made cheaper.
     """
-    from fastpipe.diagnosis._advice import recommend
+    from fastpipe.diagnosis._advice import recommend, webdataset_shards
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
@@ -385,6 +394,10 @@ def _advise(
         # a stream's raw load waits on its reads, which more workers overlap only where there is more to read in
         # parallel (a WebDataset chain: as many shards as workers); its own advice says so
         stream_read = isinstance(dataset, IterableDataset) and RAW_STAGE in component.stage.split(" + ")
+        if stream_read:  # workers beyond a WebDataset chain's shards read nothing: the shards are the limit then
+            shards, needed = webdataset_shards(dataset), workers_needed(costs, report.device_step_ms or 0.0, batch or report.batch_size)
+            limit = None if shards is None or needed is None else shards.limit_text(needed)
+            waiting = waiting if limit is None else f"{waiting} {limit}"
         component.recommendation, component.snippet = (f"{waiting} {advice.text()}" if stream_read else waiting), None
         return
     component.recommendation = advice.text() if waiting is None else f"{waiting} {advice.text()}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 import sys
 import time
 from itertools import islice
@@ -46,6 +47,7 @@ from fastpipe.diagnosis._cache import (
     unplaceable,
 )
 from fastpipe.diagnosis._cachepoint import BASELINE, SAMPLE
+from fastpipe.diagnosis._points import first_shape
 from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline
 
 
@@ -109,7 +111,7 @@ class CachePointIterable(CachePointDataset, IterableDataset):
         captured = list(islice(iter(cut_chain(self.dataset, self.pipeline, self.cut)), self.pool))
         if not captured:
             return
-        batching = open_batches(self.pipeline, self.cut)
+        batching = open_batches(self.dataset, self.pipeline, self.cut)
         stream: Iterator[Any] = self._copies(captured, [samples_in(value, batching) for value in captured])
         for stage in self.pipeline.stages[self.cut :]:
             stream = stage.transform(stream)
@@ -127,42 +129,70 @@ class CachePointIterable(CachePointDataset, IterableDataset):
                 yield copied
 
 
-def cut_chain(dataset: Any, pipeline: TransformPipeline, stop: int) -> Any:
+def cut_chain(dataset: Any, pipeline: TransformPipeline, stop: int, *, once: bool = False) -> Any:
     """A shallow copy of a WebDataset ``DataPipeline`` that ends after its first ``stop`` stages (the shard read kept).
 
-    The copy has no epoch limit (``nsamples=-1``; its ``repetitions`` are kept, so a ``with_epoch`` chain still reads
-    its shards again and again): ``with_epoch(n)`` counts what the whole chain yields (batches, when it batches), so on
-    a shorter chain it would cut the epoch short; whoever needs the user's epoch limits the full chain's output
-    (:func:`epoch_limit`).
+    The copy has no epoch limit (``nsamples=-1``): ``with_epoch(n)`` counts what the whole chain yields (batches, when
+    it batches), so on a shorter chain it would cut the epoch short; whoever needs the user's epoch limits the full
+    chain's output (:func:`epoch_limit`). Its ``repetitions`` are kept (a ``with_epoch`` chain reads its shards again
+    and again, and ``DataPipeline.iterator`` stops after a pass that yields nothing, which sees the kept filters), unless
+    ``once``: then it reads one pass, for a caller that runs the rest of the chain itself and must repeat the passes
+    around the whole chain (:func:`chain_passes`), since an empty pass of the whole chain is what ends the epoch.
     """
     clone = copy.copy(dataset)
     clone.pipeline = list(dataset.pipeline[: pipeline.offset + stop])
     if getattr(dataset, "nsamples", -1) > 0:
         clone.nsamples = -1
+    if once:
+        clone.repetitions = 1
     return clone
+
+
+def chain_passes(dataset: Any, one_pass: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """The whole chain's items as ``DataPipeline.__iter__`` yields them, each pass being ``one_pass()`` (a one-pass read
+    through the chain's filters): ``repetitions`` passes, ending after a pass that yields nothing (a filter that drops
+    every sample would otherwise read the shards forever), cut at the user's epoch (:func:`epoch_limit`). Each pass ends
+    its own partial batches, as the user's chain does."""
+
+    def passes() -> Iterator[Any]:
+        for _ in range(getattr(dataset, "repetitions", 1)):
+            count = 0
+            for item in one_pass():
+                count += 1
+                yield item
+            if count == 0:
+                return
+
+    limit = epoch_limit(dataset)
+    return passes() if limit is None else islice(passes(), limit)
 
 
 def epoch_limit(dataset: Any) -> int | None:
     """How many items an epoch of the whole WebDataset chain yields (``with_epoch(n)``: n), or None when unlimited;
     read as ``DataPipeline.__iter__`` reads it."""
-    nsamples = getattr(dataset, "nsamples", -1)
-    return nsamples if getattr(dataset, "repetitions", 1) != 1 and isinstance(nsamples, int) and nsamples > 0 else None
+    try:  # any integer (with_epoch(np.int64(n)) is read by islice as n)
+        nsamples = operator.index(getattr(dataset, "nsamples", -1))
+    except TypeError:
+        return None
+    return nsamples if getattr(dataset, "repetitions", 1) != 1 and nsamples > 0 else None
 
 
-def open_batches(pipeline: TransformPipeline, stop: int) -> list[Any]:
-    """The ``batched`` steps among a WebDataset chain's first ``stop`` stages that no later ``unbatched`` undid: an
-    item cut there is a batch of batches of ... (one level per step); empty when it is one sample."""
+def open_batches(dataset: Any, pipeline: TransformPipeline, stop: int) -> list[Any]:
+    """The ``batched`` steps of a WebDataset chain up to the end of its first ``stop`` stages that no later
+    ``unbatched`` undid: an item cut there is a batch of batches of ... (one level per step); empty when it is one
+    sample. The whole chain up to the cut is read, not only the recognised stages: a ``batched`` before a step the
+    discovery does not know (``.compose(f)``) is part of the "shard read", and still batches."""
     wds = sys.modules.get("webdataset")
     if wds is None:
         return []
     batched, unbatched = getattr(wds.filters.batched, "f", None), getattr(wds.filters.unbatched, "f", None)
     found: list[Any] = []
-    for stage in pipeline.stages[:stop]:
-        f = getattr(stage.transform, "f", None)
+    for step in list(getattr(dataset, "pipeline", []))[: pipeline.offset + stop]:
+        f = getattr(step, "f", None)
         if f is None:
             continue
         if f is batched:
-            found.append(stage.transform)
+            found.append(step)
         elif f is unbatched and found:
             found.pop()
     return found
@@ -170,14 +200,12 @@ def open_batches(pipeline: TransformPipeline, stop: int) -> list[Any]:
 
 def samples_in(item: Any, batching: list[Any]) -> int:
     """How many samples ``item`` holds, cut after the ``batching`` steps (:func:`open_batches`): 1 for a sample; for
-    a batch, its rows (a partial last batch counts what it has), else the ``batchsize`` the step was given."""
+    a batch, its rows counted level by level (a partial batch counts what it has), else the product of the
+    ``batchsize`` each step was given."""
     if not batching:
         return 1
-    sizes = [_batch_args(step)[0] for step in batching]
-    if len(batching) > 1:  # batches of batches: the sizes the steps were given
-        return max(1, math.prod(sizes))
-    rows = _rows(item, collated=_batch_args(batching[0])[1])
-    return rows if rows else max(1, sizes[0])
+    rows = _rows(item, [_batch_args(step) for step in batching])
+    return rows if rows else max(1, math.prod(size for size, _ in (_batch_args(step) for step in batching)))
 
 
 def _batch_args(step: Any) -> tuple[int, bool]:
@@ -188,19 +216,34 @@ def _batch_args(step: Any) -> tuple[int, bool]:
     return (size if isinstance(size, int) else 1), collate is not None
 
 
-def _rows(batch: Any, collated: bool) -> int | None:
-    """The samples in one batch: a list of samples (no collation), or columns of equal length (a dict or tuple of
-    stacked tensors, arrays and lists, as ``webdataset``'s default collation makes); None when it cannot tell."""
+def _rows(batch: Any, levels: list[tuple[int, bool]]) -> int | None:
+    """The samples in ``batch`` made by the batching ``levels`` (:func:`_batch_args` of each step, outermost last);
+    None when it cannot tell.
+
+    An uncollated level is a list of what the level below made: the sum of their rows. Collated levels stack: the
+    first array of the batch (top-level columns first: :func:`~fastpipe.diagnosis._points.first_shape`, the batch size
+    the loader's batches are read with) has one leading dimension per collated level, so the rows are the product of
+    those dimensions; a list column is not a row count (torch's ``default_collate`` makes two views a list of two
+    stacked tensors). Only a batch with no array anywhere (all strings) counts the length of its first list column,
+    which both collations make one entry per row. A collated level above an uncollated one gives None (the caller
+    falls back to the steps' sizes: a partial batch is then over-counted)."""
+    collated = levels[-1][1]
     if not collated:
-        return len(batch) if isinstance(batch, (list, tuple)) else None
-    columns = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
-    for column in columns:
-        shape = getattr(column, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(column, (list, tuple)):
-            return len(column)
-    return None
+        if not isinstance(batch, (list, tuple)):
+            return None
+        if len(levels) == 1:
+            return len(batch)
+        inner = [_rows(part, levels[:-1]) for part in batch]
+        return None if any(rows is None for rows in inner) else sum(inner)  # type: ignore[arg-type]
+    if not all(each for _, each in levels):
+        return None
+    shape = first_shape(batch)
+    if shape is not None:
+        return math.prod(shape[: len(levels)]) if len(shape) >= len(levels) else None
+    if len(levels) > 1:
+        return None
+    columns = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    return next((len(column) for column in columns if isinstance(column, (list, tuple))), None)
 
 
 def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream: Iterator[Any]) -> str:
@@ -212,7 +255,8 @@ def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream
     of two views). Anything else changed the output on its way out, as a map-style ``__getitem__`` can."""
     if not calls[first:]:
         return unplaceable(method, item, []) or ""
-    if _holds(item, calls[:first]) or (_holds(item, calls[first:]) and _next_unpaired(calls, len(calls) - first, stream)):
+    following = _next_unpaired(calls, len(calls) - first, stream) if _holds(item, calls[first:]) else None
+    if _holds(item, calls[:first]) or following == "held":  # an output made for an earlier item: only a buffer does that
         return (
             f"{method} holds the transform's outputs in a buffer before yielding them (a shuffle or prefetch buffer: the "
             "item it yields was made by the transform for an earlier item), so a cached value cannot be put back in its "
@@ -221,6 +265,18 @@ def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream
             "shuffle the raw items in the source, `self.stages = fastpipe.Stages(source=<shuffled raw items>, "
             "transforms=[<each step>, ...])`, and yield each output as it comes (`return iter(self.stages)`); a buffer of "
             "raw (encoded) items also holds less memory than one of decoded samples"
+        )
+    if following == "count":
+        # the transform ran another number of times than there are items: a buffer filling, or a filter dropping
+        # items after the transform; the counts alone cannot tell which, so the text names both
+        return (
+            f"{method} does not yield one item per transform call (the transform ran more or fewer times than items "
+            "came out: a buffer between the transform and the yield, such as a shuffle or prefetch buffer, or a filter "
+            "that drops items after the transform), so a cached value cannot be paired with the item it belongs in and "
+            "the cache cannot stand in for the stages before that step; only finished samples are cached (the sample "
+            "point). To measure each stage, do the buffering or filtering before the stages, on the raw items: "
+            "`self.stages = fastpipe.Stages(source=<buffered or filtered raw items>, transforms=[<each step>, ...])`, "
+            "and yield each output as it comes (`return iter(self.stages)`)"
         )
     return (
         f"{method} changes its transform's output before yielding it (e.g. `yield self.transform(x).float(), y`), so a "
@@ -234,16 +290,19 @@ def _holds(item: Any, calls: list[_Call]) -> bool:
     return any(_locate_all(item, call.output) for call in calls)
 
 
-def _next_unpaired(calls: list[_Call], per_item: int, stream: Iterator[Any]) -> bool:
-    """Reads one more item: whether it holds the output of a call made before it was asked for, or took another number
-    of calls than the item before (``per_item``): a buffer fills with many calls, then takes one an item; a stream
-    that changes one of two views makes two calls for every item."""
+def _next_unpaired(calls: list[_Call], per_item: int, stream: Iterator[Any]) -> str | None:
+    """Reads one more item: "held" when it holds the output of a call made before it was asked for (a buffer: it
+    fills with many calls, then takes one an item), "count" when it took another number of calls than the item before
+    (``per_item``: a buffer, or a filter dropping items after the transform), None when it pairs like the first (a
+    stream that changes one of two views makes two calls for every item) or cannot be read."""
     first = len(calls)  # ``calls`` is the recorder's own list: the next item's calls are appended to it
     try:
         following = next(stream)
-    except StopIteration:
-        return False
-    return _holds(following, calls[:first]) or len(calls) - first != per_item
+    except Exception:  # noqa: BLE001  (an end or an error of the next item tells nothing about pairing: no buffer shown)
+        return None
+    if _holds(following, calls[:first]):
+        return "held"
+    return "count" if len(calls) - first != per_item else None
 
 
 def _cycle(items: list[Any]) -> Iterator[Any]:
@@ -286,7 +345,9 @@ class TimedStream(IterableDataset):
     what the item took beyond its stages is the raw load. A WebDataset chain gets each filter timed in place: a
     filter's own time is the time spent in it minus the time its upstream took, and each item leaving the shard read
     counts as one sample (so with ``batched`` in the chain, costs stay per sample). An epoch is the chain's own:
-    ``with_epoch(n)`` limits the whole chain's items (batches, when it batches), not the shard read's samples.
+    ``with_epoch(n)`` limits the whole chain's items (batches, when it batches), not the shard read's samples, and
+    the passes over the shards repeat around the whole timed chain, ending after one that yields nothing
+    (:func:`chain_passes`), as ``DataPipeline.iterator`` ends them.
     """
 
     def __init__(
@@ -322,11 +383,15 @@ class TimedStream(IterableDataset):
 
     def _timed_chain(self) -> Iterator[Any]:
         assert self.pipeline is not None
-        stream: Iterator[Any] = _Timed(RAW_STAGE, None, self.ledger, raw=True)(iter(cut_chain(self.dataset, self.pipeline, 0)))
-        for stage in self.pipeline.stages:
-            stream = _Timed(stage.name, stage.transform, self.ledger)(stream)
-        limit = epoch_limit(self.dataset)  # the user's epoch: n items of the whole chain, as DataPipeline.__iter__ cuts it
-        return stream if limit is None else islice(stream, limit)
+        pipeline, shards = self.pipeline, cut_chain(self.dataset, self.pipeline, 0, once=True)
+
+        def one_pass() -> Iterator[Any]:  # one read of the shards through the whole timed chain
+            stream: Iterator[Any] = _Timed(RAW_STAGE, None, self.ledger, raw=True)(iter(shards))
+            for stage in pipeline.stages:
+                stream = _Timed(stage.name, stage.transform, self.ledger)(stream)
+            return stream
+
+        return chain_passes(self.dataset, one_pass)  # the user's passes and epoch, as DataPipeline.__iter__ runs them
 
 
 class _Timed:
