@@ -1,13 +1,16 @@
-"""Planted-cost fixtures: datasets and transforms whose costs are known by construction.
+"""Planted-cost fixtures: datasets, transforms and clocks whose costs are known by construction.
 
 Costs are sleeps, not busy loops, so they hold on a loaded 2-core machine and add up per
-worker the way real per-sample costs do.
+worker the way real per-sample costs do. Also :func:`within`, which fails a test that hangs
+instead of blocking the suite.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Callable
+from itertools import islice
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils.data import Dataset
@@ -255,3 +258,38 @@ def plain_loop_step_ms(loader: Any, device_spec: str, *, steps: int = 6, warmup:
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+
+
+class Ticks:
+    """A clock that moves one second a read: each timed copy takes exactly one second."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def served(dataset: Iterable[Any], n: int) -> list:
+    """The first ``n`` items of one pass over ``dataset``."""
+    return list(islice(iter(dataset), n))
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result or exception, or a failure if it is still running after ``seconds`` (a hang fails the test)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001  (handed to the test)
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -17,6 +17,7 @@ from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._stream import CachePointIterable, TimedStream
 from fastpipe.diagnosis.stagecost import measure_stage_costs
 from fastpipe.diagnosis.stagecost._timing import _ledger, _TimedRunner
+from tests.fakes import Ticks, served
 
 PHOTOS = 8  # one corpus of 8 photos in 4 shards: every pass over the shards yields 8 samples, in the same order
 STEP = "sim:5"
@@ -65,22 +66,6 @@ def chain(urls: list[str]):
     import webdataset as wds
 
     return wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil").map(planted).map(to_tensor)
-
-
-class Ticks:
-    """A clock that moves one second a read: each timed copy takes exactly one second."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
-
-def served(dataset: CachePointIterable, n: int) -> list:
-    stream = iter(dataset)
-    return [next(stream) for _ in range(n)]
 
 
 # ----- 1: the copy discount after `batched` -------------------------------------------------------

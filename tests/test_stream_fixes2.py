@@ -6,7 +6,6 @@ and a WebDataset chain's raw-load advice says what its shard list allows."""
 from __future__ import annotations
 
 import io
-import threading
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from fastpipe.diagnosis._cache import probe_point
 from fastpipe.diagnosis._discovery import find_pipeline
 from fastpipe.diagnosis._stream import CachePointIterable, TimedStream, epoch_limit
 from fastpipe.diagnosis.stagecost._timing import _ledger, _TimedRunner
+from tests.fakes import Ticks, served, within
 
 PER_SHARD = 8
 
@@ -53,41 +53,6 @@ def two_views(sample: dict) -> tuple:
 
 def passthrough(source):
     yield from source
-
-
-class Ticks:
-    """A clock that moves one second a read: each timed copy takes exactly one second."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
-
-def served(dataset: CachePointIterable, n: int) -> list:
-    stream = iter(dataset)
-    return [next(stream) for _ in range(n)]
-
-
-def within(seconds: float, call):
-    """``call()``'s result, or a failure if it is still running after ``seconds`` (a hang fails the test)."""
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001  (handed to the test)
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def timed(stream) -> list:

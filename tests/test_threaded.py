@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from fastpipe.datasets import ImageFolder, SkippedImageWarning, ThreadLoader
 from fastpipe.datasets._draws import draw_boxes
 from fastpipe.errors import ConfigError, CorruptImageError
+from tests.fakes import within
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 stats = pytest.importorskip("scipy.stats")
@@ -294,27 +295,6 @@ def test_pinned_buffers_and_cuda_prefetch_gpu(corpus: Path) -> None:
     assert sum(seen, []) == [label for _, label in loader.dataset.samples]
     torch.cuda.synchronize()
     assert loader.stats()["released"] >= 3 and loader.stats()["pinning"] == "page-locked buffers"
-
-
-def within(seconds: float, call):
-    """``call()``'s result or exception, or a failure if it is still blocked after ``seconds`` (a hang fails the test)."""
-    import threading
-
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001  (handed to the test)
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still blocked after {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def test_next_on_a_replaced_or_closed_iterator_raises_instead_of_blocking(corpus: Path) -> None:
