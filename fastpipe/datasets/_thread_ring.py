@@ -22,13 +22,12 @@ the ring drop its smaller free buffers and allocate larger ones (``grown``).
 from __future__ import annotations
 
 import threading
-import time
-from collections import Counter, deque
+from collections import Counter
 from typing import Any, Callable
 
 import torch
 
-from fastpipe.loading.recycle import storage_refs
+from fastpipe.loading.recycle import LeaseBook, storage_refs
 
 LABEL_BYTES = 8  # int64 labels
 #: storage_refs() of a buffer only the ring holds.
@@ -60,9 +59,7 @@ class BufferRing:
         self.ring_bytes = 0  # bytes of the buffers the ring owns now (free or lent)
         self._free: list[torch.Tensor] = []
         self._owned = 0  # buffers of the ring, free or lent
-        self._held: deque[Lease] = deque()
-        self._pending: list[tuple[Lease, Any]] = []
-        self._serial = 0
+        self._leases: LeaseBook[Lease] = LeaseBook()
         self._lock = threading.Lock()
         self.events: Counter[str] = Counter()
 
@@ -115,9 +112,9 @@ class BufferRing:
     def lend(self, buffer: torch.Tensor, owned: bool) -> None:
         """The batch in ``buffer`` goes to the loop now; an owned buffer comes back by :meth:`poll` or :meth:`release`."""
         with self._lock:
-            self._serial += 1
+            serial = self._leases.next_serial()
             if owned:
-                self._held.append(Lease(buffer, self._serial))
+                self._leases.held.append(Lease(buffer, serial))
 
     def give_back(self, buffer: torch.Tensor, owned: bool) -> None:
         """A buffer taken but never lent (the epoch ended first)."""
@@ -127,48 +124,19 @@ class BufferRing:
 
     def release(self, tensor: torch.Tensor, after: Any = None) -> bool:
         """Give back the batch holding ``tensor``: now, after a CUDA event, or at a ``time.perf_counter()`` time."""
-        if tensor.device.type != "cpu":
-            return False
         with self._lock:
-            for lease in self._held:
-                if not lease.done and lease.holds(tensor):
-                    self._held.remove(lease)
-                    if after is None:
-                        self._free_lease(lease)
-                    else:
-                        self._pending.append((lease, after))
-                    return True
-        return False
+            return self._leases.release(tensor, after, self._free_lease)
 
     def poll(self, fence: Callable[[], Any]) -> None:
-        """Give back what is due: batches the loop has moved past (after ``fence()``: False for none), timed and event releases."""
+        """Give back what is due: batches the loop has moved past (after ``fence()``: False for none), timed and event
+        releases; a batch kept past ``slots`` newer ones is the loop's now."""
         with self._lock:
-            latest = self._held[-1] if self._held else None
-            mark = None
-            for lease in list(self._held):
-                if lease is latest:
-                    continue
-                if not lease.in_use():
-                    self._held.remove(lease)
-                    mark = fence() if mark is None else mark
-                    if mark is False:
-                        self._free_lease(lease)
-                    else:  # a non_blocking copy of it may still be queued on the device
-                        self._pending.append((lease, mark))
-                elif self._serial - lease.serial > self.slots:
-                    self._held.remove(lease)  # kept by the loop: the buffer is the user's now
-                    self._drop(lease.buffer)
-                    self.events["kept"] += 1
-            now = time.perf_counter()
-            waiting = []
-            for lease, after in self._pending:
-                # a time is sim's modelled copy: its "device" batch is this host memory, so also wait until unreferenced
-                due = (now >= after and not lease.in_use()) if isinstance(after, float) else after.query()
-                if due:
-                    self._free_lease(lease)
-                else:
-                    waiting.append((lease, after))
-            self._pending = waiting
+            self._leases.poll(fence, self.slots, self._free_lease, self._keep)
+
+    def _keep(self, lease: Lease) -> None:
+        """Kept by the loop: the buffer is the user's now; the ring makes a new one in its place."""
+        self._drop(lease.buffer)
+        self.events["kept"] += 1
 
     def _free_lease(self, lease: Lease) -> None:
         if not lease.done:

@@ -27,9 +27,20 @@ from __future__ import annotations
 from typing import Any
 
 from fastpipe.loading.recycle._hostpin import storage_refs
+from fastpipe.loading.recycle._leases import LeaseBook
 from fastpipe.loading.recycle._loader import _LIVE, RecycledIterator, RecycledLoader, default_slots, release, releasing
 
-__all__ = ["recycled", "RecycledLoader", "RecycledIterator", "release", "releasing", "default_slots", "register_releaser", "storage_refs"]
+__all__ = [
+    "LeaseBook",
+    "recycled",
+    "RecycledLoader",
+    "RecycledIterator",
+    "release",
+    "releasing",
+    "default_slots",
+    "register_releaser",
+    "storage_refs",
+]
 
 
 def register_releaser(loader: Any) -> None:

@@ -22,9 +22,8 @@ batch itself and it is released only once unused.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -37,6 +36,7 @@ from fastpipe.errors import ConfigError
 from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.loading.recycle import _hostpin as hostpin
 from fastpipe.loading.recycle._layout import open_batch
+from fastpipe.loading.recycle._leases import LeaseBook
 from fastpipe.loading.recycle._ring import COUNTERS, FREE, RETIRED, STATE_TABLES, RingBatch, RingCollate
 
 #: storage_refs() of a buffer that only its own tensor holds (calibrated: torch versions differ).
@@ -110,10 +110,8 @@ class RecycledLoader:
         self._maps: dict[int, dict[tuple[int, int], _Mapped]] = {}
         self._counters: list[torch.Tensor] = []
         self._events: Counter[str] = Counter()
-        self._held: deque[_Lease] = deque()
-        self._pending: list[tuple[_Lease, Any]] = []
+        self._leases: LeaseBook[_Lease] = LeaseBook()
         self._graveyard: list[_Mapped] = []
-        self._serial = 0
         self._pinner: hostpin.HostPinner | None = None
         self._lock = threading.RLock()
         # registered buffers are unregistered when the loader is collected, whatever else happened
@@ -250,15 +248,14 @@ class RecycledLoader:
                     )
             message.buffer = None
             batch, views = open_batch(mapped.buffer, message.skeleton, message.specs)
-            self._serial += 1
-            lease = _Lease(message.token, message.worker, message.slot, mapped, self._serial)
+            lease = _Lease(message.token, message.worker, message.slot, mapped, self._leases.next_serial())
             if pinner.mode == "register" and not mapped.registered:  # the copy is the pinned batch: release the slot now
                 batch = map_tensors(pinner.registrar.pin_copy, batch)
                 del views
                 self._free(lease)
                 return batch
             pinner.pin_views(views)
-            self._held.append(lease)
+            self._leases.held.append(lease)
             return batch
 
     def _free(self, lease: _Lease) -> None:
@@ -304,50 +301,16 @@ class RecycledLoader:
         Returns False when ``batch`` is not one of this loader's batches still held.
         """
         first = next(iter_tensors(batch), None)
-        if first is None or first.device.type != "cpu":
+        if first is None:
             return False
         with self._lock:
-            for lease in self._held:
-                if not lease.done and lease.holds(first):
-                    self._held.remove(lease)
-                    if after is None:
-                        self._free(lease)
-                    else:
-                        self._pending.append((lease, after))
-                    return True
-        return False
+            return self._leases.release(first, after, self._free)
 
     def _poll(self) -> None:
-        """Release what is due: timed and event releases, and batches the loop has moved past."""
+        """Release what is due (:class:`~fastpipe.loading.recycle._leases.LeaseBook`: timed and event releases, batches
+        the loop has moved past; a batch kept past every worker's slots is retired), then unregister buried buffers."""
         with self._lock:
-            patience = self.slots * max(1, self.num_workers)
-            fence = None
-            latest = self._held[-1] if self._held else None
-            for lease in list(self._held):
-                if lease is latest or lease.done:
-                    if lease.done:
-                        self._held.remove(lease)
-                    continue
-                if not lease.in_use():
-                    self._held.remove(lease)
-                    if fence is None:
-                        fence = self._fence()
-                    if fence is False:
-                        self._free(lease)
-                    else:  # a non_blocking copy of it may still be queued on the device
-                        self._pending.append((lease, fence))
-                elif self._serial - lease.serial > patience:
-                    self._held.remove(lease)
-                    self._retire(lease)
-            now = time.perf_counter()  # after the batches just moved past: a fence already passed frees them now
-            waiting = []
-            for lease, after in self._pending:
-                ready = now >= after if isinstance(after, float) else after.query()
-                if ready:
-                    self._free(lease)
-                else:
-                    waiting.append((lease, after))
-            self._pending = waiting
+            self._leases.poll(self._fence, self.slots * max(1, self.num_workers), self._free, self._retire)
             self._sweep()
 
     def _sweep(self) -> None:
