@@ -210,7 +210,8 @@ def test_diagnose_takes_it_as_a_loader(corpus: Path, slow_reads: None) -> None:
 
 def test_stage_clocks_count_each_threads_work(corpus: Path) -> None:
     """The clocks the diagnosis differences: every image read, drawn, decoded and handed over once per epoch; the
-    batch op's native threads are min(threads, images in the batch); the generic path is one stage in the loop's thread."""
+    native threads decoding at once are a decoding thread's own (2 or 1 of the 3, at most one per image of its batch)
+    plus the other decoding thread's; the generic path is one stage in the loop's thread."""
     loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=6, threads=3)
     assert loader.stage_clocks()["images"] == 0
     for _ in range(2):
@@ -221,7 +222,9 @@ def test_stage_clocks_count_each_threads_work(corpus: Path) -> None:
     assert list(stages) == ["read", "draw", "decode", "hand-over", "wait"]
     assert (clocks["images"], clocks["batches"]) == (40, 8)
     assert all(c["items"] == 40 for c in stages.values())
-    assert (stages["decode"]["calls"], stages["decode"]["threads"]) == (8, 2 * (3 + 3 + 3 + 2))
+    # batches of 6, 6, 6, 2 per epoch; a batch of 2 on either decoding thread: min(2, 2) + 1 or min(1, 2) + 2
+    assert (stages["decode"]["calls"], stages["decode"]["threads"]) == (8, 2 * (3 + 3 + 3 + 3))
+    assert stages["decode"]["thread"] == "decoding threads"
     assert stages["wait"]["calls"] == 10, "a wait per batch, and one per epoch for its end"
     assert all(c["seconds"] > 0 for c in stages.values())
     assert stages["read"]["thread"] == stages["draw"]["thread"] == "reading thread"
@@ -472,3 +475,88 @@ def test_stats_report_what_was_allocated(corpus: Path) -> None:
     per_3, per_2 = 3 * (3 * 16 * 16 + 8), 2 * (3 * 16 * 16 + 8)  # the first 2-image buffer is dropped at its next take
     made = {a * per_3 + b * per_2 for a in range(1, loader.slots + 1) for b in (0, 1) if a + b <= loader.slots}
     assert stats_["ring_bytes"] in made, (stats_["ring_bytes"], sorted(made))
+
+
+def _slow_even_batches(monkeypatch: pytest.MonkeyPatch, seconds: float, fail_at: int | None = None) -> list[int]:
+    """Make the batch op sleep ``seconds`` on every other call (so the two decoding threads finish out of order) and
+    fail on call ``fail_at``; returns the list of calls as they started."""
+    import threading
+    import time
+
+    from fastpipe.datasets import _thread_epoch
+
+    real = _thread_epoch.decode_jpeg_crop_batch
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def slow(*args, **kwargs):
+        with lock:
+            call = len(calls)
+            calls.append(call)
+        if call == fail_at:
+            raise CorruptImageError(f"planted failure in batch call {call}")
+        if call % 2 == 0:
+            time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_thread_epoch, "decode_jpeg_crop_batch", slow)
+    return calls
+
+
+def test_two_decoding_threads_deliver_in_order_when_they_finish_out_of_order(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """threads=2 runs two decoding threads taking batches in turn; a slow batch does not let the next one overtake it."""
+    from fastpipe.datasets._thread_epoch import decoder_threads
+
+    assert decoder_threads(1) == [1] and decoder_threads(2) == [1, 1] and decoder_threads(5) == [3, 2]
+    dataset = ImageFolder(corpus, size=16)
+    expected = labels_of(DataLoader(dataset, batch_size=2, shuffle=True), 11)
+    calls = _slow_even_batches(monkeypatch, 0.05)
+    ours = ThreadLoader(dataset, batch_size=2, shuffle=True, threads=2)
+    assert within(30, lambda: labels_of(ours, 11)) == expected
+    assert len(calls) == 10
+    assert ours.stats()["fallbacks"] == 0, "no more buffers in use than the ring has"
+
+
+def test_a_failing_batch_arrives_after_the_batches_before_it(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch call 2 fails while call 3 (on the other decoding thread) succeeds first: next() gives batches 0 and 1, then the error."""
+    _slow_even_batches(monkeypatch, 0.05, fail_at=2)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=2)
+    iterator = iter(loader)
+    got = [within(10, lambda: next(iterator)) for _ in range(2)]
+    assert [len(batch[1]) for batch in got] == [2, 2]
+    with pytest.raises(CorruptImageError, match="planted failure in batch call 2"):
+        within(10, lambda: next(iterator))
+    with pytest.raises(StopIteration):  # the epoch ended with its error
+        within(10, lambda: next(iterator))
+
+
+def test_decode_clock_counts_overlapping_decoding_threads_once(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_s is the wall time during which either decoding thread is in the op: two threads sleeping side by side
+    count once, so the decode share of an epoch stays at most its wall time (not twice it)."""
+    import threading
+    import time
+
+    from fastpipe.datasets import _thread_epoch
+
+    real = _thread_epoch.decode_jpeg_crop_batch
+    inside = [0, 0]  # now, most at once
+    lock = threading.Lock()
+
+    def sleepy(*args, **kwargs):
+        with lock:
+            inside[0] += 1
+            inside[1] = max(inside)
+        time.sleep(0.08)
+        with lock:
+            inside[0] -= 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_thread_epoch, "decode_jpeg_crop_batch", sleepy)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=2)
+    started = time.perf_counter()
+    within(30, lambda: [batch for batch in loader])
+    wall = time.perf_counter() - started
+    decode_s = loader.stage_clocks()["stages"][2]["seconds"]
+    assert inside[1] == 2, "the two decoding threads did decode at once"
+    assert decode_s <= wall
+    assert decode_s >= 10 * 0.08 / 2 * 0.9, "ten 80 ms sleeps, two at a time"

@@ -1,14 +1,17 @@
-"""One epoch of a :class:`~fastpipe.datasets.ThreadLoader`: a reading thread, a decoding thread, and the loop's ``next()``.
+"""One epoch of a :class:`~fastpipe.datasets.ThreadLoader`: a reading thread, two decoding threads, and the loop's ``next()``.
 
-The reading thread reads batch k+1's files, their headers' sizes, and draws their boxes and flips
-while the decoding thread's native threads decode batch k into a ring buffer (the GIL is released
-for the whole batch), so reads overlap decoding. Both queues are bounded (``prefetch`` batches),
-so at most ``prefetch`` batches are read ahead and ``prefetch`` decoded ahead of the loop.
+The reading thread reads the next batches' files, their headers' sizes, and draws their boxes and
+flips while the decoding threads' native threads decode earlier batches into ring buffers (the GIL
+is released for the whole batch), so reads overlap decoding. The two decoding threads take batches
+in turn, so that one's Python between batches (about a millisecond a batch) does not leave the cores
+idle; ``threads`` native threads decode at once in all (:func:`decoder_threads`). Batches reach the
+loop in order. The read queue is bounded (``prefetch`` batches), and a decoding thread takes a batch
+only while it is at most ``prefetch`` ahead of the loop, so at most ``prefetch`` batches are read
+ahead and ``prefetch + 1`` decoded or being decoded ahead of the loop.
 An error (a file that cannot be read, or decoded under ``on_error="raise"``) is delivered in
-order: the batches before it first. ``close()`` (or dropping the iterator) stops both threads and
+order: the batches before it first. ``close()`` (or dropping the iterator) stops the threads and
 gives the buffers of batches decoded but not delivered back to the ring.
 """
-
 from __future__ import annotations
 
 import queue
@@ -31,6 +34,7 @@ from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.ops.jpeg_batch import decode_jpeg_crop_batch
 
 _END = object()
+_DONE = object()  # a decoding thread's own stop: the other one delivered the end
 _POLL_S = 0.1  # how often a blocked thread looks at the stop flag (and next() at whether the threads live)
 JOIN_S = 5.0  # how long close() waits for each thread (one batch's decode at most)
 
@@ -183,46 +187,97 @@ class ThreadEpoch(Iterator[Any]):
             self._workers.shutdown(JOIN_S)
 
 
+def decoder_threads(threads: int) -> list[int]:
+    """Native threads per decoding thread for ``threads`` in all: two decoding threads (one when ``threads`` is 1).
+
+    Why two: a decoding thread runs Python between two batches (the batch's views, its labels, the hand-over to the
+    loop, the next read batch), about a millisecond in which its native threads have nothing to decode. With two
+    decoding threads taking batches in turn, one decodes while the other is between batches, so the cores stay busy;
+    the native threads at once stay ``threads`` in all.
+    """
+    if threads < 2:
+        return [threads]
+    return [threads - threads // 2, threads // 2]
+
+
 class _Workers:
-    """The epoch's two threads and their queues."""
+    """The epoch's reading thread and decoding threads, the read queue between them, and the decoded batches in order.
+
+    The decoding threads take read batches in order (each gets the next sequence number) and deliver each decoded
+    batch under its number; ``get()`` hands them over in that order. A decoding thread takes a read batch only while
+    it is at most ``prefetch`` batches ahead of the loop, so at most ``prefetch + 1`` batches are decoded or being
+    decoded ahead of it: with two decoding threads the buffers in use are as many as with one.
+    """
 
     def __init__(self, plan: Plan, seed: int) -> None:
         self._plan = plan
+        self._seed = seed
         self.stop = threading.Event()
         self.ended = False
         self._read: queue.Queue[Any] = queue.Queue(plan.prefetch)
-        self.done: queue.Queue[Any] = queue.Queue(plan.prefetch)
-        self._spare = np.random.default_rng([seed, 1])  # replacements' draws, apart from the batches'
         self._threads: list[threading.Thread] = []
         self._stop = self.stop
-        self._done = self.done
+        self._ready: dict[int, Any] = {}  # decoded batches (or the error, or the end) by sequence number
+        self._next = 0  # the sequence number the loop gets next
+        self._taken = 0  # the sequence number the next read batch gets
+        self._order = threading.Condition()  # guards _ready, _next and _taken
+        self._take = threading.Lock()  # one decoding thread at a time takes a read batch and its number
+        self._input_done = False  # a decoding thread took the end (or the reading thread's error)
+        self._clock = threading.Lock()  # the decode counters: two threads add to them
+        self._decoding = 0  # decoding threads in the op now
+        self._since = 0.0  # when _decoding last changed
 
     def start(self, batches: Iterator[list[int]], rng: np.random.Generator) -> None:
-        self._threads = [
-            threading.Thread(target=self._read_loop, args=(batches, rng), daemon=True, name="fastpipe-read"),
-            threading.Thread(target=self._decode_loop, daemon=True, name="fastpipe-decode"),
+        self._threads = [threading.Thread(target=self._read_loop, args=(batches, rng), daemon=True, name="fastpipe-read")]
+        self._threads += [
+            threading.Thread(target=self._decode_loop, args=(natives,), daemon=True, name=f"fastpipe-decode-{k}")
+            for k, natives in enumerate(decoder_threads(self._plan.threads))
         ]
         for thread in self._threads:
             thread.start()
 
     def get(self) -> Any:
-        """The next item of ``done``; waits while a thread can still put one, never longer."""
+        """The next batch in order (or the error, or the end); waits while a thread can still deliver it, never longer."""
         while True:
             if self.ended:
                 return _END
-            try:
-                return self.done.get(timeout=_POLL_S)
-            except queue.Empty:
-                pass
+            with self._order:
+                item = self._pop_next()
+                if item is not None:
+                    return item
+                self._order.wait(_POLL_S)
+                item = self._pop_next()
+                if item is not None:
+                    return item
             if not any(thread.is_alive() for thread in self._threads):
-                try:  # the last put may have landed between the wait and the check
-                    return self.done.get_nowait()
-                except queue.Empty:
-                    return RuntimeError("the ThreadLoader's reading and decoding threads stopped without delivering a batch or an error")
+                with self._order:  # the last delivery may have landed between the wait and the check
+                    item = self._pop_next()
+                return (
+                    item
+                    if item is not None
+                    else RuntimeError("the ThreadLoader's reading and decoding threads stopped without delivering a batch or an error")
+                )
+
+    def _pop_next(self) -> Any:
+        """The loop's next item if it was delivered, else None (call with ``_order`` held)."""
+        if self._next not in self._ready:
+            return None
+        item = self._ready.pop(self._next)
+        if isinstance(item, tuple):  # a batch: the loop moves on, a decoding thread may take another
+            self._next += 1
+            self._order.notify_all()
+        return item
+
+    def _deliver(self, seq: int, item: Any) -> None:
+        with self._order:
+            self._ready[seq] = item
+            self._order.notify_all()
 
     def shutdown(self, timeout: float) -> None:
-        """Stop both threads, join them (up to ``timeout`` s each), and give the buffers still queued back to the ring."""
+        """Stop all threads, join them (up to ``timeout`` s each), and give the buffers still queued back to the ring."""
         self.stop.set()
+        with self._order:
+            self._order.notify_all()
         current = threading.current_thread()
         for thread in self._threads:
             if thread is not current and thread.is_alive() and timeout > 0:
@@ -230,16 +285,18 @@ class _Workers:
         self.drain()
 
     def drain(self) -> None:
-        """Empty both queues; a decoded batch's buffer goes back to the ring."""
+        """Empty the read queue and the decoded batches; a decoded batch's buffer goes back to the ring."""
         ring = self._plan.ring
-        for q in (self._read, self.done):
-            while True:
-                try:
-                    item = q.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, tuple) and ring is not None:
-                    ring.give_back(item[0], item[1])
+        while True:
+            try:
+                self._read.get_nowait()
+            except queue.Empty:
+                break
+        with self._order:
+            items, self._ready = list(self._ready.values()), {}
+        for item in items:
+            if isinstance(item, tuple) and ring is not None:
+                ring.give_back(item[0], item[1])
 
     # ----- the threads ----------------------------------------------------------------------
     def _read_loop(self, batches: Iterator[list[int]], rng: np.random.Generator) -> None:
@@ -273,66 +330,111 @@ class _Workers:
             return
         _put(self._read, _END, self._stop)
 
-    def _decode_loop(self) -> None:
-        """Decode each read batch into a ring buffer; any failure here (a buffer that cannot be made included) reaches ``next()``."""
+    def _decode_loop(self, natives: int) -> None:
+        """Take read batches in turn and decode each into a ring buffer with ``natives`` native threads; any failure here
+        (a buffer that cannot be made included) reaches ``next()`` in its batch's place."""
         ring = self._plan.ring
         assert ring is not None
         taken: tuple[torch.Tensor, bool] | None = None
+        seq: int | None = None
         try:
             while not self._stop.is_set():
-                try:
-                    item = self._read.get(timeout=_POLL_S)
-                except queue.Empty:
+                seq, item = self._next_read()
+                if item is None:
                     continue
+                if item is _DONE:
+                    return
                 if item is _END or isinstance(item, BaseException):
-                    _put(self._done, item, self._stop)
+                    self._deliver(seq, item)
                     return
                 taken = ring.take(len(item.indices))
-                self._decode(item, taken[0])
-                if not _put(self._done, (*taken, len(item.indices)), self._stop):
+                self._decode(item, taken[0], natives, seq)
+                if self._stop.is_set():
                     return  # stopped: the finally gives it back
-                taken = None
+                self._deliver(seq, (*taken, len(item.indices)))
+                taken, seq = None, None
         except BaseException as exc:
-            _put(self._done, exc, self._stop)
+            if seq is None:
+                with self._take:
+                    seq, self._taken = self._taken, self._taken + 1
+            self._deliver(seq, exc)
         finally:
             if taken is not None:
                 ring.give_back(*taken)
             if self._stop.is_set():  # closed while batches were queued: no one else may drain after this thread
                 self.drain()
 
-    def _decode(self, item: _Read, buffer: torch.Tensor) -> None:
+    def _next_read(self) -> tuple[int | None, Any]:
+        """The next read batch and its sequence number, once the loop is close enough behind; (None, None) to look
+        again (stopped, or nothing read yet). The end (or the reading thread's error) is put back for the other
+        decoding thread, which then stops (``_DONE``) without delivering it twice."""
+        with self._take:
+            with self._order:
+                while self._taken - self._next > self._plan.prefetch and not self._stop.is_set():
+                    self._order.wait(_POLL_S)
+            if self._stop.is_set():
+                return None, None
+            try:
+                item = self._read.get(timeout=_POLL_S)
+            except queue.Empty:
+                return None, None
+            if item is _END or isinstance(item, BaseException):
+                self._read.put_nowait(item)  # for the other decoding thread: room, as it was just taken
+                if self._input_done:  # the other one delivered it already
+                    return None, _DONE
+                self._input_done = True
+            seq, self._taken = self._taken, self._taken + 1
+            return seq, item
+
+    def _decode(self, item: _Read, buffer: torch.Tensor, natives: int, seq: int) -> None:
         plan, counters = self._plan, self._plan.counters
         assert plan.ring is not None and plan.samples is not None
         images, labels = plan.ring.views(buffer, len(item.indices))
         names = [plan.samples[i][0] for i in item.indices]
         if item.header_errors and plan.on_error != "skip":
             raise next(iter(item.header_errors.values()))
-        started = time.perf_counter()
-        result = decode_jpeg_crop_batch(
-            item.data, item.boxes, plan.size, item.flips, out=images, threads=plan.threads, on_error=plan.on_error, names=names
-        )
-        counters["decode_s"] += time.perf_counter() - started
-        counters["images"] += len(item.indices)
-        counters["decode_batches"] += 1
-        counters["decode_threads"] += min(plan.threads, len(item.indices))  # the op starts no more threads than images
+        self._decode_clock(+1)
+        try:
+            result = decode_jpeg_crop_batch(
+                item.data, item.boxes, plan.size, item.flips, out=images, threads=natives, on_error=plan.on_error, names=names
+            )
+        finally:
+            self._decode_clock(-1)
+        with self._clock:
+            counters["images"] += len(item.indices)
+            counters["decode_batches"] += 1
+            # native threads decoding at once: this batch's, and the other decoding thread's while both decode
+            counters["decode_threads"] += min(natives, len(item.indices)) + (plan.threads - natives)
         targets = list(item.labels)
         failed = {f.index: f.error for f in result.failed}
         failed.update(item.header_errors)
-        for k, error in sorted(failed.items()):
-            images[k], targets[k] = self._replacement(item.indices[k], error)
+        if failed:
+            spare = np.random.default_rng([self._seed, 1, seq])  # replacements' draws: apart from the batches', the same whichever thread
+            for k, error in sorted(failed.items()):
+                images[k], targets[k] = self._replacement(item.indices[k], error, spare)
         labels.copy_(torch.as_tensor(targets, dtype=torch.int64))
 
-    def _replacement(self, index: int, error: CorruptImageError) -> tuple[torch.Tensor, int]:
+    def _decode_clock(self, change: int) -> None:
+        """``decode_s`` is the wall time during which at least one decoding thread is in the op (added at every start and
+        end, so a window over the counters sees it grow while both threads overlap)."""
+        with self._clock:
+            now = time.perf_counter()
+            if self._decoding > 0:
+                self._plan.counters["decode_s"] += now - self._since
+            self._since, self._decoding = now, self._decoding + change
+
+    def _replacement(self, index: int, error: CorruptImageError, spare: np.random.Generator) -> tuple[torch.Tensor, int]:
         """``on_error="skip"``: the first file after ``index`` that decodes, as :class:`fastpipe.datasets.ImageFolder` replaces it."""
         plan = self._plan
         samples = plan.samples
         assert samples is not None
         n = len(samples)
         for step in range(1, n + 1):
-            plan.counters["skipped"] += 1
-            skipped = getattr(plan.dataset, "skipped", None)
-            if skipped is not None:
-                skipped.add()  # the dataset's own count, as its __getitem__ keeps it
+            with self._clock:  # two decoding threads may skip at once
+                plan.counters["skipped"] += 1
+                skipped = getattr(plan.dataset, "skipped", None)
+                if skipped is not None:
+                    skipped.add()  # the dataset's own count, as its __getitem__ keeps it
             warnings.warn(f"{error}; skipped, replaced by the next file that decodes", SkippedImageWarning, stacklevel=2)
             if step == n:
                 break
@@ -340,8 +442,8 @@ class _Workers:
             try:
                 data = jpeg_ops.read_bytes(path)
                 height, width = jpeg_ops.jpeg_size(data)
-                box = tuple(int(v) for v in draw_boxes(self._spare, [height], [width], plan.scale, plan.ratio)[0])
-                flip = bool(draw_flips(self._spare, 1, plan.hflip)[0])
+                box = tuple(int(v) for v in draw_boxes(spare, [height], [width], plan.scale, plan.ratio)[0])
+                flip = bool(draw_flips(spare, 1, plan.hflip)[0])
                 return jpeg_ops.decode_jpeg_crop(data, box, plan.size, hflip=flip), target  # type: ignore[arg-type]
             except CorruptImageError as exc:
                 error = type(exc)(str(exc).replace(jpeg_ops.UNNAMED_SOURCE, path))

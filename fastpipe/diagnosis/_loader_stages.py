@@ -211,8 +211,8 @@ class LoaderStageCosts:
         decode = next((s for s in self.stages if s.stage == "decode"), None)
         if decode is not None and decode.threads is not None:
             lines.append(
-                f"decode is the batch op's wall time on the decoding thread, with {native(decode.threads)} per batch (the "
-                f"calling thread one of them): its CPU time is up to {decode.threads:.3g}x that."
+                f"decode is the wall time during which the batch op ran on the decoding thread(s), with {native(decode.threads)} "
+                f"decoding at once (the calling threads among them): its CPU time is up to {decode.threads:.3g}x that."
             )
         return lines
 
