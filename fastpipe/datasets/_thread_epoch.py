@@ -12,6 +12,7 @@ An error (a file that cannot be read, or decoded under ``on_error="raise"``) is 
 order: the batches before it first. ``close()`` (or dropping the iterator) stops the threads and
 gives the buffers of batches decoded but not delivered back to the ring.
 """
+
 from __future__ import annotations
 
 import queue
