@@ -46,7 +46,10 @@ import torch
 import fastpipe.ops.jpeg as fjpeg
 
 SIZE = 224
-KINDS = ("thread-loader-1", "thread-loader-2", "dataloader-fastpipe", "torchvision-v2")
+KINDS = ("thread-loader-1", "thread-loader-2", "dataloader-fastpipe", "torchvision-v2", "dataloader-fastpipe-forkserver")
+#: Measured for memory only (not timed, not a target): the same DataLoader with worker processes started by
+#: forkserver, Python 3.14's default on Linux (and spawn, macOS's), where each worker imports torch itself.
+FORKSERVER = "dataloader-fastpipe-forkserver"
 
 
 def dataset_for(files: list[Path], size: int = SIZE) -> Any:
@@ -73,9 +76,15 @@ def make_loader(kind: str, files: list[Path], batch: int) -> Any:
 
     if kind.startswith("thread-loader-"):
         return ThreadLoader(dataset_for(files), batch_size=batch, shuffle=True, threads=int(kind.rsplit("-", 1)[1]))
-    if kind == "dataloader-fastpipe":
+    if kind in ("dataloader-fastpipe", FORKSERVER):
         return DataLoader(
-            dataset_for(files), batch_size=batch, shuffle=True, num_workers=2, persistent_workers=True, worker_init_fn=_worker_init
+            dataset_for(files),
+            batch_size=batch,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=True,
+            worker_init_fn=_worker_init,
+            multiprocessing_context="forkserver" if kind == FORKSERVER else None,
         )
     if kind == "torchvision-v2":
         from bench_jpeg import _Samples, main_candidates  # noqa: PLC0415  (the same recipe as bench_jpeg's rows)
@@ -335,7 +344,7 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
         name: statistics.median(c * 1e3 / len(files) for c in fn.cpu[1:]) for name, fn in loaders.items() if len(getattr(fn, "cpu", [])) > 1
     }
     ms = {name: statistics.median(s * 1e3 / len(files) for s in seconds[name]) for name in single}
-    pss = {kind: pss_of(kind, files, batch) if memory else (None, "not measured (--no-memory)", None) for kind in names}
+    pss = {kind: pss_of(kind, files, batch) if memory else (None, "not measured (--no-memory)", None) for kind in [*names, FORKSERVER]}
 
     lines = [
         f"Thread loader section (issue 25): {len(files)} files, batch {batch}, {rounds} rounds, one epoch per loader per round, "
@@ -398,6 +407,17 @@ def thread_section(files: list[Path], rounds: int, batch: int, memory: bool = Tr
             f"{pss['thread-loader-2'][2] / pss['dataloader-fastpipe'][2]:.2f}x"
         )
         lines.append("")
+    spawned = pss[FORKSERVER]
+    if thread_pss is not None and spawned[0] is not None:
+        lines += [
+            f"PSS with the DataLoader's workers started by forkserver (Python 3.14's default on Linux; not a target: this "
+            f"Python, {sys.version_info.major}.{sys.version_info.minor}, forks them): {spawned[0]:.0f} MiB in all, of which "
+            f"{spawned[2]:.0f} added; thread loader (2 threads) / this DataLoader {thread_pss / spawned[0]:.2f}x. Forked workers "
+            "share the parent's torch pages; started fresh, each imports torch itself.",
+            "",
+        ]
+    elif memory:
+        lines += [f"PSS with forkserver-started workers: {spawned[1]}", ""]
     if prepared:
         before, after = ms["progressive files as they are"], ms["progressive files after prepare"]
         add(f"cost: progressive files ({n_progressive}) before / after fastpipe prepare >= 2.5x", before / after, 2.5)

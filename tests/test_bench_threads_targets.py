@@ -70,7 +70,9 @@ def test_targets_are_the_measured_ratios_and_misses_fail(bench) -> None:
     assert value == pytest.approx((100 / 1.0) / (2 / (1.6 * 1e3 / 100 / 1e3))) and verdict.startswith("FAIL")
     assert any(line.startswith("85% target:") and "(0.80)" in line for line in lines), "the run says what limits it"
     value, verdict = find("PSS:")
-    assert value == pytest.approx(1 / 3) and verdict == "PASS"
+    assert value == pytest.approx(1 / 3) and verdict == "PASS", "the target divides by the DataLoader as this Python starts it"
+    forkserver = [line for line in lines if line.startswith("PSS with the DataLoader's workers started by forkserver")]
+    assert len(forkserver) == 1 and "/ this DataLoader 0.50x" in forkserver[0], "forkserver's row is planted at 200 MiB"
     value, verdict = find("cost: fastpipe sample")
     assert value == pytest.approx(1.7) and verdict.startswith("FAIL")
     assert find("images/s: thread loader (2 threads) / DALI")[1].startswith("NOT MEASURED")  # DALI absent here
