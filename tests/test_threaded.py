@@ -300,8 +300,9 @@ def test_pinned_buffers_and_cuda_prefetch_gpu(corpus: Path) -> None:
     assert loader.stats()["released"] >= 3 and loader.stats()["pinning"] == "page-locked buffers"
 
 
-def test_next_on_a_replaced_or_closed_iterator_raises_instead_of_blocking(corpus: Path) -> None:
-    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=1, prefetch=1)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_next_on_a_replaced_or_closed_iterator_raises_instead_of_blocking(corpus: Path, threads: int) -> None:
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=threads, prefetch=1)
     first = iter(loader)
     next(first)
     second = iter(loader)
@@ -313,7 +314,8 @@ def test_next_on_a_replaced_or_closed_iterator_raises_instead_of_blocking(corpus
         within(10, lambda: next(second))
 
 
-def test_a_failure_in_the_decoding_thread_reaches_next(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failure_in_the_decoding_thread_reaches_next(corpus: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
     from fastpipe.datasets import _thread_ring
 
     made = []
@@ -325,7 +327,7 @@ def test_a_failure_in_the_decoding_thread_reaches_next(corpus: Path, monkeypatch
         return torch.empty(ring.nbytes, dtype=torch.uint8)
 
     monkeypatch.setattr(_thread_ring.BufferRing, "_new", failing)
-    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=1, prefetch=1, slots=1)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=threads, prefetch=1, slots=1)
 
     def keep_all() -> list:
         return [batch for batch in loader]  # keeps every batch: the ring must make more buffers
@@ -334,10 +336,11 @@ def test_a_failure_in_the_decoding_thread_reaches_next(corpus: Path, monkeypatch
         within(10, keep_all)
 
 
-def test_epochs_that_end_early_give_their_buffers_back(corpus: Path) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_epochs_that_end_early_give_their_buffers_back(corpus: Path, threads: int) -> None:
     import time
 
-    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=1, prefetch=2)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=threads, prefetch=2)
     for _ in range(loader.slots + 1):
         for _batch in loader:
             time.sleep(0.2)  # the threads fill both queues
@@ -349,21 +352,24 @@ def test_epochs_that_end_early_give_their_buffers_back(corpus: Path) -> None:
     assert loader.stats()["ring_bytes"] <= loader.slots * loader._ring.nbytes
 
 
-def test_dropping_the_iterator_stops_its_threads(corpus: Path) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dropping_the_iterator_stops_its_threads(corpus: Path, threads: int) -> None:
     import gc
     import threading
     import time
 
-    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=1)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=threads)
     iterator = iter(loader)
     next(iterator)
-    del iterator
+    decoding = [t for t in threading.enumerate() if t.name.startswith("fastpipe-decode")]
+    assert len(decoding) >= min(threads, 2), "the name filter below sees the decoding threads"
+    del iterator, decoding
     gc.collect()
     ours = ("fastpipe-read", "fastpipe-decode")  # other tests in this process may leave their own daemon threads
     deadline = time.perf_counter() + 5
-    while any(t.name in ours for t in threading.enumerate()) and time.perf_counter() < deadline:
+    while any(t.name.startswith(ours) for t in threading.enumerate()) and time.perf_counter() < deadline:
         time.sleep(0.05)
-    assert not [t.name for t in threading.enumerate() if t.name in ours]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(ours)]
 
 
 def test_the_readme_form_takes_the_fast_path_and_is_reproducible(corpus: Path) -> None:
@@ -477,30 +483,25 @@ def test_stats_report_what_was_allocated(corpus: Path) -> None:
     assert stats_["ring_bytes"] in made, (stats_["ring_bytes"], sorted(made))
 
 
-def _slow_even_batches(monkeypatch: pytest.MonkeyPatch, seconds: float, fail_at: int | None = None) -> list[int]:
-    """Make the batch op sleep ``seconds`` on every other call (so the two decoding threads finish out of order) and
-    fail on call ``fail_at``; returns the list of calls as they started."""
-    import threading
+def _slow_even_batches(monkeypatch: pytest.MonkeyPatch, samples: list, batch_size: int, seconds: float, fail: int | None = None) -> None:
+    """Make the batch op sleep ``seconds`` on the even batches of an unshuffled epoch over ``samples`` (so the two decoding
+    threads finish out of order) and fail on batch ``fail``; batches are told apart by their files' names."""
     import time
 
     from fastpipe.datasets import _thread_epoch
 
     real = _thread_epoch.decode_jpeg_crop_batch
-    calls: list[int] = []
-    lock = threading.Lock()
+    number = {samples[i][0]: i // batch_size for i in range(len(samples))}
 
-    def slow(*args, **kwargs):
-        with lock:
-            call = len(calls)
-            calls.append(call)
-        if call == fail_at:
-            raise CorruptImageError(f"planted failure in batch call {call}")
-        if call % 2 == 0:
+    def slow(*args, names, **kwargs):
+        batch = number[names[0]]
+        if batch == fail:
+            raise CorruptImageError(f"planted failure in batch {batch}")
+        if batch % 2 == 0:
             time.sleep(seconds)
-        return real(*args, **kwargs)
+        return real(*args, names=names, **kwargs)
 
     monkeypatch.setattr(_thread_epoch, "decode_jpeg_crop_batch", slow)
-    return calls
 
 
 def test_two_decoding_threads_deliver_in_order_when_they_finish_out_of_order(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -509,24 +510,49 @@ def test_two_decoding_threads_deliver_in_order_when_they_finish_out_of_order(cor
 
     assert decoder_threads(1) == [1] and decoder_threads(2) == [1, 1] and decoder_threads(5) == [3, 2]
     dataset = ImageFolder(corpus, size=16)
-    expected = labels_of(DataLoader(dataset, batch_size=2, shuffle=True), 11)
-    calls = _slow_even_batches(monkeypatch, 0.05)
-    ours = ThreadLoader(dataset, batch_size=2, shuffle=True, threads=2)
+    expected = labels_of(DataLoader(dataset, batch_size=2), 11)
+    _slow_even_batches(monkeypatch, dataset.samples, 2, 0.05)
+    ours = ThreadLoader(dataset, batch_size=2, threads=2)
     assert within(30, lambda: labels_of(ours, 11)) == expected
-    assert len(calls) == 10
     assert ours.stats()["fallbacks"] == 0, "no more buffers in use than the ring has"
 
 
-def test_a_failing_batch_arrives_after_the_batches_before_it(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batch call 2 fails while call 3 (on the other decoding thread) succeeds first: next() gives batches 0 and 1, then the error."""
-    _slow_even_batches(monkeypatch, 0.05, fail_at=2)
-    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=2, threads=2)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failing_batch_arrives_after_the_batches_before_it(corpus: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """Batch 2 fails (at once) while batch 1 sleeps: next() gives batches 0 and 1, then batch 2's error, then the end."""
+    dataset = ImageFolder(corpus, size=16)
+    _slow_even_batches(monkeypatch, dataset.samples, 2, 0.05, fail=2)
+    loader = ThreadLoader(dataset, batch_size=2, threads=threads)
     iterator = iter(loader)
     got = [within(10, lambda: next(iterator)) for _ in range(2)]
-    assert [len(batch[1]) for batch in got] == [2, 2]
-    with pytest.raises(CorruptImageError, match="planted failure in batch call 2"):
+    assert [batch[1].tolist() for batch in got] == [[t for _, t in dataset.samples[k : k + 2]] for k in (0, 2)]
+    with pytest.raises(CorruptImageError, match="planted failure in batch 2"):
         within(10, lambda: next(iterator))
     with pytest.raises(StopIteration):  # the epoch ended with its error
+        within(10, lambda: next(iterator))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_empty_epoch_and_a_reading_error_end_cleanly(corpus: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    from fastpipe.ops import jpeg as jpeg_ops
+
+    dataset = ImageFolder(corpus, size=16)
+    empty = ThreadLoader(dataset, batch_size=4, sampler=[], threads=threads)
+    assert within(10, lambda: list(empty)) == []
+    real = jpeg_ops.read_bytes
+    bad = dataset.samples[9][0]
+
+    def read(path):
+        if str(path) == bad:
+            raise OSError(f"planted: cannot read {path}")
+        return real(path)
+
+    monkeypatch.setattr(jpeg_ops, "read_bytes", read)
+    loader = ThreadLoader(dataset, batch_size=4, threads=threads)
+    iterator = iter(loader)
+    got = [within(10, lambda: next(iterator))[1].tolist() for _ in range(2)]
+    assert got == [[t for _, t in dataset.samples[k : k + 4]] for k in (0, 4)], "the batches before the failing one, in order"
+    with pytest.raises(OSError, match="planted: cannot read"):
         within(10, lambda: next(iterator))
 
 
@@ -560,3 +586,43 @@ def test_decode_clock_counts_overlapping_decoding_threads_once(corpus: Path, mon
     assert inside[1] == 2, "the two decoding threads did decode at once"
     assert decode_s <= wall
     assert decode_s >= 10 * 0.08 / 2 * 0.9, "ten 80 ms sleeps, two at a time"
+
+
+def test_a_read_bound_loader_with_two_decoding_threads_names_the_read(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """threads=2, reads 32 ms a batch, the op 40 ms a batch on one native thread (20 ms on both): the reads set the pace.
+    Each decoding thread, alone, has one native thread and takes 40 ms; the decode row is its native threads' time over
+    the 2 it has (about 20 ms a batch), so the read is named, as with one decoding thread, and how many decoded at once
+    is measured."""
+    import time
+
+    from fastpipe.datasets import _thread_epoch
+    from fastpipe.diagnosis._advice import recommend_loader_stage
+    from fastpipe.diagnosis._loader_stages import LoaderStageCosts, StageWindow
+    from fastpipe.ops import jpeg as jpeg_ops
+
+    real_read, real_op = jpeg_ops.read_bytes, _thread_epoch.decode_jpeg_crop_batch
+
+    def slow_read(source):
+        if isinstance(source, (str, Path)):  # a file read, not the header's look at bytes already read
+            time.sleep(0.008)
+        return real_read(source)
+
+    def slow_op(data, *args, threads, **kwargs):
+        time.sleep(0.010 * len(data) / threads)  # 10 ms an image on one native thread, scaling with them
+        return real_op(data, *args, threads=threads, **kwargs)
+
+    monkeypatch.setattr(jpeg_ops, "read_bytes", slow_read)
+    monkeypatch.setattr(_thread_epoch, "decode_jpeg_crop_batch", slow_op)
+    loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, sampler=list(range(20)) * 2, threads=2)
+    window = StageWindow(loader, warmup=2)
+    for i, _batch in enumerate(loader):
+        window.on_step(i)
+    costs = LoaderStageCosts.from_windows("ThreadLoader", [window.finish()])
+    assert costs is not None
+    read, decode = costs.stage("read"), costs.stage("decode")
+    assert read.ms_per_step >= 28 and 18 <= decode.ms_per_step <= 27, (read, decode)
+    assert costs.dominant() is read
+    assert decode.threads == 2 and decode.at_once is not None and 1.0 < decode.at_once < 1.9, decode
+    assert "decoded at once on average" in "\n".join(costs.lines())
+    advice = recommend_loader_stage(costs, loader.dataset, 2, threads=2, batch_size=4)
+    assert advice is not None and "read dominates" in advice.summary and "storage" in advice.summary

@@ -395,17 +395,21 @@ class _Workers:
         if item.header_errors and plan.on_error != "skip":
             raise next(iter(item.header_errors.values()))
         self._decode_clock(+1)
+        started = time.perf_counter()
         try:
             result = decode_jpeg_crop_batch(
                 item.data, item.boxes, plan.size, item.flips, out=images, threads=natives, on_error=plan.on_error, names=names
             )
         finally:
+            elapsed = time.perf_counter() - started
             self._decode_clock(-1)
         with self._clock:
+            # the time the decode takes of the `threads` cores: its native threads' seconds (the op starts at most one per
+            # image) over `threads`, so a batch decoded on half of them while the other decoding thread waits counts half
+            counters["decode_s"] += elapsed * min(natives, len(item.indices)) / plan.threads
             counters["images"] += len(item.indices)
             counters["decode_batches"] += 1
-            # native threads decoding at once: this batch's, and the other decoding thread's while both decode
-            counters["decode_threads"] += min(natives, len(item.indices)) + (plan.threads - natives)
+            counters["decode_threads"] += plan.threads  # the native threads in all (the setting)
         targets = list(item.labels)
         failed = {f.index: f.error for f in result.failed}
         failed.update(item.header_errors)
@@ -416,12 +420,13 @@ class _Workers:
         labels.copy_(torch.as_tensor(targets, dtype=torch.int64))
 
     def _decode_clock(self, change: int) -> None:
-        """``decode_s`` is the wall time during which at least one decoding thread is in the op (added at every start and
-        end, so a window over the counters sees it grow while both threads overlap)."""
+        """``decode_busy_s`` is the wall time during which at least one decoding thread is in the op (added at every
+        start and end, so a window over the counters sees it grow while both threads overlap): with ``decode_s``, how
+        many native threads decoded at once on average."""
         with self._clock:
             now = time.perf_counter()
             if self._decoding > 0:
-                self._plan.counters["decode_s"] += now - self._since
+                self._plan.counters["decode_busy_s"] += now - self._since
             self._since, self._decoding = now, self._decoding + change
 
     def _replacement(self, index: int, error: CorruptImageError, spare: np.random.Generator) -> tuple[torch.Tensor, int]:

@@ -13,7 +13,7 @@ A delivered batch goes back to the free list, to be written again:
 * never, if the loop keeps it past ``slots`` batches: it is yours (``kept`` in the stats), and
   the ring makes a new buffer in its place.
 
-The decoding thread never waits for a buffer: when every one is in use it writes into a fresh
+The decoding threads never wait for a buffer: when every one is in use it writes into a fresh
 one (``fallbacks``), so a loop that keeps batches cannot stall the loader. Buffers are sized from
 the batches received: a batch larger than the ring's buffers (a custom ``batch_sampler``) makes
 the ring drop its smaller free buffers and allocate larger ones (``grown``).
@@ -51,7 +51,7 @@ class Lease:
 
 
 class BufferRing:
-    """``slots`` reusable batch buffers of one shape; thread-safe (the decoding thread takes, the loop gives back)."""
+    """``slots`` reusable batch buffers of one shape; thread-safe (the decoding threads take, the loop gives back)."""
 
     def __init__(self, slots: int, batch_size: int, size: tuple[int, int], pin: bool) -> None:
         self.slots, self.size, self.pin = slots, size, pin

@@ -80,11 +80,12 @@ class ThreadLoader:
     Args:
         dataset: a :class:`fastpipe.datasets.ImageFolder` (the fast path), or any map-style dataset (served generically).
         batch_size, shuffle, sampler, batch_sampler, drop_last, generator: as ``torch.utils.data.DataLoader``'s.
-        threads: native threads decoding at once (the cores to give the loader); two decoding threads share them,
-            each decoding its own batch, so the cores stay busy between batches.
+        threads: native threads decoding at once (the cores to give the loader); from 2 on, two decoding threads
+            share them, each decoding its own batch, so the cores stay busy between batches (a batch decoded while
+            the other decoding thread waits has half of them: throughput is the same, one batch's latency longer).
         prefetch: batches read ahead, and batches decoded ahead, of the loop.
-        slots: reused batch buffers (default ``prefetch + 3``: the decoded ones waiting, the one being written,
-            and two in the loop's hands).
+        slots: reused batch buffers (default ``prefetch + 3``: up to ``prefetch + 1`` decoded or being written ahead
+            of the loop, and two in the loop's hands).
         pin_memory: page-lock the buffers when CUDA is available (as DataLoader's ``pin_memory``).
     """
 
@@ -278,11 +279,13 @@ class ThreadLoader:
         """Running totals of each stage since the loader was made (the diagnosis's ``TimesOwnStages`` hook: it takes
         their difference over the baseline point's timed steps and reports it as this loader's stage costs).
 
-        The fast path runs three threads, and each figure is the wall time of one of them: the reading thread reads
-        the files (``read``), then their headers' sizes and the crop draws (``draw``); the decoding threads run the
-        batch op (``decode``: the wall time during which either is in it; the native threads decoding at once counted in
-        ``threads``); the loop's own thread gives back the buffers it moved past and makes each batch's views (``hand-over``), and waits in ``next()`` for a decoded
-        batch (``wait``). The generic path runs ``dataset[i]`` and ``default_collate`` in the loop's thread.
+        The fast path runs a reading thread, one or two decoding threads and the loop's thread. The reading thread reads
+        the files (``read``), then their headers' sizes and the crop draws (``draw``); the decoding threads run the batch
+        op (``decode``: its native threads' seconds over ``threads``, the time it takes of that many cores, with
+        ``busy_seconds`` the wall time either decoding thread was in it); the loop's own thread gives back the buffers it
+        moved past and makes each batch's views (``hand-over``), and waits in ``next()`` for a decoded batch (``wait``).
+        Those are wall times of the thread named. The generic path runs ``dataset[i]`` and ``default_collate`` in the
+        loop's thread.
         """
         c = self._counters
         if not self.fast():
@@ -302,16 +305,19 @@ class ThreadLoader:
             stages = [
                 _clock("read", "reading thread", "file reads", c, "read_s", "read_images", "read_batches", "read_batches"),
                 _clock("draw", "reading thread", "header sizes and crop draws", c, "draw_s", "read_images", "read_batches", "read_batches"),
-                _clock(
-                    "decode",
-                    "decoding threads" if self.threads > 1 else "decoding thread",
-                    "the batch decode op",
-                    c,
-                    "decode_s",
-                    "images",
-                    "decode_batches",
-                    "decode_threads",
-                ),
+                {
+                    **_clock(
+                        "decode",
+                        "decoding threads" if self.threads > 1 else "decoding thread",
+                        "the batch decode op",
+                        c,
+                        "decode_s",
+                        "images",
+                        "decode_batches",
+                        "decode_threads",
+                    ),
+                    "busy_seconds": float(c["decode_busy_s"]),
+                },
                 _clock(
                     "hand-over",
                     "loop thread",

@@ -808,8 +808,8 @@ def recommend_loader_stage(
     The ladder says how much the input costs each step; the loader's clocks say which of its threads spends the
     time, so the advice names that stage: decode (more ``threads=`` while cores are free, ``fastpipe prepare`` for
     progressive JPEGs), read (storage: one thread reads), or the generic path's per-image ``dataset[i]`` and collate.
-    None when no stage was timed. ``threads`` is the loader's setting (the clocks count the threads each call used,
-    at most the images in its batch); more threads help only up to the batch size and the cores, and not at all when
+    None when no stage was timed. ``threads`` is the loader's setting (the native threads in all, which the clocks
+    also count); more threads help only up to twice the batch size (two decoding threads) and the cores, and not at all when
     the CPU was ``saturated`` during the baseline (the reading and loop threads need a share of it too).
     """
     top = costs.dominant()
@@ -817,10 +817,12 @@ def recommend_loader_stage(
         return None
     share = "" if math.isnan(top.share_of_step) else f", {top.share_of_step:.0%} of the loop's {costs.step_ms:.1f} ms step"
     per_image = "" if top.ms_per_image is None else f" ({top.ms_per_image:.2f} ms per image)"
-    head = f"In the {costs.loader}, {top.stage} dominates: the {top.thread} spends {top.ms_per_step:.1f} ms per step on {top.what}{per_image}{share}."
+    spends = "spend" if top.thread.endswith("threads") else "spends"
+    head = f"In the {costs.loader}, {top.stage} dominates: the {top.thread} {spends} {top.ms_per_step:.1f} ms per step on {top.what}{per_image}{share}."
     if top.stage == "decode":
         setting = threads if threads is not None else max(1, round(top.threads or 1.0))
-        useful = min(cores, batch_size) if batch_size else cores  # the op starts at most one thread per image
+        # two decoding threads, each starting at most one native thread per image of its batch
+        useful = min(cores, 2 * batch_size) if batch_size else cores
         off_cpu = (
             "take the decode off the CPU where a GPU decoder is available (fastpipe.datasets.EncodedImageFolder with "
             "DecodeCropOnDevice, as jpeg:device-decode does)."

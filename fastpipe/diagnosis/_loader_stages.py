@@ -6,10 +6,11 @@ ThreadLoader's reading, decoding and loop threads) needs no extra pass: :class:`
 when the baseline point's warm-up ends and after each of its timed steps, and the difference is what those
 steps cost, the warm-up left out. Every run of the baseline (a remeasurement too) adds its window.
 
-Each figure is the wall time of one thread, and the table names it: per image the stage handled, per timed
-step, and as a share of the loop's wall time over those steps. Threads overlap (the reading thread reads the
-next batch while the decoding thread decodes this one, and both work while the loop runs its step), so the
-shares do not add up to 100%, and the report says so rather than scaling them to.
+Each figure is the time of the thread the table names (for the decode, run by native threads, their time over
+the threads it has: what it takes of that many cores): per image the stage handled, per timed step, and as a
+share of the loop's wall time over those steps. Threads overlap (the reading thread reads the next batch while
+the decoding threads decode earlier ones, and all work while the loop runs its step), so the shares do not add
+up to 100%, and the report says so rather than scaling them to.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class LoaderStageCost:
 
     stage: str
     thread: str
-    """Whose wall time it is (``reading thread``, ``decoding thread``, ``loop thread``)."""
+    """Whose time it is (``reading thread``, ``decoding thread(s)``, ``loop thread``)."""
     what: str
     ms_per_image: float | None
     """Milliseconds per image the stage handled in the window (None when it handled none)."""
@@ -89,9 +90,11 @@ class LoaderStageCost:
     share_of_step: float
     """Its seconds over the loop's wall seconds in the window (threads overlap: the shares need not add up to 1)."""
     threads: float | None
-    """Threads per call, on average (the batch op's native threads for ``decode``; 1 for a Python thread)."""
+    """Threads per call, on average (the native threads the batch op has in all for ``decode``; 1 for a Python thread)."""
     images: int
     calls: int
+    at_once: float | None = None
+    """Threads that worked at once on average while the stage ran (given by clocks with ``busy_seconds``), else None."""
 
 
 @dataclass
@@ -127,10 +130,14 @@ class LoaderStageCosts:
             for clock in last["stages"]:
                 base = before.get(clock["stage"])
                 total = totals.setdefault(
-                    clock["stage"], {"thread": clock["thread"], "what": clock["what"], "seconds": 0.0, "items": 0, "calls": 0, "threads": 0}
+                    clock["stage"],
+                    {"thread": clock["thread"], "what": clock["what"], "seconds": 0.0, "items": 0, "calls": 0, "threads": 0, "busy": None},
                 )
                 for key in ("seconds", "items", "calls", "threads"):
                     total[key] += clock[key] - (base[key] if base is not None else 0)  # type: ignore[literal-required]
+                if "busy_seconds" in clock:
+                    earlier = base.get("busy_seconds", 0.0) if base is not None else 0.0
+                    total["busy"] = (total["busy"] or 0.0) + clock["busy_seconds"] - earlier
         stages = [
             LoaderStageCost(
                 stage=name,
@@ -142,6 +149,7 @@ class LoaderStageCosts:
                 threads=t["threads"] / t["calls"] if t["calls"] > 0 else None,
                 images=int(t["items"]),
                 calls=int(t["calls"]),
+                at_once=t["seconds"] * t["threads"] / t["calls"] / t["busy"] if t["busy"] and t["calls"] > 0 else None,
             )
             for name, t in totals.items()
         ]
@@ -198,9 +206,9 @@ class LoaderStageCosts:
     def summary_lines(self) -> list[str]:
         """What the figures are and are not: wall time of named threads that overlap, so no total."""
         lines = [
-            f"Each figure is the wall time of the thread named, per image it handled and per timed step; 'of the step' is that "
+            f"Each figure is the wall time of the thread named (the decode's: see below), per image it handled and per timed step; 'of the step' is that "
             f"time over the loop's {self.step_ms:.1f} ms per step. The threads run at once (the reading thread reads the next "
-            "batch while the decoding thread decodes this one, both while the loop runs its step), so the shares overlap and "
+            "batch while the decoding threads decode earlier ones, all while the loop runs its step), so the shares overlap and "
             "do not add up to 100%."
         ]
         if self.input_bound is False:
@@ -210,10 +218,13 @@ class LoaderStageCosts:
             )
         decode = next((s for s in self.stages if s.stage == "decode"), None)
         if decode is not None and decode.threads is not None:
-            lines.append(
-                f"decode is the wall time during which the batch op ran on the decoding thread(s), with {native(decode.threads)} "
-                f"decoding at once (the calling threads among them): its CPU time is up to {decode.threads:.3g}x that."
+            line = (
+                f"decode is the batch op's native threads' time over the {native(decode.threads)} it has in all (the time it "
+                f"takes of that many cores): their CPU time is up to {decode.threads:.3g}x that."
             )
+            if decode.at_once is not None:
+                line += f" While it ran, {decode.at_once:.2g} of them decoded at once on average."
+            lines.append(line)
         return lines
 
     def lines(self) -> list[str]:

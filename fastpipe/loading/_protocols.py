@@ -8,7 +8,7 @@ diagnosis checks them with ``isinstance`` against these runtime-checkable protoc
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, TypedDict, runtime_checkable
+from typing import Any, Iterator, NotRequired, Protocol, TypedDict, runtime_checkable
 
 
 @runtime_checkable
@@ -64,9 +64,13 @@ class ReportsStats(Protocol):
 class StageClock(TypedDict):
     """One stage of a loader that times itself: running totals since the loader was made (differenced by the reader).
 
-    ``thread`` names whose wall time ``seconds`` is (stages on different threads overlap, so their times do not add
-    up to the loop's); ``items`` are the images the stage handled, ``calls`` the batches, and ``threads`` the
-    threads each call ran on, summed over the calls (``threads / calls``: the mean; 1 for a plain Python thread).
+    ``thread`` names whose time ``seconds`` is: the wall time of that thread, or for a stage run by several native
+    threads (the ThreadLoader's decode), their seconds summed and divided by the threads it has, the time the stage
+    takes of that many cores. Stages on different threads overlap, so their times do not add up to the loop's.
+    ``items`` are the images the stage handled, ``calls`` the batches, and ``threads`` the threads each call had,
+    summed over the calls (``threads / calls``: the mean; 1 for a plain Python thread). ``busy_seconds``, where given,
+    is the wall time during which the stage ran at all: ``seconds * threads / calls / busy_seconds`` threads worked at
+    once on average.
     """
 
     stage: str
@@ -76,6 +80,7 @@ class StageClock(TypedDict):
     items: int
     calls: int
     threads: int
+    busy_seconds: NotRequired[float]
 
 
 class StageClocks(TypedDict):
