@@ -342,7 +342,7 @@ class ThreadLoader:
         """Counts and times since the loader was made (the diagnosis puts them in its report: ReportsStats).
 
         ``read_ms``, ``draw_ms`` and ``decode_ms`` are per image (reading files, header sizes and
-        box draws, the batch decode's wall time); ``handover_ms`` and ``wait_ms`` per batch (making
+        box draws, the batch decode's native threads' time over ``threads``); ``handover_ms`` and ``wait_ms`` per batch (making
         the batch's views; the loop blocked in ``next()`` waiting for a batch).
         """
         c = self._counters
