@@ -124,7 +124,7 @@ def test_renderings_name_each_thread_and_say_the_shares_overlap(clock: list[floa
     assert data["schema"] == SCHEMA and [s["stage"] for s in data["stages"]] == ["read", "decode", "wait"]
     assert data["stages"][1]["ms_per_image"] == pytest.approx(3.0)
     markdown = costs.markdown_lines()
-    assert markdown[2].startswith("| stage | whose wall time |") and len([m for m in markdown if m.startswith("| ")]) == 4
+    assert markdown[2].startswith("| stage | whose time |") and len([m for m in markdown if m.startswith("| ")]) == 4
 
 
 def costs_with(read_ms: float, decode_ms: float, wait_ms: float, threads: float) -> LoaderStageCosts:
@@ -145,11 +145,16 @@ def test_advice_names_the_dominant_stage_never_the_wait() -> None:
 
 
 def test_more_threads_are_advised_only_where_they_can_help() -> None:
-    """The op starts at most one thread per image: with batches of 4 on 16 cores, threads=8 is already more than
-    it uses (the clocks count 4 per call), so no more are advised; nor on saturated cores."""
-    few_images = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=4), None, cores=16, threads=8, batch_size=4)
+    """The op starts at most one native thread per image, and two decoding threads decode two batches at once: with
+    batches of 4 on 16 cores, threads=8 is all they can use, so no more are advised, and the advice says the batch is
+    the limit; threads=4 there is advised up to 8; nor are more advised on saturated cores."""
+    few_images = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=8), None, cores=16, threads=8, batch_size=4)
     assert few_images is not None and "more threads will not help" in few_images.summary
     assert "Give it more native threads" not in few_images.summary
+    assert "batches of 4 images can use" in few_images.summary and "larger batch_size" in few_images.summary
+    assert "already has the 16 cores" not in few_images.summary, "the batch is the limit, not the cores"
+    fewer = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=4), None, cores=16, threads=4, batch_size=4)
+    assert fewer is not None and "Give it more native threads: threads=8 (now 4" in fewer.summary
     busy = recommend_loader_stage(costs_with(2.0, 12.0, 30.0, threads=1), None, cores=4, threads=1, batch_size=32, saturated=True)
     assert busy is not None and "cores were saturated" in busy.summary and "Give it more" not in busy.summary
 

@@ -147,6 +147,11 @@ class ThreadEpoch(Iterator[Any]):
         plan.counters["handed_images"] += n
         return [images, labels]
 
+    def flush_clocks(self) -> None:
+        """Bring the decode clocks up to now (a batch still in the op counts its time so far)."""
+        if self._workers is not None:
+            self._workers.flush()
+
     def _finish(self) -> None:
         """The epoch ended (or failed): later ``next()`` calls stop at once."""
         assert self._workers is not None
@@ -225,8 +230,9 @@ class _Workers:
         self._take = threading.Lock()  # one decoding thread at a time takes a read batch and its number
         self._input_done = False  # a decoding thread took the end (or the reading thread's error)
         self._clock = threading.Lock()  # the decode counters: two threads add to them
-        self._decoding = 0  # decoding threads in the op now
-        self._since = 0.0  # when _decoding last changed
+        self._decoding = 0  # native threads in the op now
+        self._weight = 0.0  # their sum of 1 / cap (see _decode_clock)
+        self._since = 0.0  # when the decode clocks were last brought up to date
 
     def start(self, batches: Iterator[list[int]], rng: np.random.Generator) -> None:
         self._threads = [threading.Thread(target=self._read_loop, args=(batches, rng), daemon=True, name="fastpipe-read")]
@@ -394,22 +400,21 @@ class _Workers:
         names = [plan.samples[i][0] for i in item.indices]
         if item.header_errors and plan.on_error != "skip":
             raise next(iter(item.header_errors.values()))
-        self._decode_clock(+1)
-        started = time.perf_counter()
+        n = len(item.indices)
+        # at most one native thread per image: of this thread's natives, min(natives, n) decode; of all the decoding
+        # threads', at most `cap` at once for batches of this size
+        cap = sum(min(k, n) for k in decoder_threads(plan.threads))
+        self._decode_clock(min(natives, n), cap)
         try:
             result = decode_jpeg_crop_batch(
                 item.data, item.boxes, plan.size, item.flips, out=images, threads=natives, on_error=plan.on_error, names=names
             )
         finally:
-            elapsed = time.perf_counter() - started
-            self._decode_clock(-1)
+            self._decode_clock(-min(natives, n), cap)
         with self._clock:
-            # the time the decode takes of the `threads` cores: its native threads' seconds (the op starts at most one per
-            # image) over `threads`, so a batch decoded on half of them while the other decoding thread waits counts half
-            counters["decode_s"] += elapsed * min(natives, len(item.indices)) / plan.threads
-            counters["images"] += len(item.indices)
+            counters["images"] += n
             counters["decode_batches"] += 1
-            counters["decode_threads"] += plan.threads  # the native threads in all (the setting)
+            counters["decode_threads"] += cap  # the native threads that can decode batches of this size at once
         targets = list(item.labels)
         failed = {f.index: f.error for f in result.failed}
         failed.update(item.header_errors)
@@ -419,15 +424,27 @@ class _Workers:
                 images[k], targets[k] = self._replacement(item.indices[k], error, spare)
         labels.copy_(torch.as_tensor(targets, dtype=torch.int64))
 
-    def _decode_clock(self, change: int) -> None:
-        """``decode_busy_s`` is the wall time during which at least one decoding thread is in the op (added at every
-        start and end, so a window over the counters sees it grow while both threads overlap): with ``decode_s``, how
-        many native threads decoded at once on average."""
+    def _decode_clock(self, natives: int, cap: int) -> None:
+        """Bring the decode clocks up to now, then count ``natives`` more native threads in the op (fewer when negative)
+        out of the ``cap`` that can decode at once: ``decode_s`` adds each native thread's time over ``cap`` (the time the
+        decode takes of that many cores: a batch decoded on half of them while the other decoding thread waits counts
+        half), ``decode_busy_s`` the wall time during which any is in the op. Both move at every start and end, and
+        ``flush()`` brings them up to the moment the clocks are read, so a window over them sees the same intervals."""
         with self._clock:
             now = time.perf_counter()
             if self._decoding > 0:
+                self._plan.counters["decode_s"] += self._weight * (now - self._since)
                 self._plan.counters["decode_busy_s"] += now - self._since
-            self._since, self._decoding = now, self._decoding + change
+            self._since = now
+            if natives:
+                self._decoding += natives
+                self._weight += natives / cap
+                if self._decoding == 0:
+                    self._weight = 0.0  # no drift from float sums
+
+    def flush(self) -> None:
+        """The decode clocks up to now (the loader calls it before it reads them)."""
+        self._decode_clock(0, 1)
 
     def _replacement(self, index: int, error: CorruptImageError, spare: np.random.Generator) -> tuple[torch.Tensor, int]:
         """``on_error="skip"``: the first file after ``index`` that decodes, as :class:`fastpipe.datasets.ImageFolder` replaces it."""

@@ -281,12 +281,14 @@ class ThreadLoader:
 
         The fast path runs a reading thread, one or two decoding threads and the loop's thread. The reading thread reads
         the files (``read``), then their headers' sizes and the crop draws (``draw``); the decoding threads run the batch
-        op (``decode``: its native threads' seconds over ``threads``, the time it takes of that many cores, with
+        op (``decode``: its native threads' seconds over the most that can decode at once, ``threads`` unless batches
+        are smaller, the time it takes of that many cores, with
         ``busy_seconds`` the wall time either decoding thread was in it); the loop's own thread gives back the buffers it
         moved past and makes each batch's views (``hand-over``), and waits in ``next()`` for a decoded batch (``wait``).
-        Those are wall times of the thread named. The generic path runs ``dataset[i]`` and ``default_collate`` in the
+        Read, draw, hand-over and wait are wall times of the thread named. The generic path runs ``dataset[i]`` and ``default_collate`` in the
         loop's thread.
         """
+        self._flush_clocks()
         c = self._counters
         if not self.fast():
             stages = [
@@ -332,6 +334,11 @@ class ThreadLoader:
             ]
         return {"stages": stages, "images": int(c["handed_images"]), "batches": int(c["handed_batches"])}
 
+    def _flush_clocks(self) -> None:
+        epoch = self._epoch() if self._epoch is not None else None
+        if epoch is not None:
+            epoch.flush_clocks()
+
     def close(self) -> None:
         """Stop the current epoch's threads (joined, a few seconds at most) and give its queued buffers back."""
         epoch = self._epoch() if self._epoch is not None else None
@@ -345,6 +352,7 @@ class ThreadLoader:
         box draws, the batch decode's native threads' time over ``threads``); ``handover_ms`` and ``wait_ms`` per batch (making
         the batch's views; the loop blocked in ``next()`` waiting for a batch).
         """
+        self._flush_clocks()
         c = self._counters
         ring = self._ring.events if self._ring is not None else Counter()
         images, batches = max(c["images"], 1), max(ring["batches"], 1)

@@ -833,6 +833,12 @@ def recommend_loader_stage(
             fix = (
                 f" Give it more native threads: threads={useful} (now {setting}; {cores} cores here, {batch_size or 'n/a'} images a batch)."
             )
+        elif useful < cores:  # the batch, not the cores, is the limit
+            fix = (
+                f" With threads={setting} it already has as many native threads as batches of {batch_size} images can use "
+                f"(one per image, two batches at once; {cores} cores here), so more threads will not help; a larger "
+                f"batch_size would let more cores decode, or {off_cpu}"
+            )
         else:
             fix = f" With threads={setting} it already has the {cores} cores here, so more threads will not help; {off_cpu}"
         return Advice(summary=head + fix + _prepare_line(*_progressive(dataset)))

@@ -135,9 +135,14 @@ class LoaderStageCosts:
                 )
                 for key in ("seconds", "items", "calls", "threads"):
                     total[key] += clock[key] - (base[key] if base is not None else 0)  # type: ignore[literal-required]
-                if "busy_seconds" in clock:
-                    earlier = base.get("busy_seconds", 0.0) if base is not None else 0.0
-                    total["busy"] = (total["busy"] or 0.0) + clock["busy_seconds"] - earlier
+                if "busy_seconds" in clock and (base is None or "busy_seconds" in base):
+                    # only windows with the wall clock at both ends: their native threads' time over their busy time
+                    earlier = base if base is not None else {"seconds": 0.0, "calls": 0, "threads": 0, "busy_seconds": 0.0}
+                    calls = clock["calls"] - earlier["calls"]
+                    if calls > 0:
+                        per_call = (clock["threads"] - earlier["threads"]) / calls
+                        total["native_seconds"] = total.get("native_seconds", 0.0) + (clock["seconds"] - earlier["seconds"]) * per_call
+                        total["busy"] = (total["busy"] or 0.0) + clock["busy_seconds"] - earlier["busy_seconds"]
         stages = [
             LoaderStageCost(
                 stage=name,
@@ -149,7 +154,7 @@ class LoaderStageCosts:
                 threads=t["threads"] / t["calls"] if t["calls"] > 0 else None,
                 images=int(t["items"]),
                 calls=int(t["calls"]),
-                at_once=t["seconds"] * t["threads"] / t["calls"] / t["busy"] if t["busy"] and t["calls"] > 0 else None,
+                at_once=_at_once(t),
             )
             for name, t in totals.items()
         ]
@@ -173,7 +178,7 @@ class LoaderStageCosts:
             stage["share_of_step"] = None if math.isnan(stage["share_of_step"]) else stage["share_of_step"]
         return data
 
-    HEADERS = ("stage", "whose wall time", "ms/image", "ms/step", "of the step", "what it times")
+    HEADERS = ("stage", "whose time", "ms/image", "ms/step", "of the step", "what it times")
 
     def title(self) -> str:
         return (
@@ -205,8 +210,10 @@ class LoaderStageCosts:
 
     def summary_lines(self) -> list[str]:
         """What the figures are and are not: wall time of named threads that overlap, so no total."""
+        decode = next((s for s in self.stages if s.stage == "decode"), None)
+        decode_note = " (the decode's: see below)" if decode is not None and decode.threads is not None else ""
         lines = [
-            f"Each figure is the wall time of the thread named (the decode's: see below), per image it handled and per timed step; 'of the step' is that "
+            f"Each figure is the wall time of the thread named{decode_note}, per image it handled and per timed step; 'of the step' is that "
             f"time over the loop's {self.step_ms:.1f} ms per step. The threads run at once (the reading thread reads the next "
             "batch while the decoding threads decode earlier ones, all while the loop runs its step), so the shares overlap and "
             "do not add up to 100%."
@@ -216,11 +223,10 @@ class LoaderStageCosts:
                 "The run is not input-bound: the loop's wait in next() overlaps the step the device is running, so none of "
                 "these figures costs training time; they say where the loader's threads spend theirs."
             )
-        decode = next((s for s in self.stages if s.stage == "decode"), None)
         if decode is not None and decode.threads is not None:
             line = (
-                f"decode is the batch op's native threads' time over the {native(decode.threads)} it has in all (the time it "
-                f"takes of that many cores): their CPU time is up to {decode.threads:.3g}x that."
+                f"decode is the batch op's native threads' time over the {native(decode.threads)} that can decode its batches at "
+                f"once (the time it takes of that many cores): their CPU time is up to {decode.threads:.3g}x that."
             )
             if decode.at_once is not None:
                 line += f" While it ran, {decode.at_once:.2g} of them decoded at once on average."
@@ -235,6 +241,14 @@ class LoaderStageCosts:
         out = ["| " + " | ".join(self.HEADERS) + " |", "|---|---" + "|---:" * 3 + "|---|"]
         out += ["| " + " | ".join(row) + " |" for row in self.rows()]
         return [self.title(), "", *out, "", *(f"{line}  " for line in self.summary_lines())]
+
+
+def _at_once(total: dict[str, Any]) -> float | None:
+    """Native threads at work at once on average while the stage ran, at most the threads it has (None: not timed)."""
+    busy, native_seconds = total.get("busy"), total.get("native_seconds")
+    if not busy or native_seconds is None or total["calls"] <= 0:
+        return None
+    return min(native_seconds / busy, total["threads"] / total["calls"])
 
 
 def native(threads: float) -> str:
