@@ -13,7 +13,7 @@ A delivered batch goes back to the free list, to be written again:
 * never, if the loop keeps it past ``slots`` batches: it is yours (``kept`` in the stats), and
   the ring makes a new buffer in its place.
 
-The decoding threads never wait for a buffer: when every one is in use it writes into a fresh
+The decoding threads never wait for a buffer: when every one is in use they write into a fresh
 one (``fallbacks``), so a loop that keeps batches cannot stall the loader. Buffers are sized from
 the batches received: a batch larger than the ring's buffers (a custom ``batch_sampler``) makes
 the ring drop its smaller free buffers and allocate larger ones (``grown``).

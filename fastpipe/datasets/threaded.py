@@ -282,11 +282,10 @@ class ThreadLoader:
         The fast path runs a reading thread, one or two decoding threads and the loop's thread. The reading thread reads
         the files (``read``), then their headers' sizes and the crop draws (``draw``); the decoding threads run the batch
         op (``decode``: its native threads' seconds over the most that can decode at once, ``threads`` unless batches
-        are smaller, the time it takes of that many cores, with
-        ``busy_seconds`` the wall time either decoding thread was in it); the loop's own thread gives back the buffers it
-        moved past and makes each batch's views (``hand-over``), and waits in ``next()`` for a decoded batch (``wait``).
-        Read, draw, hand-over and wait are wall times of the thread named. The generic path runs ``dataset[i]`` and ``default_collate`` in the
-        loop's thread.
+        are smaller: the time it takes of that many cores; ``busy_seconds`` is the wall time either decoding thread was
+        in it); the loop's own thread gives back the buffers it moved past and makes each batch's views
+        (``hand-over``), and waits in ``next()`` for a decoded batch (``wait``). Read, draw, hand-over and wait are wall
+        times of the thread named. The generic path runs ``dataset[i]`` and ``default_collate`` in the loop's thread.
         """
         self._flush_clocks()
         c = self._counters

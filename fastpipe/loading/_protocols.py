@@ -8,7 +8,7 @@ diagnosis checks them with ``isinstance`` against these runtime-checkable protoc
 
 from __future__ import annotations
 
-from typing import Any, Iterator, NotRequired, Protocol, TypedDict, runtime_checkable
+from typing import Any, Iterator, Protocol, TypedDict, runtime_checkable
 
 
 @runtime_checkable
@@ -61,7 +61,13 @@ class ReportsStats(Protocol):
         """Counts since the loader was made."""
 
 
-class StageClock(TypedDict):
+class _StageClockOptional(TypedDict, total=False):
+    """StageClock's optional keys (a base with ``total=False``: ``typing.NotRequired`` is not in Python 3.10)."""
+
+    busy_seconds: float
+
+
+class StageClock(_StageClockOptional):
     """One stage of a loader that times itself: running totals since the loader was made (differenced by the reader).
 
     ``thread`` names whose time ``seconds`` is: the wall time of that thread, or for a stage run by several native
@@ -80,7 +86,6 @@ class StageClock(TypedDict):
     items: int
     calls: int
     threads: int
-    busy_seconds: NotRequired[float]
 
 
 class StageClocks(TypedDict):
