@@ -588,7 +588,6 @@ def test_decode_clock_counts_overlapping_decoding_threads_once(corpus: Path, mon
     decode_s = decode_clock["seconds"]
     assert decode_s <= decode_clock["busy_seconds"] * 1.001 <= wall * 1.001
     assert inside[1] == 2, "the two decoding threads did decode at once"
-    assert decode_s <= wall
     assert decode_s >= 10 * 0.08 / 2 * 0.9, "ten 80 ms sleeps, two at a time"
 
 

@@ -218,11 +218,11 @@ class _Workers:
     def __init__(self, plan: Plan, seed: int) -> None:
         self._plan = plan
         self._seed = seed
-        self.stop = threading.Event()
+        self._natives = decoder_threads(plan.threads)  # native threads per decoding thread
+        self._stop = threading.Event()
         self.ended = False
         self._read: queue.Queue[Any] = queue.Queue(plan.prefetch)
         self._threads: list[threading.Thread] = []
-        self._stop = self.stop
         self._ready: dict[int, Any] = {}  # decoded batches (or the error, or the end) by sequence number
         self._next = 0  # the sequence number the loop gets next
         self._taken = 0  # the sequence number the next read batch gets
@@ -238,7 +238,7 @@ class _Workers:
         self._threads = [threading.Thread(target=self._read_loop, args=(batches, rng), daemon=True, name="fastpipe-read")]
         self._threads += [
             threading.Thread(target=self._decode_loop, args=(natives,), daemon=True, name=f"fastpipe-decode-{k}")
-            for k, natives in enumerate(decoder_threads(self._plan.threads))
+            for k, natives in enumerate(self._natives)
         ]
         for thread in self._threads:
             thread.start()
@@ -282,7 +282,7 @@ class _Workers:
 
     def shutdown(self, timeout: float) -> None:
         """Stop all threads, join them (up to ``timeout`` s each), and give the buffers still queued back to the ring."""
-        self.stop.set()
+        self._stop.set()
         with self._order:
             self._order.notify_all()
         current = threading.current_thread()
@@ -403,7 +403,7 @@ class _Workers:
         n = len(item.indices)
         # at most one native thread per image: of this thread's natives, min(natives, n) decode; of all the decoding
         # threads', at most `cap` at once for batches of this size
-        cap = sum(min(k, n) for k in decoder_threads(plan.threads))
+        cap = sum(min(k, n) for k in self._natives)
         self._decode_clock(min(natives, n), cap)
         try:
             result = decode_jpeg_crop_batch(

@@ -103,8 +103,9 @@ class PointRunner:
         if stages_outside_workers(loader):  # a RayLoader: its stages run inside Ray tasks
             self.pipeline, why_not = None, stages_outside_workers(loader)
         self.plan: Plan = make_plan(self.pipeline, why_not)
-        if batches_whole(loader):  # the ThreadLoader's batch decode: a cached sample stands for no step of it
-            self.plan.drop(SAMPLE, batches_whole(loader), label=f"{RAW_STAGE} + transforms + {HAND_OVER}")
+        whole = batches_whole(loader)
+        if whole:  # the ThreadLoader's batch decode: a cached sample stands for no step of it
+            self.plan.drop(SAMPLE, whole, label=f"{RAW_STAGE} + transforms + {HAND_OVER}")
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []
