@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # On this machine pip takes these CUDA builds from local disk; they run on the CPU too.
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.fastpipe-installed
-EXTRAS ?= dev,plot,tnt,ray,photos,hf,data,lightning,webdataset
+EXTRAS ?= dev,plot,tnt,ray,photos,hf,data,lightning,webdataset,timm
 
 .PHONY: demo test test-all lint install clean
 

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._measure import Measurement, measure_workload
-from fastpipe.diagnosis._points import measure_points
+from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
+from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.distributed import cluster as ray_cluster
 from fastpipe.distributed import ray_stats_notes
 from fastpipe.workloads.toy.optimized import OPTIMIZED, make_toy_variant

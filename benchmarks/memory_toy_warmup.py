@@ -1,6 +1,6 @@
 """Is ``toy:naive``'s worker growth copy-on-read or an allocator's warm-up? Both, side by side, in one run.
 
-Runs :func:`fastpipe.diagnosis._loader_memory.measure_loader_memory` on ``toy:naive`` twice, each in its own
+Runs :func:`fastpipe.diagnosis.memory._loader.measure_loader_memory` on ``toy:naive`` twice, each in its own
 process: once as is, once with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``: freed large buffers go back
 to the system instead of raising the threshold and settling in the heap). If the rise goes away with the threshold
 fixed, it was glibc's heap settling (a warm-up that levels off), not the workers copying the parent's objects.
@@ -22,7 +22,7 @@ import sys
 CHILD = """
 import json, sys
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._loader_memory import measure_loader_memory
+from fastpipe.diagnosis.memory._loader import measure_loader_memory
 from fastpipe.workloads._workload import load_workload
 samples, batch, raw, img = (int(x) for x in sys.argv[1:5])
 workload = load_workload("toy:naive", parse_device("sim:10"), num_workers=2, batch_size=batch, raw_size=raw, img_size=img)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._points import measure_points
+from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.workloads._workload import load_workload
 
 # The article's published numbers (NVIDIA A10G, 4 vCPUs, PyTorch 2.6), reference data from toy_workload.md.

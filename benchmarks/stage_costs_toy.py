@@ -28,7 +28,7 @@ import time
 import torch
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._points import measure_points
+from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.diagnosis.stagecost import loader_with, measure_stage_costs, round_noise
 from fastpipe.experiments._tune import tune
 from fastpipe.workloads._workload import load_workload

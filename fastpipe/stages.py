@@ -1,6 +1,6 @@
 """What a pipeline's stages are and how they run: the raw load, then each transform.
 
-A :class:`TransformPipeline` is a located transform (found by :mod:`fastpipe.diagnosis._discovery`): the
+A :class:`TransformPipeline` is a located transform (found by :mod:`fastpipe.diagnosis.discovery._pipeline`): the
 owner that holds it, the slot it sits in, and its stages in order. Its two jobs are to run a
 slice of the stages (``run``), and to give back a copy of the user's dataset whose transform is
 replaced (``with_transform``) without ever modifying the user's objects, so cache points and
@@ -12,7 +12,7 @@ named by its class (or a function's name), with ``#2``, ``#3``... for repeats, w
 reports and cache points (``after:RandomMask``) refer to it.
 
 :class:`Stages` is the public declaration for a dataset whose ``__getitem__`` runs its own code
-(see its docstring and :mod:`fastpipe.diagnosis._discovery`).
+(see its docstring and :mod:`fastpipe.diagnosis.discovery._pipeline`).
 """
 
 from __future__ import annotations
@@ -290,7 +290,9 @@ class TransformPipeline:
         parts, every part gets ``transform``, marked with its part (:class:`InPart`).
         """
         if self.kind == "webdataset":
-            raise TypeError("a WebDataset chain's stages are filters of the stream, not one transform slot; see fastpipe.diagnosis._stream")
+            raise TypeError(
+                "a WebDataset chain's stages are filters of the stream, not one transform slot; see fastpipe.diagnosis.ladder._stream"
+            )
         if self.parts:
             for index, part in enumerate(self.parts):
                 dataset = part.with_transform(dataset, InPart(transform, index))

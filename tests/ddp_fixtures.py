@@ -59,7 +59,7 @@ def measure_points_rank(rank: int, world_size: int, port: int, out: str) -> None
     cannot serve them and rank 0's can. Writes each rank's plan: its points and the reasons for what it dropped."""
     from fastpipe.devices import parse_device
     from fastpipe.diagnosis._diagnose import _Diagnosis
-    from fastpipe.diagnosis._points import PointRunner
+    from fastpipe.diagnosis.ladder._points import PointRunner
     from fastpipe.workloads._workload import Workload
 
     _init(rank, world_size, port)

@@ -10,7 +10,7 @@ import torchvision.transforms as T
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fastpipe.diagnosis._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
+from fastpipe.diagnosis.verdict._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
 
 IMAGENET = T.Compose(
     [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
@@ -273,7 +273,7 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
 
     import numpy as np
 
-    from fastpipe.diagnosis._advice import HEADER_PROBE_BYTES, _progressive
+    from fastpipe.diagnosis.verdict._advice import HEADER_PROBE_BYTES, _progressive
 
     pixels = np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "p.jpg", progressive=True)

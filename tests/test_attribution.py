@@ -14,9 +14,9 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe import diagnose
-from fastpipe.diagnosis._attribute import Attribution
-from fastpipe.diagnosis._plan import make_plan
-from fastpipe.diagnosis._report import ExperimentResult
+from fastpipe.diagnosis.ladder._plan import make_plan
+from fastpipe.diagnosis.ladder._results import ExperimentResult
+from fastpipe.diagnosis.verdict._attribute import Attribution
 from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms
 
 BATCH, WORKERS = 4, 2
@@ -177,7 +177,7 @@ def test_the_copy_discount_is_taken_only_where_the_workers_set_the_pace_over_the
 
 
 def _costed(ms: dict[str, float], costs: dict[str, tuple[float, float]], saturated: bool = True, **kwargs):
-    from fastpipe.diagnosis._attribute import worker_costs
+    from fastpipe.diagnosis.verdict._attribute import worker_costs
 
     plan, results = _plan_and_results(ms)
     for r in results.values():
@@ -222,7 +222,7 @@ def test_a_noisy_ladder_names_by_in_worker_cost_with_the_reason() -> None:
 
 
 def test_waiting_is_told_from_waiting_for_a_core() -> None:
-    from fastpipe.diagnosis._attribute import worker_costs
+    from fastpipe.diagnosis.verdict._attribute import worker_costs
 
     # run-queue time counted by the OS: a stage that is only preempted does not wait; one that sleeps does
     costs = worker_costs({"raw load": (12.5, 0.2, 0.1), "Busy": (20.0, 5.0, 15.0), "collate": (0.3, 0.1, 0.1)})
@@ -234,7 +234,7 @@ def test_waiting_is_told_from_waiting_for_a_core() -> None:
 
 
 def test_a_run_that_names_nothing_still_names_the_largest_in_worker_costs() -> None:
-    from fastpipe.diagnosis._attribute import worker_costs
+    from fastpipe.diagnosis.verdict._attribute import worker_costs
 
     # only the device and the baseline were measured, and their difference did not beat the noise
     plan, results = _plan_and_results({"device": 40, "baseline": 70})

@@ -5,7 +5,7 @@ the cost is the same on a loaded machine: only its wall time stretches) beside s
 device step is set from the planted cost so that the workers' CPU need is a chosen multiple of what they
 have: ``just`` input-bound (1.3x) or ``far`` (3x). With 2 workers on 2 cores the CPU is saturated wherever
 the workers are the bottleneck, which is where the ladder alone charged a free stage for tipping the CPU over
-(rules 2 and 3 of :mod:`fastpipe.diagnosis._attribute`).
+(rules 2 and 3 of :mod:`fastpipe.diagnosis.verdict._attribute`).
 
 "Free" means the planted identity transforms (and, where the raw load is not the planted stage, it must not be
 named before the planted stage; it makes a small tensor or PIL image, a real if small CPU cost). The loop's own

@@ -1,4 +1,4 @@
-"""Cache points (fastpipe.diagnosis._cache): unavailable points, repeated transforms, the copy ledger, rebuilt loaders."""
+"""Cache points (fastpipe.diagnosis.ladder._cache): unavailable points, repeated transforms, the copy ledger, rebuilt loaders."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
-from fastpipe.diagnosis._cache import CachePointDataset, UnavailablePoint, check_point, probe_point
-from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._cache import CachePointDataset, UnavailablePoint
+from fastpipe.diagnosis.ladder._serve import check_point, probe_point
 from fastpipe.loading._rebuild import rebuild_loader
 from tests.fakes import AddOne, Fast, PlantedDataset, PostProcessed, TwoViews
 
@@ -256,7 +257,7 @@ def test_stateful_dataloader_is_kept() -> None:
 
 
 def test_capture_value_reads_the_raw_input_even_where_the_point_cannot_be_served() -> None:
-    from fastpipe.diagnosis._cache import capture_value
+    from fastpipe.diagnosis.ladder._cache import capture_value
 
     dataset = PostProcessed(shape=(3, 5, 6), transform=T.Compose([Fast()]))
     pipeline, _ = find_pipeline(dataset)
@@ -316,7 +317,7 @@ def test_a_cached_copy_hands_the_next_stage_what_the_pipeline_gives_it(version: 
     import torchvision.transforms as v1
     import torchvision.transforms.v2 as v2
 
-    from fastpipe.diagnosis._discovery import find_pipeline
+    from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 
     if version == "v1":
         transform = v1.Compose([v1.PILToTensor(), v1.CenterCrop(24), _Layout()])

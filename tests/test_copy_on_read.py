@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
-from fastpipe.diagnosis._copy_on_read import MIN_OBJECTS, find_containers, name_copy_on_read
-from fastpipe.diagnosis._loader_memory import measure_loader_memory
-from fastpipe.diagnosis._shm_budget import MemoryLimits
+from fastpipe.diagnosis.memory._copy_on_read import MIN_OBJECTS, find_containers, name_copy_on_read
+from fastpipe.diagnosis.memory._loader import measure_loader_memory
+from fastpipe.diagnosis.memory._shm_budget import MemoryLimits
 from tests.memory_fixtures import N, Packed, Records
 from tests.memory_fixtures import path_of as _path
 

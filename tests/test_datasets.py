@@ -252,7 +252,7 @@ def test_decode_crop_on_cuda_matches_cpu(corpus: Path) -> None:
 
 def test_stages_are_declared_for_diagnose(corpus: Path, tmp_path: Path) -> None:
     """Reading the file is the raw load, then DecodeCrop, then the user's transform: fastpipe times each."""
-    from fastpipe.diagnosis._discovery import find_pipeline
+    from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 
     dataset = ImageFolder(corpus, size=24, transform=Normalize.imagenet())
     pipeline, why_not = find_pipeline(dataset)

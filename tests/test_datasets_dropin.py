@@ -370,7 +370,7 @@ def test_advice_writes_the_users_resize_back_exactly(recipe, absorbed: bool) -> 
     from PIL import Image
 
     from fastpipe.datasets import absorb
-    from fastpipe.diagnosis._advice import TRANSFORM, recommend
+    from fastpipe.diagnosis.verdict._advice import TRANSFORM, recommend
 
     path = absorb(recipe)
     assert path.active or not absorbed  # the "absorbed" cases are ones fastpipe's ImageFolder takes over

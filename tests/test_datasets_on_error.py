@@ -163,8 +163,8 @@ def test_copies_outside_worker_start_get_their_own_count(damaged: dict[str, Path
 def test_skip_works_where_a_diagnosis_replays_the_stages(damaged: dict[str, Path], point: str) -> None:
     """A diagnosis runs the declared stages wrapped (a StageError around the CorruptImageError): still skipped and counted;
     under "raise" the error names the file, not the op's placeholder for unnamed bytes."""
-    from fastpipe.diagnosis._cache import CachePointDataset
-    from fastpipe.diagnosis._discovery import find_pipeline
+    from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+    from fastpipe.diagnosis.ladder._cache import CachePointDataset
 
     dataset = ImageFolder(damaged["root"], size=24, on_error="skip")
     pipeline, _ = find_pipeline(dataset)
@@ -181,7 +181,7 @@ def test_skip_works_where_a_diagnosis_replays_the_stages(damaged: dict[str, Path
 
 
 def test_a_diagnosis_snapshot_puts_the_users_skip_count_back(damaged: dict[str, Path]) -> None:
-    from fastpipe.diagnosis._snapshot import UserState
+    from fastpipe.diagnosis.runtime._snapshot import UserState
 
     dataset = ImageFolder(damaged["root"], size=24, on_error="skip")
     dataset.skipped.add()

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fastpipe.diagnosis import _ddp as ddp
+from fastpipe.diagnosis.runtime import _ddp as ddp
 from tests.ddp_fixtures import SLOW_MS, diagnose_rank, diagnose_rank_failing_baseline, measure_points_rank
 
 

@@ -106,7 +106,7 @@ def test_a_copy_on_the_compute_stream_waits_for_the_step_before_it() -> None:
 
 def _loop_with_host_cost(spec: str, host_ms: float, steps: int = 12) -> float:
     """Seconds per step of a loop whose host spends ``host_ms`` (CPU-free) per batch before each step."""
-    from fastpipe.diagnosis._measure import measure_steps
+    from fastpipe.diagnosis.ladder._measure import measure_steps
 
     device = parse_device(spec)
 

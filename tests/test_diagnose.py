@@ -79,8 +79,8 @@ def test_bisect_finds_the_same_culprit_with_fewer_experiments() -> None:
 
 
 def test_in_place_transforms_do_not_pile_up() -> None:
-    from fastpipe.diagnosis._cache import CachePointDataset
-    from fastpipe.diagnosis._discovery import find_pipeline
+    from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+    from fastpipe.diagnosis.ladder._cache import CachePointDataset
 
     dataset = PlantedDataset(transform=T.Compose([Fast(), AddOne(), AddOne()]))
     pipeline, _ = find_pipeline(dataset)
@@ -91,8 +91,8 @@ def test_in_place_transforms_do_not_pile_up() -> None:
 
 
 def test_pool_cycles_through_distinct_samples() -> None:
-    from fastpipe.diagnosis._cache import CachePointDataset
-    from fastpipe.diagnosis._discovery import find_pipeline
+    from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+    from fastpipe.diagnosis.ladder._cache import CachePointDataset
 
     dataset = PlantedDataset(transform=T.Compose([Fast()]))
     pipeline, _ = find_pipeline(dataset)
@@ -273,7 +273,7 @@ def test_hanging_worker_stops_at_the_timeout() -> None:
 @pytest.mark.parametrize("depth", [0, 2])
 def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
     # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
-    from fastpipe.diagnosis._points import measure_points
+    from fastpipe.diagnosis.ladder._points import measure_points
     from tests.diagnose_fixtures import heavy_copy
 
     results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], steps=8, warmup=2)
@@ -350,8 +350,8 @@ def test_iterable_dataset_gets_device_host_and_baseline() -> None:
 
 
 def test_saturated_drop_is_settled_with_stage_costs() -> None:
-    from fastpipe.diagnosis._caveats import Facts, saturation_explained, saturation_unexplained
     from fastpipe.diagnosis.stagecost import measure_stage_costs
+    from fastpipe.diagnosis.verdict._caveats import Facts, saturation_explained, saturation_unexplained
     from fastpipe.workloads._workload import Workload
 
     loader = loader_for(PlantedDataset(transform=T.Compose([Fast(), Slow(PLANTED_MS)])))
@@ -390,7 +390,7 @@ def test_cli_run_rejects_zero_steps(capsys) -> None:
 
 def test_a_point_that_fails_when_remeasured_is_dropped_as_in_the_first_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     from fastpipe.diagnosis import _diagnose
-    from fastpipe.diagnosis._points import PointRunner
+    from fastpipe.diagnosis.ladder._points import PointRunner
 
     calls: dict[str, int] = {}
     real = PointRunner.measure

@@ -1,4 +1,4 @@
-"""Stage discovery (fastpipe.diagnosis._discovery): each dataset shape users bring, and the why-not for the rest."""
+"""Stage discovery (fastpipe.diagnosis.discovery._pipeline): each dataset shape users bring, and the why-not for the rest."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset
 from torchvision.datasets import FakeData
 from torchvision.datasets.vision import StandardTransform
 
-from fastpipe.diagnosis._cache import CachePointDataset
-from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._cache import CachePointDataset
 from fastpipe.stages import Stages
 from tests.fakes import (
     AddOne,

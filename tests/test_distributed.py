@@ -24,9 +24,9 @@ pytest.importorskip("ray.data")
 from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
 
 from fastpipe.devices import SimDevice  # noqa: E402
-from fastpipe.diagnosis._cache import CachePointDataset  # noqa: E402
-from fastpipe.diagnosis._discovery import find_pipeline  # noqa: E402
-from fastpipe.diagnosis._measure import measure_workload  # noqa: E402
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline  # noqa: E402
+from fastpipe.diagnosis.ladder._cache import CachePointDataset  # noqa: E402
+from fastpipe.diagnosis.ladder._measure import measure_workload  # noqa: E402
 from fastpipe.distributed import RayLoader, parse_stats, ray_stats_notes  # noqa: E402
 from fastpipe.distributed import cluster as ray_cluster  # noqa: E402
 from fastpipe.errors import ConfigError, OptionalDependencyError, PipelineError  # noqa: E402

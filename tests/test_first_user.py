@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from fastpipe import diagnose
 from fastpipe._render import COLORS
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._report import Bottleneck, Report
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.errors import DeviceUnavailableError
 from fastpipe.experiments._compare import Comparison, VariantResult
 from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms

@@ -116,6 +116,162 @@ def test_the_layer_check_sees_a_violation(tmp_path):
         bad.unlink()
 
 
+#: The diagnosis's phases, lowest first (ARCHITECTURE.md): a module of a phase imports from its own phase and the
+#: phases below it. The package's own top-level modules (``_diagnose``, ``_stepcheck``, ``_options``, ``__init__``) run
+#: the phases and sit above them all.
+DIAGNOSIS_PHASES: list[str] = [
+    "fastpipe.diagnosis.runtime",
+    "fastpipe.diagnosis.discovery",
+    "fastpipe.diagnosis.memory",
+    "fastpipe.diagnosis.ladder",
+    "fastpipe.diagnosis.stagecost",
+    "fastpipe.diagnosis.verdict",
+]
+
+
+def phase_of(module: str) -> int | None:
+    """The diagnosis phase of a module (its index in DIAGNOSIS_PHASES), the top for the package's own modules, None
+    outside the diagnosis."""
+    for index, phase in enumerate(DIAGNOSIS_PHASES):
+        if module == phase or module.startswith(phase + "."):
+            return index
+    if module == "fastpipe.diagnosis" or module.startswith("fastpipe.diagnosis."):
+        return len(DIAGNOSIS_PHASES)
+    return None
+
+
+def test_every_diagnosis_module_is_in_a_phase():
+    """A new folder in the diagnosis must be placed among the phases, not land above them by default."""
+    folders = sorted(p.name for p in (ROOT / "diagnosis").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert [f"fastpipe.diagnosis.{name}" for name in folders] == sorted(DIAGNOSIS_PHASES)
+
+
+def test_no_diagnosis_module_imports_a_later_phase():
+    violations = []
+    for path in MODULES:
+        importer = module_name(path)
+        if phase_of(importer) is None:
+            continue
+        for line, imported in resolved_imports(path):
+            target = phase_of(imported)
+            if target is not None and target > phase_of(importer):
+                violations.append(f"{path.relative_to(ROOT.parent)}:{line} ({importer}) imports {imported}, a later phase")
+    assert not violations, "imports that climb a diagnosis phase:\n" + "\n".join(violations)
+
+
+def resolved_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """Like :func:`fastpipe_imports`, but ``from package import module`` names the module itself (``from
+    fastpipe.diagnosis.runtime import _ddp`` imports ``fastpipe.diagnosis.runtime._ddp``), as a circle needs."""
+    found = []
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "fastpipe"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "fastpipe":
+                continue
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.append((node.lineno, candidate if _is_module(candidate) else base))
+    return found
+
+
+def _is_module(dotted: str) -> bool:
+    relative = pathlib.Path(*dotted.split(".")[1:])
+    return (ROOT / relative).is_dir() or (ROOT / relative).with_suffix(".py").exists()
+
+
+def import_circles(
+    modules: dict[str, set[str]], facades: tuple[str, ...] = ("fastpipe.diagnosis", "fastpipe.diagnosis.stagecost")
+) -> list[list[str]]:
+    """Every strongly connected group of more than one module in the import graph (Tarjan), each as a sorted list:
+    modules that import each other, directly or through others.
+
+    A module imports its package too (Python runs a package's ``__init__`` before any module in it), so a sub-package
+    ``__init__`` that imports a module which imports it back is a circle. The ``facades`` are left out of that: a
+    package whose ``__init__`` only re-exports the public names is reached by every module below it, and the circle
+    that makes is Python's import order, not the design. Their own imports, and imports of them, still count.
+    """
+    graph = {name: {target for target in edges if target not in facades} for name, edges in modules.items()}
+    for name in list(graph):
+        parent = name.rpartition(".")[0]
+        if parent in graph and parent not in facades:
+            graph[name].add(parent)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def diagnosis_graph() -> dict[str, set[str]]:
+    """The diagnosis's import graph, read from the files as they are now (a planted file included)."""
+    return {module_name(path): {imported for _, imported in resolved_imports(path)} for path in sorted((ROOT / "diagnosis").rglob("*.py"))}
+
+
+def test_no_import_circle_in_the_diagnosis():
+    """No module of the diagnosis imports itself back through others (module level or inside a function alike:
+    a circle through a function-level import still means the two modules cannot be understood apart)."""
+    circles = import_circles(diagnosis_graph())
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_planted_circles():
+    """The check above can fail: two modules importing each other are found, and so is a longer ring."""
+    graph = diagnosis_graph()
+    pair = {name: set(edges) for name, edges in graph.items()}
+    pair["fastpipe.diagnosis.ladder._cache"].add("fastpipe.diagnosis.ladder._stream")
+    assert any({"fastpipe.diagnosis.ladder._cache", "fastpipe.diagnosis.ladder._stream"} <= set(c) for c in import_circles(pair))
+    ring = {name: set(edges) for name, edges in graph.items()}
+    ring["fastpipe.diagnosis.runtime._timeout"].add("fastpipe.diagnosis.verdict._report")
+    assert any({"fastpipe.diagnosis.runtime._timeout", "fastpipe.diagnosis.verdict._report"} <= set(c) for c in import_circles(ring))
+
+
+def test_the_circle_check_reads_a_planted_pair_of_files():
+    """End to end through the files: two planted modules, one importing the other inside a function, are a circle."""
+    first = ROOT / "diagnosis" / "ladder" / "_circle_probe_a_tmp.py"
+    second = ROOT / "diagnosis" / "ladder" / "_circle_probe_b_tmp.py"
+    first.write_text("from fastpipe.diagnosis.ladder import _circle_probe_b_tmp\n")
+    second.write_text("def f():\n    from fastpipe.diagnosis.ladder._circle_probe_a_tmp import g\n")
+    try:
+        circles = import_circles(diagnosis_graph())
+        assert ["fastpipe.diagnosis.ladder._circle_probe_a_tmp", "fastpipe.diagnosis.ladder._circle_probe_b_tmp"] in circles
+    finally:
+        first.unlink()
+        second.unlink()
+
+
 #: The public API as it stood before the layout moved (every name a user could import from ``fastpipe``).
 PUBLIC_NAMES = [
     "Advice",

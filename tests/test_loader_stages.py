@@ -1,4 +1,4 @@
-"""A self-timing loader's stage costs (fastpipe.diagnosis._loader_stages): the timed window, its figures and its advice.
+"""A self-timing loader's stage costs (fastpipe.diagnosis.ladder._loader_stages): the timed window, its figures and its advice.
 
 A fake loader's clocks advance by known amounts and a fake clock gives the wall time, so every figure is exact.
 """
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fastpipe.diagnosis import _loader_stages
-from fastpipe.diagnosis._advice import recommend_loader_stage
-from fastpipe.diagnosis._loader_stages import SCHEMA, LoaderStageCosts, StageWindow
+from fastpipe.diagnosis.ladder import _loader_stages
+from fastpipe.diagnosis.ladder._loader_stages import SCHEMA, LoaderStageCosts, StageWindow
+from fastpipe.diagnosis.verdict._advice import recommend_loader_stage
 from fastpipe.loading import TimesOwnStages
 
 STAGES = (("read", "reading thread"), ("decode", "decoding thread"), ("wait", "loop thread"))
@@ -167,8 +167,8 @@ def test_not_input_bound_the_table_says_its_figures_cost_no_step() -> None:
 
 
 def test_hand_over_in_a_span_is_not_advised_as_a_transform() -> None:
-    from fastpipe.diagnosis._advice import recommend
-    from fastpipe.diagnosis._plan import SPAN, kind_of
+    from fastpipe.diagnosis.ladder._plan import SPAN, kind_of
+    from fastpipe.diagnosis.verdict._advice import recommend
 
     span = "raw load + transforms + hand-over"
     assert kind_of([span]) == SPAN

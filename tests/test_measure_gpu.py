@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._measure import measure_steps
+from fastpipe.diagnosis.ladder._measure import measure_steps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -8,9 +8,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.cli import main
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis import _shm_budget
-from fastpipe.diagnosis._loader_memory import measure_loader_memory
-from fastpipe.diagnosis._shm_budget import MemoryLimits, cgroup_memory, check_shm_budget, predict_shm
+from fastpipe.diagnosis.memory import _shm_budget
+from fastpipe.diagnosis.memory._loader import measure_loader_memory
+from fastpipe.diagnosis.memory._shm_budget import MemoryLimits, cgroup_memory, check_shm_budget, predict_shm
 from fastpipe.loading.recycle import recycled
 from fastpipe.workloads._workload import load_workload
 

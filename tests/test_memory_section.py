@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis import _shm_budget
 from fastpipe.diagnosis._diagnose import diagnose
-from fastpipe.diagnosis._loader_memory import (
+from fastpipe.diagnosis.memory import _shm_budget
+from fastpipe.diagnosis.memory._loader import (
     GROWTH_FLOOR,
     RISE_FLOOR,
     SUSTAINED,
@@ -21,9 +21,9 @@ from fastpipe.diagnosis._loader_memory import (
     fit_growth,
     floors,
 )
-from fastpipe.diagnosis._memory import PAGE, batch_shm_bytes
-from fastpipe.diagnosis._memory_section import MemorySection, start_memory_section
-from fastpipe.diagnosis._shm_budget import MemoryLimits, predict_shm, size_text
+from fastpipe.diagnosis.memory._probes import PAGE, batch_shm_bytes
+from fastpipe.diagnosis.memory._section import MemorySection, start_memory_section
+from fastpipe.diagnosis.memory._shm_budget import MemoryLimits, predict_shm, size_text
 from fastpipe.experiments._compare import Comparison, RungMemory, VariantResult, rung_memory
 from fastpipe.workloads._workload import Workload
 from tests.fakes import PlantedDataset
@@ -183,7 +183,7 @@ def test_a_new_process_in_a_workers_slot_counts_its_samples_from_zero() -> None:
     own samples (not from the previous worker's running total)."""
     import os
 
-    from fastpipe.diagnosis._loader_memory import _Counted
+    from fastpipe.diagnosis.memory._loader import _Counted
 
     ledger = torch.zeros((3, 2), dtype=torch.int64)
     ledger[0] = torch.tensor([500, os.getpid() + 1])  # the slot held another process that read 500 samples

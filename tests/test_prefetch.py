@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.devices import Device, SimDevice, parse_device
-from fastpipe.diagnosis._measure import measure_workload
+from fastpipe.diagnosis.ladder._measure import measure_workload
 from fastpipe.errors import ConfigError
 from fastpipe.loading._prefetch import DevicePrefetcher, make_prefetcher
 from fastpipe.workloads._workload import Workload

@@ -362,7 +362,7 @@ def test_leases_of_old_epochs_do_not_touch_new_workers_slots() -> None:
 
 
 def test_toy_recycled_is_toy_optimized_with_a_recycled_loader(small_toy_options: dict) -> None:
-    from fastpipe.diagnosis._measure import measure_workload
+    from fastpipe.diagnosis.ladder._measure import measure_workload
     from fastpipe.workloads._workload import load_workload
 
     device = SimDevice(step_ms=1)
@@ -447,7 +447,7 @@ def test_garbage_collection_unregisters_every_buffer() -> None:
 
 
 def test_the_diagnosis_unregisters_each_points_loader_once_measured() -> None:
-    from fastpipe.diagnosis._points import PointRunner
+    from fastpipe.diagnosis.ladder._points import PointRunner
     from fastpipe.workloads._workload import Workload
 
     counter = CountingRegistrar()

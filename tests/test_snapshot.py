@@ -1,4 +1,4 @@
-"""Snapshots of the user's training state (fastpipe.diagnosis._snapshot): in host memory, and complete."""
+"""Snapshots of the user's training state (fastpipe.diagnosis.runtime._snapshot): in host memory, and complete."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastpipe.diagnosis._snapshot import UserState, preserve_user_state
+from fastpipe.diagnosis.runtime._snapshot import UserState, preserve_user_state
 
 
 def train(model, optimizer, scheduler=None, scaler=None, steps: int = 3) -> None:

@@ -14,17 +14,18 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from fastpipe import PipelineError
-from fastpipe.diagnosis._report import Bottleneck, ExperimentResult, Report
+from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.stagecost import (
     COLLATE_LABEL,
     RAW_LABEL,
     StageCost,
     StageCosts,
     _Ledger,
-    explain_saturation,
     measure_stage_costs,
     timed_loader,
 )
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report
+from fastpipe.diagnosis.verdict._saturation import explain_saturation
 from fastpipe.errors import ConfigError
 from tests.fakes import Fast, NoTransformDataset, PlantedDataset, Raise, Slow
 

@@ -12,9 +12,9 @@ import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
 import fastpipe
-from fastpipe.diagnosis._cache import probe_point
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._stream import CachePointIterable, TimedStream
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._serve import probe_point
+from fastpipe.diagnosis.ladder._stream import CachePointIterable, TimedStream
 from fastpipe.diagnosis.stagecost import measure_stage_costs
 from fastpipe.diagnosis.stagecost._timing import _ledger, _TimedRunner
 from tests.fakes import Ticks, served
@@ -171,7 +171,7 @@ def test_an_unbuffered_stream_that_changes_its_output_keeps_its_own_why_not(urls
 
 # ----- 4: raw-load advice for a stream -------------------------------------------------------------
 def test_raw_load_advice_for_a_webdataset_chain_is_about_shards(urls) -> None:
-    from fastpipe.diagnosis._advice import recommend
+    from fastpipe.diagnosis.verdict._advice import recommend
 
     stream = chain(urls).batched(2)
     pipeline, _ = find_pipeline(stream)
@@ -184,7 +184,7 @@ def test_raw_load_advice_for_a_webdataset_chain_is_about_shards(urls) -> None:
 
 
 def test_raw_load_advice_for_a_declared_stream_is_about_its_source(urls) -> None:
-    from fastpipe.diagnosis._advice import recommend
+    from fastpipe.diagnosis.verdict._advice import recommend
 
     dataset = ShuffledStages(urls)
     pipeline, _ = find_pipeline(dataset)
@@ -195,9 +195,9 @@ def test_raw_load_advice_for_a_declared_stream_is_about_its_source(urls) -> None
 def test_a_waiting_raw_load_of_a_webdataset_chain_keeps_the_shard_advice(urls) -> None:
     from types import SimpleNamespace
 
-    from fastpipe.diagnosis._attribute import WorkerCost
     from fastpipe.diagnosis._diagnose import _advise
-    from fastpipe.diagnosis._report import Bottleneck
+    from fastpipe.diagnosis.verdict._attribute import WorkerCost
+    from fastpipe.diagnosis.verdict._report import Bottleneck
 
     stream = chain(urls).batched(2)
     pipeline, _ = find_pipeline(stream)

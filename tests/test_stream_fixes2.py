@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import IterableDataset, default_collate
 
 import fastpipe
-from fastpipe.diagnosis._cache import probe_point
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._stream import CachePointIterable, TimedStream, epoch_limit
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._serve import probe_point
+from fastpipe.diagnosis.ladder._stream import CachePointIterable, TimedStream, epoch_limit
 from fastpipe.diagnosis.stagecost._timing import _ledger, _TimedRunner
 from tests.fakes import Ticks, served, within
 
@@ -86,7 +86,7 @@ def test_two_views_collated_by_torch_count_the_batch_not_the_views(urls) -> None
 
 
 def test_two_views_collated_by_webdataset_count_the_batch_too(urls) -> None:
-    from fastpipe.diagnosis._points import leading_size
+    from fastpipe.diagnosis.ladder._batches import leading_size
 
     stream = base(urls).map(two_views).batched(4).map(ident)  # webdataset's collation: views stay a list of 4 pairs
     pipeline, _ = find_pipeline(stream)
@@ -176,7 +176,7 @@ def test_an_error_on_the_item_read_ahead_gives_a_why_not() -> None:
 
 # ----- S8: the shard advice ------------------------------------------------------------------------
 def shard_advice(stream) -> str:
-    from fastpipe.diagnosis._advice import recommend
+    from fastpipe.diagnosis.verdict._advice import recommend
 
     return recommend("raw load", "raw load", transform=[], dataset=stream).text()
 
@@ -208,9 +208,9 @@ def test_shard_advice_does_not_ask_a_batching_chain_to_batch(urls) -> None:
 def test_waiting_workers_beyond_the_shards_are_told_the_shards_are_the_limit(urls, wall_ms: float, limited: bool) -> None:
     from types import SimpleNamespace
 
-    from fastpipe.diagnosis._attribute import WorkerCost
     from fastpipe.diagnosis._diagnose import _advise
-    from fastpipe.diagnosis._report import Bottleneck
+    from fastpipe.diagnosis.verdict._attribute import WorkerCost
+    from fastpipe.diagnosis.verdict._report import Bottleneck
 
     stream = base(urls).batched(2)
     pipeline, _ = find_pipeline(stream)

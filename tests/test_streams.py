@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import fastpipe
-from fastpipe.diagnosis._cache import cache_point_dataset, probe_point
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._points import measure_points
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._points import measure_points
+from fastpipe.diagnosis.ladder._serve import cache_point_dataset, probe_point
 from fastpipe.diagnosis.stagecost import measure_stage_costs
 from fastpipe.workloads._workload import Workload
 

@@ -620,8 +620,8 @@ def test_planted_decode_and_read_costs_name_the_stage_that_sets_the_pace(
     import time
 
     from fastpipe.datasets import _thread_epoch
-    from fastpipe.diagnosis._advice import recommend_loader_stage
-    from fastpipe.diagnosis._loader_stages import LoaderStageCosts, StageWindow
+    from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts, StageWindow
+    from fastpipe.diagnosis.verdict._advice import recommend_loader_stage
     from fastpipe.ops import jpeg as jpeg_ops
 
     real_read, real_op = jpeg_ops.read_bytes, _thread_epoch.decode_jpeg_crop_batch

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastpipe.devices import CpuDevice, Device, default_device_spec, parse_device
-from fastpipe.diagnosis._measure import measure_workload
+from fastpipe.diagnosis.ladder._measure import measure_workload
 from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import Workload, default_device_for, load_workload
 

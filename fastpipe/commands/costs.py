@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.diagnosis._loader_memory import loader_budget_warning
+    from fastpipe.diagnosis.memory._loader import loader_budget_warning
     from fastpipe.diagnosis.stagecost import measure_stage_costs
 
     device, workload = workload_from_args(args)

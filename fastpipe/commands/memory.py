@@ -30,8 +30,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.diagnosis._copy_on_read import name_copy_on_read
-    from fastpipe.diagnosis._loader_memory import measure_loader_memory
+    from fastpipe.diagnosis.memory._copy_on_read import name_copy_on_read
+    from fastpipe.diagnosis.memory._loader import measure_loader_memory
     from fastpipe.workloads._workload import load_workload
 
     if args.samples is not None and args.samples < 1:

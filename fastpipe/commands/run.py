@@ -16,7 +16,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.diagnosis._measure import measure_workload
+    from fastpipe.diagnosis.ladder._measure import measure_workload
 
     device, workload = workload_from_args(args)
     result = measure_workload(workload, device, warmup=args.warmup, steps=args.steps)

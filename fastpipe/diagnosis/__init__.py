@@ -5,13 +5,14 @@ checks around a run (step check, noise, CPU, DDP agreement). It may import the b
 ``transforms``, ``datasets``, ``loading``, ``distributed`` and ``workloads``; never ``experiments`` or the CLI.
 """
 
-from fastpipe.diagnosis._advice import Advice, recommend
 from fastpipe.diagnosis._diagnose import diagnose
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._measure import Measurement, measure_workload
-from fastpipe.diagnosis._report import Report
 from fastpipe.diagnosis._stepcheck import StepCheck, check_step
-from fastpipe.diagnosis.stagecost import StageCosts, explain_saturation, measure_stage_costs
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
+from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
+from fastpipe.diagnosis.verdict._advice import Advice, recommend
+from fastpipe.diagnosis.verdict._report import Report
+from fastpipe.diagnosis.verdict._saturation import explain_saturation
 
 __all__ = [
     "Advice",

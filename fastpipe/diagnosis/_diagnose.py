@@ -1,13 +1,13 @@
 """The cache-bisection engine: rerun the loop with data cached at successive points.
 
-The plan (:mod:`fastpipe.diagnosis._plan`) lists the points a pipeline allows; this module measures them
+The plan (:mod:`fastpipe.diagnosis.ladder._plan`) lists the points a pipeline allows; this module measures them
 (each until its step time is precise enough or its time budget is spent), remeasures pairs whose
 difference is borderline, inverted or taken on a loaded machine (interleaved, A B A B), and hands
-the step times to :mod:`fastpipe.diagnosis._attribute`, which turns them into milliseconds per step per
+the step times to :mod:`fastpipe.diagnosis.verdict._attribute`, which turns them into milliseconds per step per
 stage (with each stage's in-worker cost, timed in one more pass when the pipeline is input-bound), and
-to :mod:`fastpipe.diagnosis._caveats`, which words what the report must caveat. The user's DataLoader settings (workers, batch sampler, collate, pinning...) are kept by
+to :mod:`fastpipe.diagnosis.verdict._caveats`, which words what the report must caveat. The user's DataLoader settings (workers, batch sampler, collate, pinning...) are kept by
 building new loaders around a wrapped copy of the dataset, and everything the user owns is
-restored afterwards (:mod:`fastpipe.diagnosis._snapshot`).
+restored afterwards (:mod:`fastpipe.diagnosis.runtime._snapshot`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis import _ddp as ddp
-from fastpipe.diagnosis._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
-from fastpipe.diagnosis._cache import UnavailablePoint, probe_point
-from fastpipe.diagnosis._cachepoint import ANCHORS, BASELINE, DEVICE
-from fastpipe.diagnosis._caveats import (
+from fastpipe.diagnosis._options import DiagnoseOptions
+from fastpipe.diagnosis.ladder._cache import UnavailablePoint
+from fastpipe.diagnosis.ladder._cachepoint import ANCHORS, BASELINE, DEVICE
+from fastpipe.diagnosis.ladder._plan import COLLATE, COPY, Plan, point_label
+from fastpipe.diagnosis.ladder._points import PointRunner
+from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult
+from fastpipe.diagnosis.ladder._serve import probe_point
+from fastpipe.diagnosis.ladder._variable import variable_inputs
+from fastpipe.diagnosis.memory._section import finish_memory_section, start_memory_section
+from fastpipe.diagnosis.runtime import _ddp as ddp
+from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
+from fastpipe.diagnosis.verdict._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
+from fastpipe.diagnosis.verdict._caveats import (
     BUSY_MACHINE,
     CAVEATS,
     NOTES,
@@ -34,13 +42,7 @@ from fastpipe.diagnosis._caveats import (
     waiting_text,
     workers_needed,
 )
-from fastpipe.diagnosis._memory_section import finish_memory_section, start_memory_section
-from fastpipe.diagnosis._options import DiagnoseOptions
-from fastpipe.diagnosis._plan import COLLATE, COPY, Plan, point_label
-from fastpipe.diagnosis._points import PointRunner
-from fastpipe.diagnosis._report import TOO_NOISY, Bottleneck, ExperimentResult, Report
-from fastpipe.diagnosis._snapshot import preserve_user_state
-from fastpipe.diagnosis._variable import variable_inputs
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.loading._protocols import LoaderStats, RebuildsAroundDataset, ReportsStats, stages_outside_workers
 from fastpipe.stages import RAW_STAGE
@@ -254,8 +256,8 @@ class _Diagnosis:
 
     # ----- the report ------------------------------------------------------------------------
     def finish(self, elapsed: float, costs: Any = None, no_costs_reason: str | None = None) -> Report:
-        """The report: figures and names by the rules of :mod:`fastpipe.diagnosis._attribute` (with the in-worker
-        ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis._caveats`."""
+        """The report: figures and names by the rules of :mod:`fastpipe.diagnosis.verdict._attribute` (with the in-worker
+        ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis.verdict._caveats`."""
         report, results = self.report, self.runner.results
         report.elapsed_s = elapsed
         report.batch_size = report.batch_size or self.batch_size()  # a custom batch sampler's: from its batches
@@ -338,7 +340,7 @@ class _Diagnosis:
     def _advise_loader_stages(self) -> None:
         """An input-bound loader that times its own stages (the ThreadLoader): name its dominant stage, as the remedy of
         each named stage of the loader (the host-to-device copy keeps its own), or in a note when none of them is named."""
-        from fastpipe.diagnosis._advice import recommend_loader_stage
+        from fastpipe.diagnosis.verdict._advice import recommend_loader_stage
 
         report = self.report
         costs = report.loader_stage_costs
@@ -382,10 +384,10 @@ def _advise(
     """Fill in the component's recommendation (and snippet) for its own stage.
 
     A stage that mostly waits gets advice about workers, prefetching and storage, with the workers that would hide it
-    (rule 5 of :mod:`fastpipe.diagnosis._attribute`); one that computes gets advice about its code. A worker-side stage
+    (rule 5 of :mod:`fastpipe.diagnosis.verdict._attribute`); one that computes gets advice about its code. A worker-side stage
     found while the cores had room also gets the tuner's advice: more workers may carry it before any stage is made cheaper.
     """
-    from fastpipe.diagnosis._advice import recommend, webdataset_shards
+    from fastpipe.diagnosis.verdict._advice import recommend, webdataset_shards
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
@@ -454,13 +456,13 @@ def diagnose(
             one more short pass, to check the ladder against it and settle saturation caveats.
         loader_memory: after the ladder, read the user's loader in one more short pass (at most ``budget``
             seconds) for each worker's memory growth per 1,000 samples, copy-on-read growth named, and the
-            shared-memory peak against its prediction (:mod:`fastpipe.diagnosis._memory_section`). Off by default
+            shared-memory peak against its prediction (:mod:`fastpipe.diagnosis.memory._section`). Off by default
             here for its time; ``fastpipe diagnose`` runs it. Each point's memory at its end is read either way.
         on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
             batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
 
     Returns:
-        A :class:`~fastpipe.diagnosis._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
+        A :class:`~fastpipe.diagnosis.verdict._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
 
     Raises:
         ConfigError: bad arguments.

@@ -40,7 +40,7 @@ class MeasureOptions:
             raise ConfigError(f"worker_timeout must be > 0 seconds; got {self.worker_timeout}")
 
     def measure_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments :func:`~fastpipe.diagnosis._points.measure_points` takes."""
+        """The keyword arguments :func:`~fastpipe.diagnosis.ladder._points.measure_points` takes."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(MeasureOptions)}
 
 

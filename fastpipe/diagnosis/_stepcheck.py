@@ -11,7 +11,7 @@ is ``cpu`` there), on the GPU for ``cuda``.
 It leaves the user's state as it found it: the loader itself is never iterated (its sampler,
 batch sampler and generator are copied into the rebuilt one, so their positions, epochs and
 seeds stay put, and a persistent loader starts no workers), and everything the draw or the step
-moves is restored afterwards (:func:`fastpipe.diagnosis._snapshot.preserve_user_state`: the model,
+moves is restored afterwards (:func:`fastpipe.diagnosis.runtime._snapshot.preserve_user_state`: the model,
 optimizer, schedulers, and the torch, CUDA, NumPy and ``random`` generators), so the check trains nothing.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from fastpipe._tree import iter_tensors, map_tensors
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
 from fastpipe.errors import PipelineError
 from fastpipe.loading._pinning import forget_dead_iterator, shutdown_iterator
 from fastpipe.loading._rebuild import discard_loader, rebuild_loader

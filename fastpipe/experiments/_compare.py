@@ -8,8 +8,8 @@ saving is within noise is flagged: an "optimization" that buys nothing should sa
 Every variant is measured fairly: first a warm-up pass of each (file cache, worker start, JIT compilation),
 discarded; then :data:`ROUNDS` rounds, each measuring every variant once, in an order that rotates from round
 to round, so drift of a shared machine and the cost of going first fall on every variant alike. A variant's
-rounds are pooled (:func:`fastpipe.diagnosis._noise.pool`): drift between rounds shows as noise. Other processes'
-load is checked, and worded, as a diagnosis does (:func:`fastpipe.diagnosis._caveats.busy_machine_line`).
+rounds are pooled (:func:`fastpipe.diagnosis.ladder._noise.pool`): drift between rounds shows as noise. Other processes'
+load is checked, and worded, as a diagnosis does (:func:`fastpipe.diagnosis.verdict._caveats.busy_machine_line`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from torch.utils.data import IterableDataset
 
 from fastpipe._render import COLORS, pyplot, render_table
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE
-from fastpipe.diagnosis._caveats import busy_machine_line
-from fastpipe.diagnosis._noise import difference_noise, pool
 from fastpipe.diagnosis._options import MeasureOptions
-from fastpipe.diagnosis._points import measure_points
-from fastpipe.diagnosis._report import ExperimentResult
-from fastpipe.diagnosis._shm_budget import size_text
-from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE
+from fastpipe.diagnosis.ladder._noise import difference_noise, pool
+from fastpipe.diagnosis.ladder._points import measure_points
+from fastpipe.diagnosis.ladder._results import ExperimentResult
+from fastpipe.diagnosis.memory._shm_budget import size_text
+from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
+from fastpipe.diagnosis.verdict._caveats import busy_machine_line
 from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import family_of, load_workload
 
@@ -78,7 +78,7 @@ class VariantResult:
 
 @dataclass
 class RungMemory:
-    """A rung's memory, measured by :func:`~fastpipe.diagnosis._loader_memory.measure_loader_memory` after the timing
+    """A rung's memory, measured by :func:`~fastpipe.diagnosis.memory._loader.measure_loader_memory` after the timing
     rounds (never during them): the loop stalls until every batch in flight waits in shared memory; bytes."""
 
     shm_predicted: int
@@ -258,9 +258,9 @@ def _pooled(runs: list[ExperimentResult], workload: Any) -> ExperimentResult:
 def rung_memory(workload: Any, device: Device, budget_s: float) -> RungMemory | None:
     """One rung's memory, read after its timing rounds so it cannot slow them; None for a loader it cannot read
     (no workers, an IterableDataset, stages outside the workers), a reason when its pipeline failed."""
-    from fastpipe.diagnosis._loader_memory import measure_loader_memory
-    from fastpipe.diagnosis._memory_section import MIN_PASS_S
-    from fastpipe.diagnosis._shm_budget import loader_settings
+    from fastpipe.diagnosis.memory._loader import measure_loader_memory
+    from fastpipe.diagnosis.memory._section import MIN_PASS_S
+    from fastpipe.diagnosis.memory._shm_budget import loader_settings
     from fastpipe.loading._protocols import stages_outside_workers
 
     loader = workload.loader

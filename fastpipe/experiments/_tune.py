@@ -40,13 +40,13 @@ from torch.utils.data import DataLoader
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._attribute import SATURATED_CPU
-from fastpipe.diagnosis._cachepoint import BASELINE
-from fastpipe.diagnosis._memory import SHM_PATH, MemoryWatch, shm_estimate, shm_free
-from fastpipe.diagnosis._noise import SIGNIFICANCE, difference_noise, pool
 from fastpipe.diagnosis._options import MeasureOptions
-from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE
+from fastpipe.diagnosis.ladder._noise import SIGNIFICANCE, difference_noise, pool
+from fastpipe.diagnosis.memory._probes import SHM_PATH, MemoryWatch, shm_estimate, shm_free
+from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
 from fastpipe.diagnosis.stagecost import coerce_workload, loader_with
+from fastpipe.diagnosis.verdict._attribute import SATURATED_CPU
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.experiments._tune_result import Trial, TuneResult, size_text, workers_text
 from fastpipe.workloads._workload import Workload
@@ -73,9 +73,9 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
 def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[Any, int]:
     """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here).
 
-    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnosis._points.measure_device_bound` takes them.
+    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnosis.ladder._points.measure_device_bound` takes them.
     """
-    from fastpipe.diagnosis._points import measure_device_bound
+    from fastpipe.diagnosis.ladder._points import measure_device_bound
 
     return measure_device_bound(workload, device, **options)
 
@@ -83,7 +83,7 @@ def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[
 def _measure_setting(workload: Workload, device: Device, **options: Any) -> Any:
     """One run of the user's loop (nothing cached) with the loader at one setting: an ExperimentResult-like object
     with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam where each setting's measurement comes in."""
-    from fastpipe.diagnosis._points import measure_points
+    from fastpipe.diagnosis.ladder._points import measure_points
 
     return measure_points(workload, device, [BASELINE], **options)[BASELINE]
 

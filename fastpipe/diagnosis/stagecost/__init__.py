@@ -26,14 +26,13 @@ throughput (beyond noise) nor the workers' CPU per sample.
 
 The package is split by job: :mod:`~fastpipe.diagnosis.stagecost._timing` (inside the workers, and the
 loaders built on that), :mod:`~fastpipe.diagnosis.stagecost._result` (:class:`StageCosts` and its
-renderings), :mod:`~fastpipe.diagnosis.stagecost._measure` (the pass itself) and
-:mod:`~fastpipe.diagnosis.stagecost._saturation` (the saturation caveat of a diagnosis, settled).
+renderings), :mod:`~fastpipe.diagnosis.stagecost._measure` (the pass itself). What a diagnosis
+concludes from these costs when the CPU is saturated is the verdict's (:mod:`~fastpipe.diagnosis.verdict._saturation`).
 Every name below is re-exported so ``from fastpipe.diagnosis.stagecost import X`` keeps working.
 """
 
 from fastpipe.diagnosis.stagecost._measure import coerce_workload, measure_stage_costs, round_noise, summarize, timing_cost_us
 from fastpipe.diagnosis.stagecost._result import SCHEMA, StageCost, StageCosts
-from fastpipe.diagnosis.stagecost._saturation import SATURATED_CPU, explain_saturation
 from fastpipe.diagnosis.stagecost._timing import (
     COLLATE_LABEL,
     COLLATE_STAGE,
@@ -53,7 +52,6 @@ __all__ = [
     "COLLATE_LABEL",
     "COLLATE_STAGE",
     "RAW_LABEL",
-    "SATURATED_CPU",
     "SCHEMA",
     "StageCost",
     "StageCosts",
@@ -62,7 +60,6 @@ __all__ = [
     "TimedIterableDataset",
     "_Ledger",
     "coerce_workload",
-    "explain_saturation",
     "loader_with",
     "measure_stage_costs",
     "round_noise",

@@ -20,14 +20,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._cache import CachePointDataset
-from fastpipe.diagnosis._cachepoint import BASELINE
-from fastpipe.diagnosis._cpu import CpuMonitor
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._measure import Measurement, device_batches, measure_steps
-from fastpipe.diagnosis._noise import rel_stderr
-from fastpipe.diagnosis._points import pipeline_error
-from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._cache import CachePointDataset
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE
+from fastpipe.diagnosis.ladder._cpu import CpuMonitor
+from fastpipe.diagnosis.ladder._measure import Measurement, device_batches, measure_steps
+from fastpipe.diagnosis.ladder._noise import rel_stderr
+from fastpipe.diagnosis.ladder._points import pipeline_error
+from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
 from fastpipe.diagnosis.stagecost._result import StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._timing import (
     COLLATE_STAGE,
@@ -143,7 +143,7 @@ def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -
 
 
 def round_noise(step_times: list[float], workers: int) -> float:
-    """Relative standard error of the mean step time over whole rounds of ``workers`` steps (:func:`fastpipe.diagnosis._noise.rel_stderr`)."""
+    """Relative standard error of the mean step time over whole rounds of ``workers`` steps (:func:`fastpipe.diagnosis.ladder._noise.rel_stderr`)."""
     return rel_stderr(step_times, workers)
 
 

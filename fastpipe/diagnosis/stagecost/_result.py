@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastpipe._render import render_table
-from fastpipe.diagnosis._noise import difference_noise
+from fastpipe.diagnosis.ladder._noise import difference_noise
 
 SCHEMA = "fastpipe.stagecost/1"
 

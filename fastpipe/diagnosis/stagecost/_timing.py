@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from fastpipe.diagnosis._cache import cache_point_dataset
-from fastpipe.diagnosis._cachepoint import BASELINE
-from fastpipe.diagnosis._discovery import find_pipeline
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE
+from fastpipe.diagnosis.ladder._serve import cache_point_dataset
 from fastpipe.loading._pinning import shutdown_iterator
 from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline, read_sample
@@ -279,7 +279,7 @@ def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[D
     dataset, notes = loader.dataset, []
     pipeline, why_not = find_pipeline(dataset)
     if isinstance(dataset, IterableDataset):
-        from fastpipe.diagnosis._stream import TimedStream
+        from fastpipe.diagnosis.ladder._stream import TimedStream
 
         timed: Any = TimedStream(dataset, pipeline, _ledger, _TimedRunner)
         if pipeline is None:

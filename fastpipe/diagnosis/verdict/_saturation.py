@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-from fastpipe.diagnosis._attribute import SATURATED_CPU
-from fastpipe.diagnosis._report import Report
 from fastpipe.diagnosis.stagecost._result import StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._timing import COLLATE_STAGE
+from fastpipe.diagnosis.verdict._attribute import SATURATED_CPU
+from fastpipe.diagnosis.verdict._report import Report
 
 
 # ----- the saturation caveat, settled -------------------------------------------------------

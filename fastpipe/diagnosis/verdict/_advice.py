@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from fastpipe.diagnosis._loader_stages import LoaderStageCosts
-from fastpipe.diagnosis._plan import HAND_OVER
+from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
+from fastpipe.diagnosis.ladder._plan import HAND_OVER
 
 RAW, TRANSFORM, COLLATE, COPY, WORKERS = "raw load", "transform", "collate/IPC", "host-to-device copy", "too few workers"
 #: torchvision's RandomResizedCrop scale range: on average a box covers (0.08 + 1) / 2 of the image's area.

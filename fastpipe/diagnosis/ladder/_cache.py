@@ -23,7 +23,7 @@ immutable). Each dataset times its own copies inside the workers into a shared-m
 read in the main process with :meth:`CachePointDataset.copy_seconds_per_sample`.
 
 A point that cannot be built raises :class:`UnavailablePoint` (catchable, also when re-raised
-from a worker); :func:`check_point` finds that out in the main process before any worker starts.
+from a worker); :func:`~fastpipe.diagnosis.ladder._serve.check_point` finds that out in the main process before any worker starts.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
-from fastpipe.diagnosis._cachepoint import BASELINE, RAW, CachePoint
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, RAW, CachePoint
 from fastpipe.stages import StageError, TransformPipeline, current_part, read_sample
 
 _UNNEST = object()
@@ -453,16 +453,6 @@ def _entry_from(capture: _Capture, skip_copies: bool) -> _Entry:
     return entry
 
 
-def cache_point_dataset(dataset: Any, pipeline: TransformPipeline | None, point: str, pool: int = 1) -> "CachePointDataset":
-    """The cache point's dataset for ``dataset``: :class:`CachePointDataset`, or for a streaming dataset (an
-    ``IterableDataset``) :class:`fastpipe.diagnosis._stream.CachePointIterable`, which captures in each worker and replays."""
-    if isinstance(dataset, IterableDataset):
-        from fastpipe.diagnosis._stream import CachePointIterable
-
-        return CachePointIterable(dataset, pipeline, point, pool)
-    return CachePointDataset(dataset, pipeline, point, pool)
-
-
 @dataclass(frozen=True)
 class PointProbe:
     """What one main-process capture says about a cache point."""
@@ -476,57 +466,6 @@ class PointProbe:
     """Whether the cached values must be copied for every sample (False: later stages leave them untouched)."""
 
 
-def probe_point(
-    dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *, timeout: float | None = None
-) -> PointProbe:
-    """Capture one sample at ``point`` in this process, as a worker would, and say whether the point works.
-
-    Cheap (one sample through the pipeline), so a plan can drop a point before starting workers.
-    Errors of the user's own code (a stage or the raw load raising) propagate as StageError.
-    With ``timeout``, the sample is read in a daemon thread and TimeoutError is raised if it takes
-    longer (a pipeline that hangs must not hang the main process; the thread is left behind).
-    """
-    if isinstance(dataset, IterableDataset):
-        from fastpipe.diagnosis._stream import probe_stream_point
-
-        return probe_stream_point(dataset, pipeline, point, timeout=timeout)
-    try:
-        cached = CachePointDataset(dataset, pipeline, point)
-    except UnavailablePoint as exc:
-        return PointProbe(point, exc.reason, None, False)
-    if cached.cut is None:
-        return PointProbe(point, None, None, False)
-    capture = _within(timeout, lambda: cached._capture(index), f"reading sample {index} in the main process")
-    if capture.reason is not None:
-        return PointProbe(point, capture.reason, len(capture.calls), False)
-    entry = _entry_from(capture, cached.skip_copies)
-    return PointProbe(point, None, len(capture.calls), any(view.shared is None for view in entry.views))
-
-
-def _within(timeout: float | None, work: Callable[[], Any], what: str) -> Any:
-    """``work()``, or TimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
-    if timeout is None:
-        return work()
-    import threading
-
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = work()
-        except BaseException as exc:  # handed to the caller's thread below
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, name="fastpipe-probe", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"{what} took over {timeout:g} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
-
 def capture_value(dataset: Any, pipeline: TransformPipeline, point: str, index: int = 0) -> Any:
     """The value ``point`` caches for sample ``index`` (the first view's), read in this process: e.g. the raw
     input at ``"raw"``, to look at input sizes. Raises UnavailablePoint for a point with no such value."""
@@ -537,13 +476,6 @@ def capture_value(dataset: Any, pipeline: TransformPipeline, point: str, index: 
     if not capture.calls:
         raise UnavailablePoint.because(point, capture.reason or "the transform was not called")
     return capture.cached
-
-
-def check_point(
-    dataset: Any, pipeline: TransformPipeline | None, point: str, index: int = 0, *, timeout: float | None = None
-) -> str | None:
-    """Why ``point`` cannot be built for ``dataset`` (from one capture in this process), or None when it can."""
-    return probe_point(dataset, pipeline, point, index, timeout=timeout).reason
 
 
 def stage_of_error(exc: BaseException) -> str | None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, RAW, SAMPLE, CachePoint
-from fastpipe.diagnosis._report import Unavailable
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE, HOST, RAW, SAMPLE, CachePoint
+from fastpipe.diagnosis.ladder._results import Unavailable
 from fastpipe.stages import RAW_STAGE, TransformPipeline
 
 COPY, COLLATE = "host-to-device copy", "collate/IPC"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from fastpipe.devices import Device
-from fastpipe.diagnosis._cpu import CpuMonitor
-from fastpipe.diagnosis._noise import rel_stderr
+from fastpipe.diagnosis.ladder._cpu import CpuMonitor
+from fastpipe.diagnosis.ladder._noise import rel_stderr
 from fastpipe.loading._pinning import forget_dead_iterator, pinned_iter, shutdown_iterator
 from fastpipe.workloads._workload import Workload
 

@@ -20,7 +20,7 @@ A streaming dataset (an ``IterableDataset``) is searched the same way for a tran
 on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages` with ``source=``); a WebDataset
 ``DataPipeline`` is read through its public ``.pipeline`` (each sample filter a stage, see
 :func:`_webdataset_pipeline`); a Hugging Face streaming dataset's ``.map()`` chain is private, so the why-not
-says which declaration to add. :mod:`fastpipe.diagnosis._stream` replays their points.
+says which declaration to add. :mod:`fastpipe.diagnosis.ladder._stream` replays their points.
 
 Only attributes the object really holds (its own ``__dict__`` or slots) are followed or
 replaced: a ``transform`` exposed through a property is looked through to the dataset that

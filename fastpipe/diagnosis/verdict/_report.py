@@ -35,8 +35,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
       "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
       "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
-                                               # timed steps: fastpipe.diagnosis._loader_stages.LoaderStageCosts.to_dict()
-      "memory": null | {...}                   # fastpipe.diagnosis._memory_section.MemorySection.to_dict()
+                                               # timed steps: fastpipe.diagnosis.ladder._loader_stages.LoaderStageCosts.to_dict()
+      "memory": null | {...}                   # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
     }
 
     StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
@@ -57,39 +57,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastpipe._render import COLORS, pyplot, render_table
+from fastpipe.diagnosis.ladder._results import ExperimentResult, Unavailable
 
 if TYPE_CHECKING:
-    from fastpipe.diagnosis._loader_stages import LoaderStageCosts
-    from fastpipe.diagnosis._memory_section import MemorySection
+    from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
+    from fastpipe.diagnosis.memory._section import MemorySection
 
 SCHEMA = "fastpipe.report/2"
-TOO_NOISY = "too noisy to decide"
-
-
-@dataclass
-class ExperimentResult:
-    name: str
-    cache_point: str
-    steps_per_s: float
-    fraction_of_bound: float
-    spread: float
-    noise: float
-    """Relative standard error of the mean step time: the precision this point achieved."""
-    cpu_util: float
-    system_cpu_util: float
-    pool_spread: float | None = None
-    step_times: list[float] = field(default_factory=list)
-    steps_measured: int = 0
-    copy_ms_per_sample: float = 0.0
-    round_size: int = 1
-
-    @property
-    def ms_per_step(self) -> float:
-        return 1000.0 / self.steps_per_s
-
-    @property
-    def stderr_ms(self) -> float:
-        return self.ms_per_step * self.noise
 
 
 @dataclass
@@ -130,12 +104,6 @@ class Bottleneck:
     @property
     def added_text(self) -> str:
         return f"{'at least ' if self.at_least else ''}{self.added_ms:.0f} ms per step"
-
-
-@dataclass
-class Unavailable:
-    cache_point: str
-    reason: str
 
 
 @dataclass
@@ -403,7 +371,7 @@ def _plot_memory(ax: Any, bars: list[tuple[str, float]]) -> None:
 
 
 def _point_label(point: str) -> str:
-    from fastpipe.diagnosis._cachepoint import CachePoint
+    from fastpipe.diagnosis.ladder._cachepoint import CachePoint
 
     return CachePoint(point).label
 

@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastpipe.diagnosis._memory import SHM_PATH, shm_filesystem
+from fastpipe.diagnosis.memory._probes import SHM_PATH, shm_filesystem
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"

@@ -1,7 +1,7 @@
 """Cache points for streaming datasets (an ``IterableDataset``): capture in each worker, then replay.
 
 A stream cannot be re-read by index, so :class:`CachePointIterable` does in ``__iter__`` what
-:class:`~fastpipe.diagnosis._cache.CachePointDataset` does in ``__getitem__``: in each worker it reads the first
+:class:`~fastpipe.diagnosis.ladder._cache.CachePointDataset` does in ``__getitem__``: in each worker it reads the first
 ``pool`` items of that worker's own share of the stream (the dataset's own sharding decides which), keeps them at the
 point, and from then on replays them, rerunning only the stages after the point. Two shapes of stream:
 
@@ -12,7 +12,7 @@ point, and from then on replays them, rerunning only the stages after the point.
   ``pool`` items are kept, and the rest of the chain (its own filters: maps, ``batched``, ``shuffle``...) runs on an
   endless cycle of copies of them, so batching done in the pipeline stays in the pipeline.
 
-The replay never ends: the measurement counts the steps (:func:`fastpipe.diagnosis._measure.measure_until`), so a
+The replay never ends: the measurement counts the steps (:func:`fastpipe.diagnosis.ladder._measure.measure_until`), so a
 point's time per step is the steady state of the stages below it. A worker whose share of the stream is empty
 yields nothing, as it does in the user's loader. Copies are timed into the same shared ledger as the map-style cache,
 each counted as the samples its item holds (a whole batch when the chain is cut after ``batched``).
@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import IterableDataset
 
-from fastpipe.diagnosis._cache import (
+from fastpipe.diagnosis.ladder._batches import first_shape
+from fastpipe.diagnosis.ladder._cache import (
     CachePointDataset,
     PointProbe,
     UnavailablePoint,
@@ -42,18 +43,17 @@ from fastpipe.diagnosis._cache import (
     _entry_from,
     _locate_all,
     _Recorder,
-    _within,
     fresh_copy,
     unplaceable,
 )
-from fastpipe.diagnosis._cachepoint import BASELINE, SAMPLE
-from fastpipe.diagnosis._points import first_shape
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, SAMPLE
+from fastpipe.diagnosis.runtime._timeout import within as _within
 from fastpipe.stages import RAW_STAGE, StageError, TransformPipeline
 
 
 class CachePointIterable(CachePointDataset, IterableDataset):
     """A streaming dataset with data cached at one point (see the module docstring); the arguments are
-    :class:`~fastpipe.diagnosis._cache.CachePointDataset`'s. Never modifies the user's dataset."""
+    :class:`~fastpipe.diagnosis.ladder._cache.CachePointDataset`'s. Never modifies the user's dataset."""
 
     def __len__(self) -> int:
         return len(self.dataset)  # a stream without a length raises TypeError here, as the user's does
@@ -221,7 +221,7 @@ def _rows(batch: Any, levels: list[tuple[int, bool]]) -> int | None:
     None when it cannot tell.
 
     An uncollated level is a list of what the level below made: the sum of their rows. Collated levels stack: the
-    first array of the batch (top-level columns first: :func:`~fastpipe.diagnosis._points.first_shape`, the batch size
+    first array of the batch (top-level columns first: :func:`~fastpipe.diagnosis.ladder._batches.first_shape`, the batch size
     the loader's batches are read with) has one leading dimension per collated level, so the rows are the product of
     those dimensions; a list column is not a row count (torch's ``default_collate`` makes two views a list of two
     stacked tensors). Only a batch with no array anywhere (all strings) counts the length of its first list column,
@@ -317,7 +317,7 @@ def _close(stream: Iterator[Any]) -> None:
 
 
 def probe_stream_point(dataset: Any, pipeline: TransformPipeline | None, point: str, *, timeout: float | None = None) -> PointProbe:
-    """:func:`fastpipe.diagnosis._cache.probe_point` for a stream: one item captured in this process (no worker, so
+    """:func:`fastpipe.diagnosis.ladder._serve.probe_point` for a stream: one item captured in this process (no worker, so
     the whole stream is this process's share). A WebDataset chain is cut, not recorded, so it needs no probe."""
     try:
         cached = CachePointIterable(dataset, pipeline, point)

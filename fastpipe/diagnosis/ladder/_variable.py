@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastpipe.diagnosis._points import PointRunner
+from fastpipe.diagnosis.ladder._points import PointRunner
 
 
 class _Captured(BaseException):

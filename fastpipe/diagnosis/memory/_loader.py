@@ -14,7 +14,7 @@ samples, every ``interval_s``:
 
 After the first batch the loop stalls, as a training loop does on a slow step, until the workers stop reading
 and the held segments stop growing: every batch in flight is then collated and waiting, which is the peak that
-:mod:`~fastpipe.diagnosis._shm_budget` predicts. Then the rest of the samples are read as fast as the loader goes,
+:mod:`~fastpipe.diagnosis.memory._shm_budget` predicts. Then the rest of the samples are read as fast as the loader goes,
 the loop also taking :data:`CHECKPOINTS` samples of its own spread over them.
 
 Growth per 1,000 samples is the least-squares slope of a worker's USS over the samples it read, fitted on its
@@ -22,7 +22,7 @@ floor: the least USS seen within each batch (a batch's transient buffers come an
 between batches is what grows), past its warm-up (its first quarter of samples and two batches: the first ones
 pay for imports, first touches and allocator arenas). Forked workers share the parent's pages until they write to
 them, and reading a Python object writes its reference count: a worker reading a dataset index held in lists and
-dicts slowly copies all of it (:mod:`~fastpipe.diagnosis._copy_on_read` names the container).
+dicts slowly copies all of it (:mod:`~fastpipe.diagnosis.memory._copy_on_read` names the container).
 
 A worker's growth counts (:attr:`WorkerMemory.grows`) only when all of these hold:
 
@@ -56,8 +56,21 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastpipe._render import render_table
-from fastpipe.diagnosis._memory import SHM_PATH, batch_nbytes, batch_shm_bytes, pinned_host_bytes, shm_filesystem, shm_segments
-from fastpipe.diagnosis._shm_budget import ShmPrediction, check_shm_budget, loader_settings, predict_shm, size_text
+from fastpipe.diagnosis.memory._probes import (
+    SHM_PATH,
+    batch_nbytes,
+    batch_shm_bytes,
+    pinned_host_bytes,
+    shm_filesystem,
+    shm_segments,
+)
+from fastpipe.diagnosis.memory._shm_budget import (
+    ShmPrediction,
+    check_shm_budget,
+    loader_settings,
+    predict_shm,
+    size_text,
+)
 from fastpipe.loading._rebuild import rebuild_loader
 
 MAX_WORKERS = 256
@@ -477,7 +490,7 @@ def measure_loader_memory(
         device: a fastpipe Device, for a ``fastpipe.recycled`` loader's ring to be pinned for it.
         interval_s: the sampling period.
         stall_max_s: the longest stall after the first batch (it ends sooner, once the workers stop reading).
-        check: run :func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` first (on one batch read here, before any
+        check: run :func:`~fastpipe.diagnosis.memory._shm_budget.check_shm_budget` first (on one batch read here, before any
             worker starts) and measure nothing when the loader would not fit. Without the check no batch is read
             here: the batch's size is taken from the first batch the workers deliver.
         limits: the machine's limits for the check (tests pass their own); read when None.
@@ -619,7 +632,7 @@ def estimated_batch_bytes(loader: Any) -> tuple[int, int] | None:
 
 
 def loader_budget_warning(loader: Any, *, limits: Any = None) -> str | None:
-    """:func:`~fastpipe.diagnosis._shm_budget.check_shm_budget` before any worker starts: None without workers (nothing
+    """:func:`~fastpipe.diagnosis.memory._shm_budget.check_shm_budget` before any worker starts: None without workers (nothing
     goes through shared memory), else on :func:`estimated_batch_bytes` (one sample read here), or one batch read here."""
     workers, _, slots = loader_settings(loader)
     if workers == 0 and slots is None:

@@ -3,7 +3,7 @@
 Each rule reads a :class:`Facts` (the finished attribution and what the run knows about itself) and says one
 thing, or nothing. :data:`CAVEATS` and :data:`NOTES` list them in the order they print; a new caveat is a new
 function added there. Nothing here measures or decides a figure: the figures come from
-:mod:`fastpipe.diagnosis._attribute`.
+:mod:`fastpipe.diagnosis.verdict._attribute`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fastpipe.diagnosis._attribute import IN_WORKER, SPLIT, Attribution
-from fastpipe.diagnosis._cachepoint import CachePoint
-from fastpipe.diagnosis._report import Bottleneck, Report
+from fastpipe.diagnosis.ladder._cachepoint import CachePoint
+from fastpipe.diagnosis.verdict._attribute import IN_WORKER, SPLIT, Attribution
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 
 SATURATION_CAVEAT_START = "the CPU was saturated"
 BUSY_MACHINE = 0.25
@@ -71,7 +71,7 @@ def saturation_explained(facts: Facts) -> str | None:
     """Each named stage at a saturated CPU, against the CPU budget per sample the workers have at the device bound."""
     if facts.costs is None or not any(b.cpu_saturated for b in facts.report.bottlenecks):
         return None
-    from fastpipe.diagnosis.stagecost import explain_saturation
+    from fastpipe.diagnosis.verdict._saturation import explain_saturation
 
     return " ".join(explain_saturation(facts.report, facts.costs)) or None
 
@@ -281,7 +281,7 @@ def workers_needed(costs: dict[str, Any] | None, device_ms: float, batch: int | 
 def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, batch: int | None, cores: int) -> str | None:
     """Rule 5's wording: whether the stage waits or computes, and for one that waits, the workers that would hide it.
 
-    ``costs`` are every stage's :class:`~fastpipe.diagnosis._attribute.WorkerCost` (collate included): a worker spends
+    ``costs`` are every stage's :class:`~fastpipe.diagnosis.verdict._attribute.WorkerCost` (collate included): a worker spends
     their sum on each sample, so ``batch x that / device step`` workers deliver a batch every device step.
     """
     if b.cpu_ratio is None or b.waits is None:

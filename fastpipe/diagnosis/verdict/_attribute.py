@@ -5,7 +5,7 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
 1. **Ladder.** Between an upper point (more cached) and the lower one below it, the stage in between adds
    ``t_lower - t_upper`` to every step. Times add up: the device step plus every stage's added time is the
    baseline step. A stage is *named* when its added time beats both the noise (two standard errors of the
-   difference, :func:`~fastpipe.diagnosis._noise.difference_noise`) and the threshold (a fraction of the
+   difference, :func:`~fastpipe.diagnosis.ladder._noise.difference_noise`) and the threshold (a fraction of the
    device step).
 2. **Saturated or hidden spans are split by measured cost.** A ladder step is the stage's own cost only
    where the step time grows with the work: not where its upper point already runs at the device bound
@@ -23,7 +23,7 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
    is named by its in-worker cost, labelled as such (``basis="in-worker cost"``), with the reason.
 5. **Waiting or computing.** A named stage's in-worker CPU time over its wall time says which: a stage
    *waits* when more than half its cost is waiting (I/O, sleeps, locks), else it *computes*.
-6. **The cache's own copy** (timed inside the workers, :mod:`fastpipe.diagnosis._cache`) is taken out of a
+6. **The cache's own copy** (timed inside the workers, :mod:`fastpipe.diagnosis.ladder._cache`) is taken out of a
    point's step only where the workers set the pace: ``batch x copy / min(workers, usable cores)``, never
    taking the step below the pace the rest of the loop allows (the ``sample`` point, where the workers do
    nothing but hand out a finished sample; else the host or device point). A loop limited by the main
@@ -38,10 +38,11 @@ import math
 from dataclasses import dataclass, field
 
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis._cachepoint import DEVICE, HOST, SAMPLE, CachePoint
-from fastpipe.diagnosis._noise import difference_noise
-from fastpipe.diagnosis._plan import Plan, kind_of
-from fastpipe.diagnosis._report import Bottleneck, ExperimentResult
+from fastpipe.diagnosis.ladder._cachepoint import DEVICE, HOST, SAMPLE, CachePoint
+from fastpipe.diagnosis.ladder._noise import difference_noise
+from fastpipe.diagnosis.ladder._plan import Plan, kind_of
+from fastpipe.diagnosis.ladder._results import ExperimentResult
+from fastpipe.diagnosis.verdict._report import Bottleneck
 
 VERDICT_BANDS = ((0.05, "not input-bound"), (0.20, "moderately input-bound"), (math.inf, "highly input-bound"))
 SATURATED_CPU = 0.9
@@ -67,7 +68,7 @@ def stderr_s(result: ExperimentResult) -> float:
 
 
 def difference_noise_s(a: ExperimentResult, b: ExperimentResult) -> float:
-    """Two standard errors of the difference of two mean step times, in seconds (:func:`~fastpipe.diagnosis._noise.difference_noise`)."""
+    """Two standard errors of the difference of two mean step times, in seconds (:func:`~fastpipe.diagnosis.ladder._noise.difference_noise`)."""
     return difference_noise(step_s(a), a.noise, step_s(b), b.noise)
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.diagnosis._discovery import PARTS_NAME, WRAPPER_NAMES
-from fastpipe.diagnosis._shm_budget import size_text
+from fastpipe.diagnosis.discovery._pipeline import PARTS_NAME, WRAPPER_NAMES
+from fastpipe.diagnosis.memory._shm_budget import size_text
 
 #: A container is listed from this many Python objects on.
 MIN_OBJECTS = 10_000

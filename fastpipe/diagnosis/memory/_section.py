@@ -9,12 +9,12 @@ Measuring memory must not perturb the timing, so nothing here runs inside a time
   they come, so fewer of them wait in shared memory than at the peak.
 * **The loader pass**, optional (``diagnose(..., loader_memory=True)``; ``fastpipe diagnose`` runs it unless
   ``--no-memory``): after the ladder and the stage costs, one short pass of
-  :func:`~fastpipe.diagnosis._loader_memory.measure_loader_memory` over a rebuilt copy of the user's loader,
+  :func:`~fastpipe.diagnosis.memory._loader.measure_loader_memory` over a rebuilt copy of the user's loader,
   bounded by the per-point budget (at least :data:`MIN_PASS_S`): the peak shared memory (the loop stalls until every batch in flight waits) against
   the prediction, and each worker's USS growth per 1,000 samples; copy-on-read growth is then named
-  (:mod:`~fastpipe.diagnosis._copy_on_read`). A separate pass, because growth needs samples counted per worker
+  (:mod:`~fastpipe.diagnosis.memory._copy_on_read`). A separate pass, because growth needs samples counted per worker
   (a wrapper around the dataset) and the peak needs a stalled loop: neither belongs in a timed run.
-* **The budget check**, before any worker starts (:func:`~fastpipe.diagnosis._loader_memory.loader_budget_warning`).
+* **The budget check**, before any worker starts (:func:`~fastpipe.diagnosis.memory._loader.loader_budget_warning`).
 """
 
 from __future__ import annotations
@@ -28,12 +28,17 @@ import psutil
 from torch.utils.data import IterableDataset
 
 from fastpipe._render import render_table
-from fastpipe.diagnosis import _ddp as ddp
-from fastpipe.diagnosis._cache import _within
-from fastpipe.diagnosis._copy_on_read import name_copy_on_read
-from fastpipe.diagnosis._loader_memory import LoaderMemory, loader_budget_warning, measure_loader_memory, private_memory
-from fastpipe.diagnosis._memory import pinned_host_bytes, shm_segments
-from fastpipe.diagnosis._shm_budget import loader_settings, size_text
+from fastpipe.diagnosis.memory._copy_on_read import name_copy_on_read
+from fastpipe.diagnosis.memory._loader import (
+    LoaderMemory,
+    loader_budget_warning,
+    measure_loader_memory,
+    private_memory,
+)
+from fastpipe.diagnosis.memory._probes import pinned_host_bytes, shm_segments
+from fastpipe.diagnosis.memory._shm_budget import loader_settings, size_text
+from fastpipe.diagnosis.runtime import _ddp as ddp
+from fastpipe.diagnosis.runtime._timeout import within as _within
 from fastpipe.loading._protocols import stages_outside_workers
 
 #: The loader pass's least time: its stall needs the loader's batches in flight to fill and then 2 s of quiet.
@@ -115,7 +120,7 @@ class MemorySection:
     loader: LoaderMemory | None = None
     """The loader pass, when it ran."""
     copy_on_read: Any = None
-    """A :class:`~fastpipe.diagnosis._copy_on_read.CopyOnReadFinding` when the workers grew and a container was found."""
+    """A :class:`~fastpipe.diagnosis.memory._copy_on_read.CopyOnReadFinding` when the workers grew and a container was found."""
     budget_warning: str | None = None
     """The shared-memory budget check's warning, given before any worker started; None when the loader fits."""
     not_run: str | None = None

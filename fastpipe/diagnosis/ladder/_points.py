@@ -2,9 +2,9 @@
 
 :class:`PointRunner` builds, for a point, the loader (a wrapped copy of the user's dataset in a
 loader with every setting of theirs) or the cached batches that feed the step; measures it to a
-precision target within a budget (:func:`fastpipe.diagnosis._measure.measure_until`); and keeps every run of
+precision target within a budget (:func:`fastpipe.diagnosis.ladder._measure.measure_until`); and keeps every run of
 every point, pooled. Under DDP each run is gathered from all ranks and the slowest kept
-(:mod:`fastpipe.diagnosis._ddp`). The strategy that decides what to measure lives in :mod:`fastpipe.diagnosis._diagnose`;
+(:mod:`fastpipe.diagnosis.runtime._ddp`). The strategy that decides what to measure lives in :mod:`fastpipe.diagnosis._diagnose`;
 :func:`measure_points` and :func:`measure_device_bound` serve the experiments (``compare``, ``tune``) that
 measure chosen points of several workloads.
 """
@@ -17,17 +17,19 @@ import statistics
 from typing import Any, Callable, Iterator
 
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis import _ddp as ddp
-from fastpipe.diagnosis._cache import UnavailablePoint, cache_point_dataset, stage_of_error
-from fastpipe.diagnosis._cachepoint import BASELINE, DEVICE, HOST, SAMPLE, CachePoint
-from fastpipe.diagnosis._discovery import find_pipeline
-from fastpipe.diagnosis._loader_stages import LoaderStageCosts, StageWindow
-from fastpipe.diagnosis._measure import LoaderCycle, Measurement, device_batches, measure_until
-from fastpipe.diagnosis._memory_section import PointMemory, child_pids, point_memory
-from fastpipe.diagnosis._noise import pool
-from fastpipe.diagnosis._plan import HAND_OVER, Plan, make_plan, point_label
-from fastpipe.diagnosis._report import ExperimentResult
-from fastpipe.diagnosis._snapshot import preserve_user_state
+from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+from fastpipe.diagnosis.ladder._batches import leading_size
+from fastpipe.diagnosis.ladder._cache import UnavailablePoint, stage_of_error
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE, HOST, SAMPLE, CachePoint
+from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts, StageWindow
+from fastpipe.diagnosis.ladder._measure import LoaderCycle, Measurement, device_batches, measure_until
+from fastpipe.diagnosis.ladder._noise import pool
+from fastpipe.diagnosis.ladder._plan import HAND_OVER, Plan, make_plan, point_label
+from fastpipe.diagnosis.ladder._results import ExperimentResult
+from fastpipe.diagnosis.ladder._serve import cache_point_dataset
+from fastpipe.diagnosis.memory._section import PointMemory, child_pids, point_memory
+from fastpipe.diagnosis.runtime import _ddp as ddp
+from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.loading._protocols import TimesOwnStages, batches_whole, stages_outside_workers
 from fastpipe.loading._rebuild import discard_loader, rebuild_loader
@@ -259,7 +261,7 @@ class PointRunner:
         return LoaderStageCosts.from_windows(self.stage_windows[-1].loader_name, self.stage_windows)
 
     def _memory_then(self, point: str, known: set[int], close: Callable[[], None]) -> Callable[[], None]:
-        """``close``, after reading what the point's processes hold (:func:`~fastpipe.diagnosis._memory_section.point_memory`):
+        """``close``, after reading what the point's processes hold (:func:`~fastpipe.diagnosis.memory._section.point_memory`):
         the timed steps are over, the workers still alive; a failed read leaves the point without figures."""
 
         def read_then_close() -> None:
@@ -350,7 +352,7 @@ def _described(error: PipelineError | None) -> tuple[str, str | None, str | None
 
 def pooled(runs: list[ExperimentResult]) -> ExperimentResult:
     """One result from several runs of a point: all step times, CPU weighted by steps, noise from all rounds
-    (:func:`fastpipe.diagnosis._noise.pool`: run-to-run drift shows as spread between their rounds)."""
+    (:func:`fastpipe.diagnosis.ladder._noise.pool`: run-to-run drift shows as spread between their rounds)."""
     if len(runs) == 1:
         return runs[0]
     times = [t for run in runs for t in run.step_times]
@@ -474,25 +476,3 @@ def measure_points(
         finally:
             runner.close()  # the progress line, and the loader behind the cached host batches
     return dict(runner.results)
-
-
-def leading_size(batch: Any) -> int | None:
-    """The first dimension of a batch's first array (:func:`first_shape`), or None."""
-    shape = first_shape(batch)
-    return None if shape is None else shape[0]
-
-
-def first_shape(batch: Any) -> tuple[int, ...] | None:
-    """The shape of a batch's first array of at least one dimension (a tensor or NumPy array, through tuples, lists and
-    dicts), top-level columns before nested ones: a column nested in a list may be a list of samples (WebDataset's
-    collation keeps tuples that way), whose arrays have no batch dimension, while a top-level array is stacked."""
-    level = [batch]
-    while level:
-        for item in level:
-            shape = getattr(item, "shape", None)
-            if isinstance(shape, tuple) and len(shape) > 0 and not isinstance(item, (list, tuple, dict)):  # torch.Size is one
-                return tuple(int(size) for size in shape)
-        level = [
-            part for item in level if isinstance(item, (list, tuple, dict)) for part in (item.values() if isinstance(item, dict) else item)
-        ]
-    return None
