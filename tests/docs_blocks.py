@@ -26,7 +26,7 @@ README = ROOT / "README.md"
 MARK = re.compile(r"^<!-- docs-test: (not run|slow): (\S.*?) -->$")
 AFTER = re.compile(r"^<!-- docs-test: after (\S.*?) -->$")
 ANY_MARK = re.compile(r"^\s*<!-- docs-test:")
-FENCE = re.compile(r"^(`{3,}|~{3,})\s*(.*)$")
+FENCE = re.compile(r"^( *)(`{3,}|~{3,})\s*(.*)$")  # indented too: a block inside a list item
 HEADING = re.compile(r"^(#{1,6}) (.+?)\s*$")
 # Fences that hold Python under another name would escape the collector: the pages use ```python only.
 OTHER_PYTHON = re.compile(r"^(py|python3|pycon|ipython|\{code-block\}\s+py\w*|\{code\}\s+py\w*)$")
@@ -85,14 +85,16 @@ def read_page(path: Path) -> Page:
         line = lines[i]
         fence = FENCE.match(line)
         if fence:
-            ticks, info = fence.group(1), fence.group(2).strip()
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(ticks) and not lines[j].strip(ticks[0])), None)
+            indent, ticks, info = len(fence.group(1)), fence.group(2), fence.group(3).strip()
+            end = next(
+                (j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(ticks) and not lines[j].strip().strip(ticks[0])), None
+            )
             if end is None:
                 problems.append(f"{path.relative_to(ROOT)}:{i + 1}: a fence that never closes")
                 break
             if info == "python":
                 mark, reason = (pending[0], pending[1]) if pending else (None, "")
-                code = "\n".join(lines[i + 1 : end]) + "\n"
+                code = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
                 sections[-1].blocks.append(Block(path, sections[-1].title, i + 2, code, mark, reason))
             elif OTHER_PYTHON.match(info):
                 problems.append(f"{path.relative_to(ROOT)}:{i + 1}: write Python blocks as ```python (found {info!r})")
@@ -110,12 +112,12 @@ def read_page(path: Path) -> Page:
                     sections.append(Section(path, title))
                 else:
                     sections[0].title = title
-        elif MARK.match(line):
+        elif MARK.match(line.strip()):
             if pending:
                 problems.append(f"{path.relative_to(ROOT)}:{pending[2]}: a docs-test mark with no block after it")
-            pending = (MARK.match(line).group(1), MARK.match(line).group(2), i + 1)
-        elif AFTER.match(line):
-            sections[-1].after = AFTER.match(line).group(1)
+            pending = (MARK.match(line.strip()).group(1), MARK.match(line.strip()).group(2), i + 1)
+        elif AFTER.match(line.strip()):
+            sections[-1].after = AFTER.match(line.strip()).group(1)
         elif ANY_MARK.match(line):
             problems.append(f"{path.relative_to(ROOT)}:{i + 1}: not a docs-test mark this test knows: {line.strip()}")
         elif line.strip() and pending:

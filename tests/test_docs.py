@@ -143,6 +143,7 @@ def test_the_collector_refuses_what_would_escape_it(tmp_path: Path, monkeypatch:
     page.write_text(
         "# Page\n\n```py\nprint(1)\n```\n\n<!-- docs-test: not run: GPU only -->\n\n```bash\nls\n```\n\n"
         "<!-- docs-test: skip -->\n```python\nprint(2)\n```\n\n## Two\n\n<!-- docs-test: slow: long -->\n```python\nprint(3)\n```\n"
+        "\n1. In a list:\n\n   ```python\n   print(4)\n   ```\n"
     )
     found = read_page(page)
     assert [p.split(": ", 1)[1] for p in found.problems] == [
@@ -152,8 +153,9 @@ def test_the_collector_refuses_what_would_escape_it(tmp_path: Path, monkeypatch:
     ]
     assert [(s.title, [(b.mark, b.reason, b.line) for b in s.blocks]) for s in found.sections] == [
         ("Page", [(None, "", 15)]),
-        ("Two", [("slow", "long", 22)]),
+        ("Two", [("slow", "long", 22), (None, "", 28)]),
     ]
+    assert found.sections[1].blocks[1].code == "print(4)\n"  # dedented, as it runs
 
 
 LINK = re.compile(r"(?<!!)\[[^\]]+\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
