@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-HELP_COLUMNS = "100"  # argparse wraps to $COLUMNS: fixed, so a build does not depend on the terminal
+HELP_COLUMNS = "82"  # argparse wraps to $COLUMNS: fixed (a build does not depend on the terminal), and fits furo's column
 
 
 def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
