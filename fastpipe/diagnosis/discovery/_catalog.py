@@ -276,7 +276,7 @@ _ALBUMENTATIONS = [
         ("CoarseDropout", "erase", PER_SAMPLE, None),
         ("Normalize", "normalize", NONE, None),
     ]
-]
+] + [_entry("albumentations.pytorch.ToTensorV2", ALBUMENTATIONS, "convert", (DICT,), NONE, NO, "it converts the host's NumPy array")]
 
 CATALOG: tuple[TransformFacts, ...] = (
     *_torchvision(TV1, "torchvision.transforms"),
