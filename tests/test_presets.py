@@ -210,3 +210,36 @@ def test_the_ladder_names_a_stage_inside_a_preset() -> None:
     points = [r.name for r in report.experiments]
     assert "after Slow" in points and "after CenterCrop" in points, points
     assert "Slow" in {b.stage for b in report.bottlenecks}, report.to_table()
+
+
+def test_the_presets_example_loads_as_specs_with_every_inner_stage(photos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/presets/train_presets.py (the must-show diagnoses' SPECs): both factories' stages are found inside."""
+    import importlib.util
+
+    pytest.importorskip("timm")
+    path = Path(__file__).resolve().parent.parent / "examples" / "presets" / "train_presets.py"
+    spec = importlib.util.spec_from_file_location("train_presets", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("PHOTOS", str(photos))
+    expected = {
+        "torchvision_preset": [
+            "RandomResizedCrop",
+            "RandomHorizontalFlip",
+            "TrivialAugmentWide",
+            "PILToTensor",
+            "ConvertImageDtype",
+            "Normalize",
+        ],
+        "timm_preset": [
+            "RandomResizedCropAndInterpolation",
+            "RandomHorizontalFlip",
+            "RandAugment",
+            "MaybeToTensor",
+            "Normalize",
+            "RandomErasing",
+        ],
+    }
+    for name, stages in expected.items():
+        loader, step = getattr(module, name)(torch.device("cpu"))
+        assert find_pipeline(loader.dataset)[0].names() == stages and callable(step)
