@@ -205,7 +205,7 @@ def test_the_ladder_names_a_stage_inside_a_preset() -> None:
     preset.transforms = T.Compose([T.CenterCrop(56), Slow(60), T.PILToTensor()])
     loader = torch.utils.data.DataLoader(FakeDataset(preset, length=64, raw_size=(96, 96)), batch_size=4, num_workers=2)
     report = diagnose(
-        loader, lambda batch: None, "sim:10", steps=4, warmup=1, budget=1.0, threshold=0.15, progress=False, stage_costs=False
+        loader, lambda batch: None, "sim:10", steps=4, warmup=1, budget=2.0, threshold=0.15, progress=False, stage_costs=False
     )
     points = [r.name for r in report.experiments]
     assert "after Slow" in points and "after CenterCrop" in points, points

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from fastpipe.diagnosis.discovery._catalog import CUSTOM, FASTPIPE, facts_for
+from fastpipe.diagnosis.discovery._catalog import CUSTOM, FASTPIPE, TIMM, facts_for
 from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
 from fastpipe.diagnosis.ladder._plan import HAND_OVER
 from fastpipe.diagnosis.verdict import _fits
@@ -331,13 +331,15 @@ def _decode_box(
     what = "resized" if crop == "Resize" else "cropped"
     fast = _fits.fast_path(transform, dataset) if transform is not None else None
     argument = _fits.transform_argument(dataset)
-    if fast is not None and not fast.active and crop not in _BOXES:
+    taken = fast is None or (fast.active and crop in fast.absorbed)
+    if not taken and crop not in _BOXES:
+        why = fast.why_not if not fast.active else f"it takes over {' + '.join(fast.absorbed)}, not {crop}"
         return Advice(
-            summary=f"{label}: the image is decoded whole to be {what} by {crop}. {_fits.not_absorbed(crop, stage, fast.why_not)}",
+            summary=f"{label}: the image is decoded whole to be {what} by {crop}. {_fits.not_absorbed(crop, stage, why)}",
             snippet=_TUNE_SNIPPET,
             caveat=caveat,
         )
-    if crop in ("Resize", "CenterCrop") and not converted and (fast is None or fast.active):
+    if crop in ("Resize", "CenterCrop") and not converted and taken:
         return Advice(
             summary=(
                 f"{label}: the image is decoded whole to be {what} by {crop}. Change only the dataset class: "
@@ -550,9 +552,7 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     if (
         library
         and facts is not None
-        and (
-            (name in ("RandomHorizontalFlip", "PILToTensor") and name not in takes_over) or (name == "ToTensor" and facts.library == "timm")
-        )
+        and ((name in ("RandomHorizontalFlip", "PILToTensor") and name not in takes_over) or (name == "ToTensor" and facts.library == TIMM))
     ):
         summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform))
         return Advice(summary=summary, snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)) if on_device else _TUNE_SNIPPET)

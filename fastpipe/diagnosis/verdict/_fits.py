@@ -104,7 +104,7 @@ def not_absorbed(crop: str, stage: object | None, why: str | None) -> str:
                 else "only with bilinear interpolation, which this one does not use: that would change the resampling"
             )
         )
-    return text + ". Until then: " + TUNE + "."
+    return text + ". Without the drop-in, " + TUNE + "."
 
 
 def crop_before(stage: object | None, transform: object | None) -> bool:
