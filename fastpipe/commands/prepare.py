@@ -37,10 +37,9 @@ def _progress(done: int, total: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fastpipe.datasets._prepare_tree import partial_folder
-    from fastpipe.datasets.prepare import check_options, prepare_folder
+    from fastpipe.datasets.prepare import prepare_folder
 
-    check_options(args.restart_rows, 224, 0)  # before the folder is walked
-    try:
+    try:  # prepare_folder checks its options and the target before it reads a file
         report = prepare_folder(
             args.source,
             args.target,
