@@ -12,7 +12,7 @@ import time
 import pytest
 from torch.utils.data import DataLoader
 
-from fastpipe.diagnosis.unseen._startup import measure_startup
+from fastpipe.diagnosis.unseen._startup import TRANSFER, measure_startup
 from fastpipe.diagnosis.unseen._transfer import large_attributes, measure_transfer
 from fastpipe.diagnosis.verdict._report import Report
 from tests.fakes import PlantedDataset
@@ -132,7 +132,7 @@ def test_a_dataset_that_carries_a_large_list_under_forkserver_is_named_and_its_l
     first_batch_s(make(0))  # the fork server started
     startup = measure_startup(make(150_000))
     assert startup.transfer.large[0].path == "Carries.records" and startup.transfer.nbytes > 150e6
-    assert dict(startup.parts)["dataset transfer to worker 0 (pickled, piped, unpickled)"] > 0
+    assert dict(startup.parts)[TRANSFER] > 0
     lighter = fix(startup, "a lighter Carries")
     measured = statistics.median(first_batch_s(make(150_000)) - first_batch_s(make(0)) for _ in range(3))
     assert within(lighter.saves_s, measured), (lighter.saves_s, measured, startup.lines())

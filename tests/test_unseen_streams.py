@@ -179,3 +179,25 @@ def test_a_hugging_face_stream_with_fewer_shards_than_workers_leaves_a_worker_id
     check = check_stream(DataLoader(stream, batch_size=None, num_workers=2))
     assert check.kind == "hf" and check.duplicated == 0
     assert check.counts == [ITEMS_PER_WORKER, 0] and check.short == ["worker 1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("by_rank", [False, True])
+def test_under_ddp_ranks_that_read_the_same_items_are_reported_and_rank_sharding_clears_it(tmp_path, by_rank: bool) -> None:
+    import torch.multiprocessing as mp
+
+    from tests.stream_ddp_fixtures import check_rank
+    from tests.test_ddp import free_port
+
+    mp.spawn(check_rank, args=(2, free_port(), str(tmp_path), by_rank), nprocs=2, join=True)
+    checks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for check in checks:
+        check.pop("seconds")  # each rank's own cost
+    assert checks[0] == checks[1]  # every rank holds the same comparison
+    check = checks[0]
+    assert check["sources"] == ["rank 0 worker 0", "rank 0 worker 1", "rank 1 worker 0", "rank 1 worker 1"]
+    if by_rank:
+        assert check["duplicated"] == 0
+    else:
+        assert check["duplicated"] == 4 * ITEMS_PER_WORKER
+        assert ["rank 0 worker 0", "rank 1 worker 0", ITEMS_PER_WORKER] in check["shared"]

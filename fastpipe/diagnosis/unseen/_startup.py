@@ -17,8 +17,7 @@ The wait is ``max(worker 0 ready, every worker started) + first fetch + to the l
 which gives its projected saving (:meth:`Startup.fixes`): a lighter dataset object (the large attributes of
 :mod:`._transfer` left out of what is pickled), ``worker_init_fn`` made cheap, ``fork`` where the platform has it,
 fewer workers. A second epoch is started too, so the cost every epoch pays again without ``persistent_workers`` is
-measured: the restart (the old workers' shutdown, then the new workers' start), of which persistent workers keep the
-first fetch only.
+measured: its wait for the first batch (the new workers' start), of which persistent workers keep the first fetch only.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from fastpipe.loading._rebuild import rebuild_loader
 
 #: Batches taken after the first in each epoch of the pass (per worker), to see the steady state start.
 AFTER_FIRST = 1
+TRANSFER = "dataset transfer to worker 0 (pickled, piped, unpickled)"
 #: A fix is listed when it saves at least this share of the wait (and 10 ms).
 WORTH = 0.05
 
@@ -75,7 +75,9 @@ class Startup:
     init_s: list[float] = field(default_factory=list)
     """Each worker's ``worker_init_fn``."""
     restart_s: float | None = None
-    """A later epoch's wait without persistent workers: the old workers' shutdown plus the new ones' first batch."""
+    """A later epoch's wait for its first batch without persistent workers: new workers started, as at the first. The old
+    workers' shutdown comes on top (not timed: here it is taken mid-epoch, where it waits for the fetches in flight;
+    at a real epoch's end the workers are idle)."""
     transfer: Transfer | None = None
     fork_start_s: float | None = None
     """One ``fork`` of this process, timed (the platform allows fork and the loader does not use it)."""
@@ -145,8 +147,8 @@ def _time_fork() -> float | None:
     return time.monotonic() - start
 
 
-def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, float, dict[int, dict[str, Any]]]:
-    """(iter seconds, first batch seconds, shutdown seconds, worker stamps) of one epoch's start."""
+def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, dict[int, dict[str, Any]]]:
+    """(iter seconds, first batch seconds, worker stamps) of one epoch's start; its workers are shut down after."""
     folder.mkdir()
     loader.dataset.__dict__["_folder"] = str(folder)
     start = time.monotonic()
@@ -157,7 +159,6 @@ def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, float, dict[
     for _ in range(AFTER_FIRST * max(1, loader.num_workers)):
         if next(iterator, None) is None:
             break
-    began = time.monotonic()
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None and not loader.persistent_workers:
         shutdown()
@@ -165,7 +166,7 @@ def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, float, dict[
     stamps = {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
     for stamp in stamps.values():
         stamp["t0"] = start
-    return started - start, first - start, time.monotonic() - began, stamps
+    return started - start, first - start, stamps
 
 
 def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
@@ -181,12 +182,12 @@ def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
     wrapper, init_fn, collate_fn = stamped(loader.dataset, loader.worker_init_fn, loader.collate_fn)
     run = rebuild_loader(loader, wrapper, timeout=timeout, worker_init_fn=init_fn, collate_fn=collate_fn)
     with tempfile.TemporaryDirectory(prefix="fastpipe-startup-") as tmp:
-        iter_s, first_s, shutdown_s, stamps = _epoch(run, Path(tmp) / "1")
-        _, again_s, _, _ = _epoch(run, Path(tmp) / "2")
-    startup = _split(method, loader, iter_s, first_s, stamps)
-    startup.restart_s = None if loader.persistent_workers else shutdown_s + again_s
-    if method in ("spawn", "forkserver"):
-        startup.transfer = measure_transfer(loader.dataset)
+        iter_s, first_s, stamps = _epoch(run, Path(tmp) / "1")
+        _, again_s, _ = _epoch(run, Path(tmp) / "2")
+    transfer = measure_transfer(loader.dataset) if method in ("spawn", "forkserver") else None
+    startup = _split(method, loader, iter_s, first_s, stamps, 0.0 if transfer is None else transfer.pickle_s)
+    startup.restart_s = None if loader.persistent_workers else again_s
+    startup.transfer = transfer
     if method != "fork":
         startup.fork_start_s = _time_fork()
     startup.fixes = fixes(startup, getattr(loader.dataset, "__class__", type(None)).__name__)
@@ -194,16 +195,19 @@ def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
     return startup
 
 
-def _split(method: str, loader: DataLoader, iter_s: float, first_s: float, stamps: dict[int, dict[str, Any]]) -> Startup:
+def _split(method: str, loader: DataLoader, iter_s: float, first_s: float, stamps: dict[int, dict[str, Any]], pickle_s: float) -> Startup:
+    """The parts of the wait along worker 0's timeline. A worker's transfer is the training process pickling the dataset
+    (``pickle_s``, timed apart: multiprocessing pickles the whole process object before it starts the worker) and the
+    worker reading and unpickling it (its stamps)."""
     out = Startup(method, loader.num_workers, bool(loader.persistent_workers), first_s, all_started_s=iter_s)
     w0 = stamps.get(0)
-    out.transfer_s = [s["unpickled"][1] - s["unpickled"][0] for s in stamps.values() if s.get("unpickled")]
+    out.transfer_s = [pickle_s + s["unpickled"][1] - s["unpickled"][0] for s in stamps.values() if s.get("unpickled")]
     out.init_s = [s["init"][1] - s["init"][0] for s in stamps.values() if s.get("init")]
     if w0 is None or not w0.get("fetch") or not w0.get("init"):
         out.parts = [("the first batch (the workers' stamps were not written: the split is unknown)", first_s)]
         return out
     t0 = w0["t0"]
-    transfer = w0["unpickled"][1] - w0["unpickled"][0] if w0.get("unpickled") else 0.0
+    transfer = pickle_s + w0["unpickled"][1] - w0["unpickled"][0] if w0.get("unpickled") else 0.0
     init_start, init_end = w0["init"]
     fetch_start, fetch_end = w0["fetch"]
     out.worker0_ready_s = init_end - t0
@@ -211,7 +215,7 @@ def _split(method: str, loader: DataLoader, iter_s: float, first_s: float, stamp
     out.to_loop_s = max(0.0, first_s - (fetch_end - t0))
     out.parts = [
         (f"worker start (process and imports, {method})", max(0.0, init_start - t0 - transfer)),
-        ("dataset transfer to worker 0 (pickled, piped, unpickled)", transfer),
+        (TRANSFER if w0.get("unpickled") else "dataset transfer to worker 0 (none: fork shares the parent's memory)", transfer),
         ("worker_init_fn", init_end - init_start),
         ("waiting for the other workers to start (one after another, in the training process)", max(0.0, fetch_start - init_end)),
         ("first fetch (load and collate the first batch)", out.first_fetch_s),
