@@ -3,8 +3,8 @@
     python benchmarks/startup_fixes.py planted [--start-method forkserver] [--repeats 3]
     python benchmarks/startup_fixes.py jpeg:naive --batch-size 32 --num-workers 2
 
-``planted``: a dataset object that carries a list of 150,000 records (about 150 MB pickled), a worker_init_fn that
-takes 0.5 s, 2 non-persistent workers. The split is measured once; then each fix the split names is applied to a
+``planted``: benchmarks/startup_planted.py (a dataset object that carries a list of 150,000 records, about 150 MB
+pickled; a worker_init_fn that takes 0.5 s; 2 non-persistent workers). The split is measured once; then each fix the split names is applied to a
 copy of the loader and the wait is timed side by side with the original, interleaved (original, fixed, original,
 fixed...), the median of ``--repeats`` pairs: the first batch of a fresh start, or for persistent_workers the wall
 time of a later epoch of 4 batches (its restart included) with and without persistent workers. The lighter
@@ -14,7 +14,6 @@ dataset is applied only in the planted case, where the benchmark knows it (the s
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import sys
@@ -25,23 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch.utils.data import DataLoader  # noqa: E402
 
+from benchmarks.startup_planted import Carries, make_loader  # noqa: E402
 from fastpipe.diagnosis.unseen._startup import measure_startup  # noqa: E402
 from fastpipe.loading._rebuild import rebuild_loader  # noqa: E402
-from tests.fakes import PlantedDataset  # noqa: E402
-
-INIT_S = 0.5
-
-
-def slow_init(worker_id: int) -> None:
-    time.sleep(INIT_S)
-
-
-class Carries(PlantedDataset):
-    """A dataset object that carries a large list (an index of records kept in Python)."""
-
-    def __init__(self, records: int = 150_000, length: int = 256) -> None:
-        super().__init__(length=length)
-        self.records = [b"r" * 1000 + i.to_bytes(4, "little") for i in range(records)] if records else []
 
 
 def first_batch_s(loader: DataLoader) -> float:
@@ -77,11 +62,7 @@ def measured_saving(original: DataLoader, fixed: DataLoader, wait: Callable[[Dat
 
 def loader_for(spec: str, args: argparse.Namespace) -> tuple[DataLoader, Any]:
     if spec == "planted":
-        if args.start_method == "forkserver":
-            multiprocessing.set_forkserver_preload(["torch", "tests.fakes", "__main__"])
-        dataset = Carries()
-        loader = DataLoader(dataset, batch_size=8, num_workers=2, worker_init_fn=slow_init, multiprocessing_context=args.start_method)
-        return loader, Carries(records=0)
+        return make_loader(start_method=args.start_method), Carries(records=0)
     from fastpipe.workloads import load_workload
 
     options = {k: v for k, v in (("batch_size", args.batch_size), ("num_workers", args.num_workers)) if v is not None}

@@ -10,6 +10,8 @@ from fastpipe.diagnosis._stepcheck import StepCheck, check_step
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
 from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
+from fastpipe.diagnosis.unseen._startup import measure_startup
+from fastpipe.diagnosis.unseen._streams import check_stream
 from fastpipe.diagnosis.verdict._advice import Advice, recommend
 from fastpipe.diagnosis.verdict._report import Report
 from fastpipe.diagnosis.verdict._saturation import explain_saturation
@@ -21,10 +23,12 @@ __all__ = [
     "StageCosts",
     "StepCheck",
     "check_step",
+    "check_stream",
     "diagnose",
     "explain_saturation",
     "find_pipeline",
     "measure_stage_costs",
+    "measure_startup",
     "measure_workload",
     "recommend",
 ]

@@ -9,4 +9,6 @@ apart, each in its own short pass outside the timed steps:
   and the first fetch, with the projected saving of each fix.
 
 May import the runtime, discovery, memory, ladder and stage-cost phases; the verdict reads what it measured.
+Public (re-exported by :mod:`fastpipe.diagnosis` and ``fastpipe``): ``check_stream`` and ``measure_startup``, so a
+stream, or a loop that ``fastpipe.watch`` reports waiting at its epochs' starts, can be checked on its own.
 """

@@ -63,10 +63,6 @@ class MainPart:
     detail: str = ""
     skipped: str | None = None
 
-    @property
-    def stage(self) -> str:
-        return f"{self.name} (main process)"
-
     def advice(self, workers: int) -> str:
         """The fix that fits this part."""
         if self.name == "sampler":
@@ -181,6 +177,8 @@ def _sampler_part(loader: DataLoader) -> tuple[MainPart, list[int] | None]:
 def _collate_part(loader: DataLoader, indices: list[int] | None) -> tuple[MainPart, Any]:
     if loader.num_workers > 0:
         return MainPart("collate", None, skipped="it runs in the workers (num_workers > 0): the ladder's collate/IPC span"), None
+    if isinstance(loader.dataset, IterableDataset):
+        return MainPart("collate", None, skipped="a stream's batches are collated as it is read (the ladder's spans time it)"), None
     if indices is None or loader.batch_sampler is None:
         return MainPart("collate", None, skipped="the loader does not batch (batch_size=None)"), None
     samples = [loader.dataset[i] for i in indices]

@@ -275,7 +275,7 @@ def fixes(s: Startup, dataset_name: str) -> list[Fix]:
             Fix(
                 f"{fewer} workers instead of {s.workers}",
                 now - s.project(started_s=s.all_started_s * fewer / s.workers),
-                "fewer workers start sooner; only where the steady state still keeps up with the step (fastpipe tune finds the fewest that do).",
+                "fewer workers start sooner (projected from the serial starts alone: on busy cores fewer workers also fetch their first batches sooner); only where the steady state still keeps up with the step (fastpipe tune finds the fewest that do).",
             )
         )
     worth = max(0.010, WORTH * s.first_batch_s)

@@ -4,7 +4,7 @@ The ladder puts everything between the host point (batches cached, no loader) an
 loader, samples cached) in one span it calls collate/IPC. Part of that span runs in the training process (the
 sampler, collate without workers, pinning: :mod:`fastpipe.diagnosis.unseen._main_process`), timed there apart. When
 the span is named and its largest main-process part takes at least :data:`MAIN_SHARE` of the span's added time, the
-part is named instead of collate/IPC, with the fix that fits it: a slow sampler is not a slow IPC, and shrinking the
+part is named instead of collate/IPC (stage ``"sampler"``, ``"collate"`` or ``"pinning"``, kind ``"main process"``), with the fix that fits it: a slow sampler is not a slow IPC, and shrinking the
 batches (collate/IPC's advice) would not help it. The table's row keeps the ladder's name for the span.
 """
 
@@ -43,7 +43,7 @@ def name_main_process(report: Report, main: MainProcess | None) -> str | None:
         )
         report.bottlenecks[index] = dataclasses.replace(
             b,
-            stage=part.stage,
+            stage=part.name,
             kind=MAIN_PROCESS,
             recommendation=measured + part.advice(main.workers),
             snippet=SAMPLER_FIX if part.name == "sampler" else None,
