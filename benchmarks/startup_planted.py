@@ -40,7 +40,7 @@ class Carries(PlantedDataset):
 
 def make_loader(records: int = RECORDS, start_method: str = START_METHOD) -> DataLoader:
     if start_method == "forkserver":
-        multiprocessing.set_forkserver_preload(["torch", "tests.fakes", __name__])
+        multiprocessing.set_forkserver_preload(["__main__", "torch", "tests.fakes", __name__])
     return DataLoader(Carries(records), batch_size=8, num_workers=2, worker_init_fn=slow_init, multiprocessing_context=start_method)
 
 

@@ -124,7 +124,7 @@ def test_the_report_shows_the_start_up_section_in_text_json_and_markdown() -> No
 @pytest.mark.slow
 def test_a_dataset_that_carries_a_large_list_under_forkserver_is_named_and_its_lighter_form_saves_the_projection() -> None:
     """150 MB pickled to each of 2 workers at every start; the fix applied: the same dataset without the list."""
-    multiprocessing.set_forkserver_preload(["torch", "tests.fakes", __name__])  # the server imports once, as a real job's would
+    multiprocessing.set_forkserver_preload(["__main__", "torch", "tests.fakes", __name__])  # the server imports once, as a real job's would
 
     def make(records: int):
         return DataLoader(Carries(records), batch_size=8, num_workers=2, multiprocessing_context="forkserver")

@@ -105,7 +105,8 @@ class Startup:
             out.append(f"  the dataset does not pickle ({t.error}): spawn and forkserver need it to")
         if self.restart_s is not None:
             out.append(
-                f"  every later epoch waits {self.restart_s:.2f} s again (persistent_workers=False: the workers are shut down and started anew)"
+                f"  every later epoch waits {self.restart_s:.2f} s again for its first batch (persistent_workers=False: the workers "
+                "are shut down at each epoch's end and started anew)"
             )
         if self.fixes:
             out.append("  fixes, largest projected saving first (projected from the parts above):")
@@ -115,7 +116,8 @@ class Startup:
 
     def markdown_lines(self) -> list[str]:
         lines = self.lines()
-        return ["", f"#### {lines[0].rstrip(':')}", "", *(f"- {line.strip().lstrip('- ')}" for line in lines[1:])]
+        nested = [f"{'  ' if line.startswith('    ') else ''}- {line.strip().removeprefix('- ')}" for line in lines[1:]]
+        return ["", f"#### {lines[0].rstrip(':')}", "", *nested]
 
     def project(self, *, ready_s: float | None = None, started_s: float | None = None) -> float:
         """The wait with worker 0 ready after ``ready_s`` and every worker started after ``started_s`` (module docstring)."""
@@ -273,7 +275,7 @@ def fixes(s: Startup, dataset_name: str) -> list[Fix]:
         fewer = max(1, s.workers // 2)
         found.append(
             Fix(
-                f"{fewer} workers instead of {s.workers}",
+                f"{fewer} worker{'s' if fewer > 1 else ''} instead of {s.workers}",
                 now - s.project(started_s=s.all_started_s * fewer / s.workers),
                 "fewer workers start sooner (projected from the serial starts alone: on busy cores fewer workers also fetch their first batches sooner); only where the steady state still keeps up with the step (fastpipe tune finds the fewest that do).",
             )

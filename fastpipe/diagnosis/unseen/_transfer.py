@@ -11,6 +11,7 @@ the attributes of the objects held), each pickled on its own.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import time
@@ -27,11 +28,24 @@ LARGE_BYTES = 1_000_000
 MAX_DEPTH = 4
 
 
-class _Pickler(pickle.Pickler):
-    """Pickles as the pipe carries it: a tensor's storage is a shared-memory handle, not its bytes."""
+def _handle() -> None:
+    """What a tensor unpickles as here: its storage would travel through shared memory, not the pipe."""
+    return None
 
-    def persistent_id(self, obj: Any) -> Any:
-        return "tensor" if isinstance(obj, torch.Tensor) else None
+
+def _tensor_handle(tensor: torch.Tensor) -> tuple[Any, tuple[()]]:
+    return _handle, ()
+
+
+#: The default reductions, with tensors as handles. A dispatch table is looked up in C, type by type, as
+#: multiprocessing's own pickler does: per-object Python hooks (``persistent_id``) would time slower than the real pickling.
+_TABLE = {**copyreg.dispatch_table, torch.Tensor: _tensor_handle, torch.nn.Parameter: _tensor_handle}
+
+
+def _dump(value: Any, buffer: io.BytesIO) -> None:
+    pickler = pickle.Pickler(buffer, protocol=pickle.DEFAULT_PROTOCOL)  # multiprocessing's protocol
+    pickler.dispatch_table = _TABLE
+    pickler.dump(value)
 
 
 def pickled_size(value: Any) -> tuple[int | None, float, str | None]:
@@ -39,7 +53,7 @@ def pickled_size(value: Any) -> tuple[int | None, float, str | None]:
     buffer = io.BytesIO()
     start = time.perf_counter()
     try:
-        _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _dump(value, buffer)
     except Exception as exc:  # a lambda, a lock, an open file: spawn and forkserver would fail on it too
         return None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
     return buffer.tell(), time.perf_counter() - start, None
@@ -112,20 +126,16 @@ def measure_transfer(dataset: Any) -> Transfer:
     buffer = io.BytesIO()
     start = time.perf_counter()
     try:
-        _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(dataset)
+        _dump(dataset, buffer)
     except Exception as exc:
         return Transfer(None, time.perf_counter() - start, 0.0, f"{type(exc).__name__}: {exc}")
     pickle_s = time.perf_counter() - start
     size = buffer.tell()
     buffer.seek(0)
 
-    class _Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid: Any) -> Any:
-            return None  # the tensor's handle: nothing to rebuild for a timing
-
     start = time.perf_counter()
     try:
-        _Unpickler(buffer).load()
+        pickle.load(buffer)
     except Exception:  # a __setstate__ that needs its tensors: the workers' own stamps time the unpickling instead
         pass
     unpickle_s = time.perf_counter() - start
