@@ -17,29 +17,34 @@ The wait is ``max(worker 0 ready, every worker started) + first fetch + to the l
 which gives its projected saving (:meth:`Startup.fixes`): a lighter dataset object (the large attributes of
 :mod:`._transfer` left out of what is pickled), ``worker_init_fn`` made cheap, ``fork`` where the platform has it,
 fewer workers. A second epoch is started too, so the cost every epoch pays again without ``persistent_workers`` is
-measured: its wait for the first batch (the new workers' start), of which persistent workers keep the first fetch only.
+measured: the old workers' shutdown and the new workers' first batch, of which persistent workers keep the first fetch only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from fastpipe.diagnosis.unseen._startup_stamps import stamped
+import fastpipe.diagnosis.unseen._startup_stamps as _startup_stamps
 from fastpipe.diagnosis.unseen._transfer import Transfer, measure_transfer
 from fastpipe.loading._rebuild import rebuild_loader
 
 #: Batches taken after the first in each epoch of the pass (per worker), to see the steady state start.
 AFTER_FIRST = 1
 TRANSFER = "dataset transfer to worker 0 (pickled, piped, unpickled)"
+#: The longest wait for a start's fetches in flight to finish before its workers are shut down (idle, as at an epoch's end).
+IDLE_WAIT_S = 10.0
 #: A fix is listed when it saves at least this share of the wait (and 10 ms).
 WORTH = 0.05
 
@@ -75,9 +80,8 @@ class Startup:
     init_s: list[float] = field(default_factory=list)
     """Each worker's ``worker_init_fn``."""
     restart_s: float | None = None
-    """A later epoch's wait for its first batch without persistent workers: new workers started, as at the first. The old
-    workers' shutdown comes on top (not timed: here it is taken mid-epoch, where it waits for the fetches in flight;
-    at a real epoch's end the workers are idle)."""
+    """What a later epoch waits without persistent workers: the old workers' shutdown (idle, as at an epoch's end) and
+    the new workers' first batch."""
     transfer: Transfer | None = None
     fork_start_s: float | None = None
     """One ``fork`` of this process, timed (the platform allows fork and the loader does not use it)."""
@@ -105,8 +109,8 @@ class Startup:
             out.append(f"  the dataset does not pickle ({t.error}): spawn and forkserver need it to")
         if self.restart_s is not None:
             out.append(
-                f"  every later epoch waits {self.restart_s:.2f} s again for its first batch (persistent_workers=False: the workers "
-                "are shut down at each epoch's end and started anew)"
+                f"  every later epoch waits {self.restart_s:.2f} s again (persistent_workers=False: the workers are shut down at "
+                "each epoch's end and started anew)"
             )
         if self.fixes:
             out.append("  fixes, largest projected saving first (projected from the parts above):")
@@ -149,8 +153,34 @@ def _time_fork() -> float | None:
     return time.monotonic() - start
 
 
-def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, dict[int, dict[str, Any]]]:
-    """(iter seconds, first batch seconds, worker stamps) of one epoch's start; its workers are shut down after."""
+STANDALONE = "_fastpipe_startup_stamps"
+"""The stamps' module as the workers import it under spawn and forkserver: a copy outside the fastpipe package."""
+
+
+@contextlib.contextmanager
+def _stamps_module(method: str, folder: str) -> Iterator[Any]:
+    """The module whose classes stamp a worker's start. Under fork, the package's own (nothing is imported). Under spawn
+    and forkserver a worker imports the module of every class it unpickles, and importing the package's would import
+    all of fastpipe first (as long again as torch on a busy machine): a figure of the measurement, not of the pipeline.
+    So the workers get a copy of the module (stdlib and torch.utils.data only) under a top-level name, in a folder put on
+    ``sys.path``, which multiprocessing hands to every worker it starts."""
+    if method == "fork":
+        yield _startup_stamps
+        return
+    Path(folder, f"{STANDALONE}.py").write_text(Path(_startup_stamps.__file__).read_text())
+    sys.path.insert(0, folder)
+    try:
+        importlib.invalidate_caches()
+        yield importlib.import_module(STANDALONE)
+    finally:
+        sys.path.remove(folder)
+        sys.modules.pop(STANDALONE, None)
+
+
+def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, float, dict[int, dict[str, Any]]]:
+    """(iter seconds, first batch seconds, shutdown seconds, worker stamps) of one epoch's start. Its workers are shut
+    down once idle, as at an epoch's end: after the fetches in flight had the time they took at the start (at most
+    :data:`IDLE_WAIT_S`)."""
     folder.mkdir()
     loader.dataset.__dict__["_folder"] = str(folder)
     start = time.monotonic()
@@ -161,14 +191,18 @@ def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, dict[int, di
     for _ in range(AFTER_FIRST * max(1, loader.num_workers)):
         if next(iterator, None) is None:
             break
+    stamps = {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
+    fetch = max((s["fetch"][1] - s["fetch"][0] for s in stamps.values() if s.get("fetch")), default=0.0)
+    time.sleep(min(IDLE_WAIT_S, fetch * (loader.prefetch_factor or 2) + 0.05))  # what the workers have in hand, done
+    began = time.monotonic()
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None and not loader.persistent_workers:
         shutdown()
+    shutdown_s = time.monotonic() - began
     del iterator
-    stamps = {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
     for stamp in stamps.values():
         stamp["t0"] = start
-    return started - start, first - start, stamps
+    return started - start, first - start, shutdown_s, stamps
 
 
 def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
@@ -181,14 +215,15 @@ def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
         return None
     began = time.monotonic()
     method = _start_method(loader)
-    wrapper, init_fn, collate_fn = stamped(loader.dataset, loader.worker_init_fn, loader.collate_fn)
-    run = rebuild_loader(loader, wrapper, timeout=timeout, worker_init_fn=init_fn, collate_fn=collate_fn)
-    with tempfile.TemporaryDirectory(prefix="fastpipe-startup-") as tmp:
-        iter_s, first_s, stamps = _epoch(run, Path(tmp) / "1")
-        _, again_s, _ = _epoch(run, Path(tmp) / "2")
+    with tempfile.TemporaryDirectory(prefix="fastpipe-startup-") as tmp, _stamps_module(method, tmp) as stamps_module:
+        wrapper, init_fn, collate_fn = stamps_module.stamped(loader.dataset, loader.worker_init_fn, loader.collate_fn)
+        run = rebuild_loader(loader, wrapper, timeout=timeout, worker_init_fn=init_fn, collate_fn=collate_fn)
+        iter_s, first_s, shutdown_s, stamps = _epoch(run, Path(tmp) / "1")
+        _, again_s, _, _ = _epoch(run, Path(tmp) / "2")
+        del run, wrapper
     transfer = measure_transfer(loader.dataset) if method in ("spawn", "forkserver") else None
     startup = _split(method, loader, iter_s, first_s, stamps, 0.0 if transfer is None else transfer.pickle_s)
-    startup.restart_s = None if loader.persistent_workers else again_s
+    startup.restart_s = None if loader.persistent_workers else shutdown_s + again_s
     startup.transfer = transfer
     if method != "fork":
         startup.fork_start_s = _time_fork()
