@@ -227,12 +227,14 @@ class StreamCheck:
 
 def check_stream(loader: Any, *, limit: int = ITEMS_PER_WORKER, timeout: float = 120.0) -> StreamCheck | None:
     """Draw at most ``limit`` items per worker of ``loader``'s stream and compare them (module docstring); None when the
-    loader is no DataLoader over an ``IterableDataset``. Every rank must call it under DDP (the ranks' sets are gathered)."""
+    loader is no DataLoader over an ``IterableDataset``, or reads it with no workers outside DDP (one source). Every rank must call it under DDP (the ranks' sets are gathered)."""
     dataset = getattr(loader, "dataset", None)
     if not isinstance(loader, DataLoader) or not isinstance(dataset, IterableDataset):
         return None
-    started = time.perf_counter()
     workers = loader.num_workers
+    if workers == 0 and ddp.world() is None:
+        return None  # one source, nothing to compare it with (and the user's own stream would be read here, in this process)
+    started = time.perf_counter()
     check = DataLoader(
         _Fingerprints(keyed_prefix(dataset), limit),
         batch_size=None,
