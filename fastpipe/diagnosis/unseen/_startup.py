@@ -193,7 +193,8 @@ def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, float, dict[
             break
     stamps = {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
     fetch = max((s["fetch"][1] - s["fetch"][0] for s in stamps.values() if s.get("fetch")), default=0.0)
-    time.sleep(min(IDLE_WAIT_S, fetch * (loader.prefetch_factor or 2) + 0.05))  # what the workers have in hand, done
+    # every worker has up to prefetch_factor fetches in hand: all done (one more for a busy machine's slack), it idles
+    time.sleep(min(IDLE_WAIT_S, fetch * ((loader.prefetch_factor or 2) + 1) + 0.1))
     began = time.monotonic()
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None and not loader.persistent_workers:
