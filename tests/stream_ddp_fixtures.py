@@ -16,13 +16,13 @@ class WorkerSharded(IterableDataset):
     """Split by worker, and by rank when ``by_rank``: without it, every rank reads the same items."""
 
     def __init__(self, by_rank: bool) -> None:
-        self.by_rank = by_rank
+        # read in the training process: a DataLoader worker has no process group of its own
+        self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if by_rank else (0, 1)
 
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        rank, ranks = (dist.get_rank(), dist.get_world_size()) if self.by_rank else (0, 1)
-        share, shares = rank * workers + worker, ranks * workers
+        share, shares = self.rank * workers + worker, self.ranks * workers
         for i in range(share, 200, shares):
             yield torch.tensor([float(i)])
 
