@@ -54,6 +54,12 @@ def add_parser(subparsers: Any) -> None:
         help="skip the short pass after the ladder that reads the loader for worker memory growth and the shared-memory peak "
         "(each cache point's memory at its end is read either way)",
     )
+    parser.add_argument(
+        "--no-startup",
+        action="store_true",
+        help="skip the pass that starts the loader twice more to split the wait for its first batch (worker start, "
+        "dataset transfer, worker_init_fn, first fetch) and project each fix's saving",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         stage_costs=not args.no_stage_costs,
         loader_memory=not args.no_memory,
+        startup=not args.no_startup,
         on_warning=lambda text: print(f"fastpipe: warning: {text}", file=sys.stderr, flush=True),
     )
     if checked is not None:

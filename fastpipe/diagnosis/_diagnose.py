@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._options import DiagnoseOptions
+from fastpipe.diagnosis._unseen import add_unseen
 from fastpipe.diagnosis.ladder._cache import UnavailablePoint
 from fastpipe.diagnosis.ladder._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis.ladder._plan import COLLATE, COPY, Plan, point_label
@@ -432,6 +433,7 @@ def diagnose(
     stage_costs: bool = True,
     loader_memory: bool = False,
     on_warning: Callable[[str], None] | None = None,
+    startup: bool = False,
 ) -> Report:
     """Find where an input pipeline loses time, by caching data at successive points.
 
@@ -458,6 +460,10 @@ def diagnose(
             seconds) for each worker's memory growth per 1,000 samples, copy-on-read growth named, and the
             shared-memory peak against its prediction (:mod:`fastpipe.diagnosis.memory._section`). Off by default
             here for its time; ``fastpipe diagnose`` runs it. Each point's memory at its end is read either way.
+        startup: after the ladder, start the loader twice more and split the wait for its first batch (worker start,
+            the dataset's transfer, ``worker_init_fn``, first fetch), with each fix's projected saving
+            (:mod:`fastpipe.diagnosis.unseen._startup`). Off by default here for its time; ``fastpipe diagnose`` runs
+            it. The main process's share and a stream's duplicates are checked either way (:mod:`fastpipe.diagnosis.unseen`).
         on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
             batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
 
@@ -566,6 +572,8 @@ def diagnose(
             loader_pass=loader_memory and not report.interrupted, budget_s=options.budget,
         )  # fmt: skip
         report.interrupted = report.interrupted or memory.interrupted
+        if not report.interrupted:
+            add_unseen(report, workload.loader, startup=startup, timeout=options.worker_timeout)
     report.elapsed_s = time.perf_counter() - started
     return report
 
