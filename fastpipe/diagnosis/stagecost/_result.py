@@ -301,6 +301,15 @@ class StageCosts:
                 f"Timing overhead in worker CPU: {self.os_worker_cpu_ms_per_sample:.2f} ms per sample timed vs "
                 f"{self.untimed_os_worker_cpu_ms_per_sample:.2f} untimed ({self.cpu_overhead:+.1%})"
             )
+        overhead = next((s for s in self.stages if s.kind == "overhead"), None)
+        if overhead is not None and overhead.ms_per_sample > 0:
+            lines.append(
+                f"worker overhead: {overhead.ms_per_sample:.2f} ms per sample that is no stage's own, charged to none: the "
+                f"timing harness between stages ({overhead.ms_per_sample - overhead.held_ms_per_sample:.2f} ms, "
+                f"{overhead.cpu_ms_per_sample:.2f} of it CPU) and the time other threads of the worker held a stage "
+                f"({overhead.held_ms_per_sample:.2f} ms: the feeder thread pickling the previous batch with the GIL, "
+                "a pin thread)"
+            )
         lines += [f"Note: {note}" for note in self.notes]
         return lines
 
