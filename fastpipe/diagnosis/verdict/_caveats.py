@@ -347,18 +347,22 @@ def waiting_text(
             f"already limit the pipeline to {then:,.0f} samples/s at its {sum(c.cpu_ms for c in costs.values()):.1f} ms of "
             "CPU per sample, so make the stages' CPU cheaper first."
         )
-    text += (
-        "; overlap the waits instead: more DataLoader workers, a deeper prefetch_factor, faster or local storage. "
-        f"{measured}, about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step)"
-    )
-    if workers is not None:
-        text += f": a projected gain of up to {gain:.0%} ({now:,.0f} to {then:,.0f} samples/s) with {workers} workers now"
+    text += "; overlap the waits instead: more DataLoader workers, a deeper prefetch_factor, faster or local storage. "
     cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
-    text += (
-        f"; their CPU needs {cores_needed:.1f} cores of the {free:.1f} free here{shared}, so the cores, not the waits, would then set the pace"
-        if cores_needed > free
-        else f", and their CPU fits the {free:.1f} free cores here{shared} ({cores_needed:.1f} needed)"
-    )
+    pace = 1000.0 * batch / device_ms
+    if cores_needed > free:  # the free cores cap what more workers reach, short of the device's pace
+        text += (
+            f"{measured}, about {needed} workers would reach the {then:,.0f} samples/s that the {free:.1f} free cores here"
+            f"{shared} allow, short of the {pace:,.0f} the {device_ms:.0f} ms device step takes ({cores_needed:.1f} cores' worth "
+            "of CPU): the cores, not the waits, would then set the pace"
+        )
+    else:
+        text += (
+            f"{measured}, about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step), "
+            f"and their CPU fits the {free:.1f} free cores here{shared} ({cores_needed:.1f} needed)"
+        )
+    if workers is not None:
+        text += f"; a projected gain of up to {gain:.0%} ({now:,.0f} to {then:,.0f} samples/s) over the {workers} workers now"
     return text + (
         ". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "
         "`fastpipe tune` finds the fewest workers that keep up and watches shared memory."
