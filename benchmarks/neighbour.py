@@ -19,8 +19,9 @@ runs: the load average is printed with every run). The cases:
 For each run it prints what is named (stage, figure, basis, waits or computes), the in-worker table (wall, CPU,
 run queue, held by other threads, own waits with their noise, and the worker-overhead row), each stage's context
 switches, and the busy-machine caveat; then, per case, the checks: the planted stage named first, no free stage
-named, no CPU stage called waiting, the sleeping stage called waiting, and toy:naive's named stages in the same
-order with and without a neighbour. Exits 1 when a check fails. Timings depend on the machine and its load.
+named, no CPU stage called waiting, the sleeping stage called waiting, and toy:naive's (and the preset's) named
+stages inside the workers in the same order with and without a neighbour (the loop's own parts, collate/IPC and the
+host-to-device copy, are ladder figures of a few ms here, named or not by noise, and are left out of that check). Exits 1 when a check fails. Timings depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from fastpipe import diagnose  # noqa: E402
 from fastpipe.workloads._workload import load_workload  # noqa: E402
 
 BATCH, WORKERS = 8, 2
+LOOP_PARTS = ("collate/IPC", "host-to-device copy")
+"""The loop's own parts, outside the workers: measured by the ladder alone, small here, and named or not by noise."""
 
 
 def burn(ms: float) -> None:
@@ -212,7 +215,9 @@ def judge(case: Case, reports: dict[str, list[Any]]) -> bool:
                 ok &= check(bool(named) and named[0] == case.planted, f"{where}: named first {named[:1]}, planted {case.planted}")
                 ok &= check(not set(named) & set(case.free), f"{where}: no free stage named ({named})")
             elif quiet and neighbour != "none":
-                ok &= check(named in quiet, f"{where}: named {named}; quiet runs named {quiet}")
+                inside = [n for n in named if n not in LOOP_PARTS]
+                expected = [[n for n in q if n not in LOOP_PARTS] for q in quiet]
+                ok &= check(inside in expected, f"{where}: named {named}; quiet runs named {quiet} (loop parts aside)")
             for b in report.bottlenecks:
                 if b.waits and b.stage not in case.waits:
                     ok &= check(False, f"{where}: {b.stage} is CPU work and was called waiting")
