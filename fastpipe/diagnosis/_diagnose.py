@@ -91,7 +91,19 @@ class _Diagnosis:
         stages = (
             None
             if costs is None
-            else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample, s.runq_ms_per_sample) for s in costs.stages})
+            else worker_costs(
+                {
+                    s.name: (
+                        s.ms_per_sample,
+                        s.cpu_ms_per_sample,
+                        s.runq_ms_per_sample,
+                        s.held_ms_per_sample,
+                        s.blocked_ms_per_sample,
+                        s.blocked_noise_ms,
+                    )
+                    for s in costs.stages
+                }
+            )
         )
         return Attribution(
             self.plan,
@@ -309,6 +321,7 @@ class _Diagnosis:
                 attribution.costs,
                 report,
                 attribution.batch_size,
+                free_cores=_free_cores(baseline),
             )
         self._advise_loader_stages()
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
@@ -379,8 +392,23 @@ def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
+def _free_cores(result: ExperimentResult | None) -> float | None:
+    """The usable cores less what other processes used while ``result``'s point ran (None when it was not measured)."""
+    if result is None or result.system_cpu_util != result.system_cpu_util:  # NaN without psutil
+        return None
+    return usable_cores() * (1.0 - max(0.0, result.system_cpu_util - result.cpu_util))
+
+
 def _advise(
-    component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: dict[str, Any] | None, report: Report, batch: int | None = None
+    component: Bottleneck,
+    pipeline: Any,
+    dataset: Any,
+    workers: int,
+    costs: dict[str, Any] | None,
+    report: Report,
+    batch: int | None = None,
+    *,
+    free_cores: float | None = None,
 ) -> None:
     """Fill in the component's recommendation (and snippet) for its own stage.
 
@@ -392,7 +420,9 @@ def _advise(
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
-    waiting = waiting_text(component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores())
+    waiting = waiting_text(
+        component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores(), workers=workers, free_cores=free_cores
+    )
     if component.waits and waiting:
         # a stream's raw load waits on its reads, which more workers overlap only where there is more to read in
         # parallel (a WebDataset chain: as many shards as workers); its own advice says so
@@ -405,7 +435,8 @@ def _advise(
         return
     component.recommendation = advice.text() if waiting is None else f"{waiting} {advice.text()}"
     component.snippet = advice.snippet
-    if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < usable_cores():
+    cores = usable_cores() if free_cores is None else free_cores  # a neighbour's cores are not there to take
+    if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < int(cores):
         component.recommendation += " " + recommend(component.stage, "too few workers").summary
 
 
