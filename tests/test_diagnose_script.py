@@ -73,6 +73,7 @@ def _same_model(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_dry_run_stops_the_script_with_its_model_as_it_was(tmp_path, capsys, clean) -> None:
     args = ["--samples", "400", "--slow-ms", "0", "--step-ms", "2", "--print-freq", "1000"]
     code, out, err = diagnose(
@@ -95,6 +96,7 @@ def test_dry_run_stops_the_script_with_its_model_as_it_was(tmp_path, capsys, cle
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_then_continue_resumes_training_from_the_state_the_script_had(tmp_path, capsys, clean) -> None:
     args = ["--samples", "96", "--slow-ms", "0", "--step-ms", "2", "--print-freq", "1000"]
     code, out, err = diagnose(
@@ -165,10 +167,11 @@ PLANT = ["--samples", "4000", "--slow-ms", "30", "--step-ms", "5", "--print-freq
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two whole ladders: 5-10 min at load 10 on 2 cores
 def test_plain_loop_names_the_planted_stage_as_the_factory_does(tmp_path, capsys, clean) -> None:
     out_json = tmp_path / "script.json"
     started = time.perf_counter()
-    code, out, err = diagnose(capsys, "--no-memory", "--json", str(out_json), script_args=PLANT)
+    code, out, err = diagnose(capsys, "--no-memory", "--precision", "0.1", "--json", str(out_json), script_args=PLANT)
     took = time.perf_counter() - started
     print(out, err, f"script mode took {took:.0f} s", sep="\n")
     assert code == 0
@@ -196,7 +199,11 @@ def test_plain_loop_names_the_planted_stage_as_the_factory_does(tmp_path, capsys
         optimizer.step()
         time.sleep(args.step_ms / 1000)
 
-    factory = factory_diagnose(train_planted.make_loader(args), step, "cpu", model=model, optimizer=optimizer, progress=False).to_dict()
+    started = time.perf_counter()
+    factory = factory_diagnose(
+        train_planted.make_loader(args), step, "cpu", model=model, optimizer=optimizer, precision=0.1, progress=False
+    ).to_dict()
+    print(f"factory mode took {time.perf_counter() - started:.0f} s")
     print(json.dumps({"script": script["bottlenecks"][0], "factory": factory["bottlenecks"][0]}, indent=1, default=str))
     assert factory["bottlenecks"][0]["stage"] == "SlowFilter"
     a, b = script["bottlenecks"][0], factory["bottlenecks"][0]

@@ -69,26 +69,27 @@ class TrainingState:
         return ", ".join(parts) if parts else "no model or optimizer (none was found among the live objects)"
 
 
-def _is_scheduler(obj: Any) -> bool:
+def _is_scheduler(kind: type) -> bool:
     base = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
-    return isinstance(obj, (base, torch.optim.lr_scheduler.ReduceLROnPlateau))
+    return issubclass(kind, (base, torch.optim.lr_scheduler.ReduceLROnPlateau))
 
 
-def _is_scaler(obj: Any) -> bool:
+def _is_scaler(kind: type) -> bool:
     kinds = tuple(k for k in (getattr(torch.amp, "GradScaler", None), getattr(torch.cuda.amp, "GradScaler", None)) if k is not None)
-    return isinstance(obj, kinds)
+    return issubclass(kind, kinds)
 
 
 def _sort(objects: list[Any], modules: list[nn.Module], state: TrainingState) -> None:
     for obj in objects:
-        if isinstance(obj, nn.Module):
-            if not isinstance(obj, Roots):
+        kind = type(obj)  # not isinstance: a weakref proxy to a module passes isinstance, and is no module of its own
+        if issubclass(kind, nn.Module):
+            if kind is not Roots:
                 modules.append(obj)
-        elif isinstance(obj, torch.optim.Optimizer):
+        elif issubclass(kind, torch.optim.Optimizer):
             state.optimizers.append(obj)
-        elif _is_scheduler(obj):
+        elif _is_scheduler(kind):
             state.schedulers.append(obj)
-        elif _is_scaler(obj):
+        elif _is_scaler(kind):
             state.scalers.append(obj)
 
 
