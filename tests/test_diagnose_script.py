@@ -209,3 +209,23 @@ def test_plain_loop_names_the_planted_stage_as_the_factory_does(tmp_path, capsys
     a, b = script["bottlenecks"][0], factory["bottlenecks"][0]
     # the same stage's time per step, within the two measurements' noise (each noise_ms is two standard errors)
     assert abs(a["added_ms"] - b["added_ms"]) <= 1.5 * (a["noise_ms"] ** 2 + b["noise_ms"] ** 2) ** 0.5 + 0.1 * b["added_ms"]
+
+
+# ----- through a framework's loop: Lightning's fetcher, the HF Trainer's accelerate DataLoaderShard ---------------
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole ladder through the framework's loop: 3-6 min at load 10 on 2 cores
+@pytest.mark.parametrize(("script", "needs"), [("train_lightning.py", "lightning"), ("train_hf.py", "transformers")])
+def test_framework_script_names_the_planted_stage(script, needs, tmp_path, capsys, clean) -> None:
+    pytest.importorskip(needs)
+    out_json = tmp_path / "report.json"
+    started = time.perf_counter()
+    code = main(
+        ["diagnose", "--no-memory", "--precision", "0.1", "--budget", "1000", "--json", str(out_json), "--"]
+        + ["python", str(SCRIPT.parent / script), "--slow-ms", "40"]
+    )
+    out, err = capsys.readouterr()
+    print(out, err, f"{script}: {time.perf_counter() - started:.0f} s", sep="\n")
+    report = json.loads(out_json.read_text())
+    named = [b["stage"] for b in report["bottlenecks"]]
+    assert code == 0 and named and named[0] == "SlowFilter", named
+    assert "done" not in out  # a dry run: fit/train never returned

@@ -5,7 +5,6 @@ import argparse
 import tempfile
 import time
 
-import torch
 import torchvision.datasets as datasets
 import torchvision.transforms as T
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
