@@ -149,6 +149,19 @@ def test_loop_that_ends_during_the_ladder_gets_a_partial_report(capsys, clean) -
     assert _stopped_mid_ladder(out, err, "ended"), out + err
 
 
+def test_ctrl_c_in_the_scripts_step_gives_the_partial_report(capsys, clean) -> None:
+    code, out, err = diagnose(capsys, *QUICK, script_args=[*MID, "--interrupt-at", "12"])
+    assert code == 130
+    assert _stopped_mid_ladder(out, err, "was interrupted (Ctrl-C)"), out + err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # spawned workers import torch at each point: 2-3 min at load 8 on 2 cores
+def test_loader_with_spawned_workers(capsys, clean) -> None:
+    code, out, err = diagnose(capsys, *QUICK, "--budget", "40", script_args=[*MID, "--spawn", "-j", "1"])
+    assert code == 0 and "fastpipe diagnosis:" in out and "baseline" in out, out + err
+
+
 def test_script_mode_flags(capsys) -> None:
     assert main(["diagnose", "--device", "sim:50", "--", "python", str(SCRIPT)]) == 2
     assert "only where fastpipe owns the step" in capsys.readouterr().err

@@ -31,6 +31,8 @@ parser.add_argument("--checkpoint", default=None, help="write the model's state 
 parser.add_argument("--crash-at", default=None, type=int)
 parser.add_argument("--exit-at", default=None, type=int)
 parser.add_argument("--stop-at", default=None, type=int)
+parser.add_argument("--interrupt-at", default=None, type=int, help="raise KeyboardInterrupt there, as Ctrl-C in a step does")
+parser.add_argument("--spawn", action="store_true", help="start the loader's workers with multiprocessing spawn")
 parser.add_argument("--no-train", action="store_true")
 parser.add_argument("--seed", default=0, type=int)
 parser.add_argument("--save-on-exit", default=None, help="however the script ends, write its model's state and step count here")
@@ -62,7 +64,12 @@ def make_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader:
         transforms.Compose([transforms.RandomResizedCrop(args.crop), SlowFilter(args.slow_ms), transforms.ToTensor(), normalize]),
     )
     return torch.utils.data.DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=torch.cuda.is_available()
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=torch.cuda.is_available(),
+        multiprocessing_context="spawn" if args.spawn and args.workers else None,
     )
 
 
@@ -107,6 +114,8 @@ def train(args, model, criterion, optimizer, scheduler, train_loader, device, pr
             end = time.time()
             if args.crash_at is not None and step >= args.crash_at:
                 raise RuntimeError(f"planted crash at step {step}")
+            if args.interrupt_at is not None and step >= args.interrupt_at:
+                raise KeyboardInterrupt
             if args.exit_at is not None and step >= args.exit_at:
                 sys.exit(f"planted exit at step {step}: out of patience")
             if args.stop_at is not None and step >= args.stop_at:
