@@ -153,6 +153,7 @@ class ScriptLadder:
         self.handoff: Handoff | None = None
         self.thread: threading.Thread | None = None
         self.found: TrainingState | None = None
+        self.epochs: list[tuple[Any, int]] = []
         self.device: Device | None = None
         self.before: Any = None
         self.started_at = 0.0
@@ -206,6 +207,9 @@ class ScriptLadder:
         options, seen = self.options, it.seen
         self.trained, self.held = seen, it.real
         self.before = seen.watch.ledger.current(time.perf_counter())
+        samplers = (getattr(seen.loader, "sampler", None), getattr(getattr(seen.loader, "batch_sampler", None), "sampler", None))
+        # a DistributedSampler's epoch: a framework whose epochs end by count calls set_epoch during the ladder
+        self.epochs = [(s, s.epoch) for s in samplers if isinstance(getattr(s, "epoch", None), int)]
         self.found = find_training_state()
         self.device = self._device(self.found)
         self.handoff = Handoff(options.budget_steps)
@@ -320,6 +324,8 @@ class ScriptLadder:
             self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
             return
         self.report, self.error = outcome
+        for sampler, epoch in self.epochs:
+            sampler.epoch = epoch
         if self.thread is not None:
             self.thread.join(ENGINE_EXIT_WAIT_S)
         if self.report is not None and self.report.experiments:
