@@ -54,6 +54,16 @@ def clean():
     assert _shm() - before == set()
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the script's CPU step, as OMP_NUM_THREADS=1 gives: on 2 shared cores, torch's default
+    of one thread a core fights the loader's workers and the other processes, and a tiny step takes 100s of ms."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def diagnose(capsys, *flags: str, script_args: list[str]) -> tuple[int, str, str]:
     code = main(["diagnose", *flags, "--", "python", str(SCRIPT), *script_args])
     out, err = capsys.readouterr()
@@ -181,7 +191,7 @@ PLANT = ["--samples", "4000", "--slow-ms", "30", "--step-ms", "5", "--print-freq
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # two whole ladders: 5-10 min at load 10 on 2 cores
-def test_plain_loop_names_the_planted_stage_as_the_factory_does(tmp_path, capsys, clean) -> None:
+def test_plain_loop_names_the_planted_stage_as_the_factory_does(tmp_path, capsys, clean, one_thread) -> None:
     out_json = tmp_path / "script.json"
     started = time.perf_counter()
     code, out, err = diagnose(capsys, "--no-memory", "--precision", "0.1", "--json", str(out_json), script_args=PLANT)
@@ -228,7 +238,7 @@ def test_plain_loop_names_the_planted_stage_as_the_factory_does(tmp_path, capsys
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole ladder through the framework's loop: 3-6 min at load 10 on 2 cores
 @pytest.mark.parametrize(("script", "needs"), [("train_lightning.py", "lightning"), ("train_hf.py", "transformers")])
-def test_framework_script_names_the_planted_stage(script, needs, tmp_path, capsys, clean) -> None:
+def test_framework_script_names_the_planted_stage(script, needs, tmp_path, capsys, clean, one_thread) -> None:
     pytest.importorskip(needs)
     out_json = tmp_path / "report.json"
     started = time.perf_counter()
