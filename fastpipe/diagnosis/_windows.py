@@ -38,6 +38,11 @@ class ScriptDevice(Device):
     def torch_device(self) -> Any:
         return self.real.torch_device
 
+    @property
+    def step_uses_worker_cores(self) -> bool:
+        """The real device's answer (the CPU verdict applies to a script whose step runs on the CPU)."""
+        return bool(getattr(self.real, "step_uses_worker_cores", self.real.kind == "cpu"))
+
     def to_device(self, batch: Any, non_blocking: bool = False) -> Any:
         return batch  # the script's own loop moves its batches
 
