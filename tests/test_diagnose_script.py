@@ -28,9 +28,10 @@ QUICK = ["--no-memory", "--no-stage-costs", "--steps", "4", "--warmup", "1", "--
 
 
 def _shm() -> set[str]:
-    """Shared-memory files that tensors leave (torch's, fastpipe's); other processes' semaphores on this machine are not ours."""
+    """Shared-memory files this process's tensors or fastpipe left (torch names its files torch_<pid>_...); other
+    developers' processes on this machine create and remove theirs at any time."""
     names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {n for n in names if n.startswith(("torch_", "fastpipe"))}
+    return {n for n in names if n.startswith((f"torch_{os.getpid()}_", "fastpipe"))}
 
 
 def _left_running(timeout: float = 10.0) -> list[psutil.Process]:
