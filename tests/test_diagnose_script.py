@@ -34,11 +34,20 @@ def _shm() -> set[str]:
     return {n for n in names if n.startswith((f"torch_{os.getpid()}_", "fastpipe"))}
 
 
+def _ours(process: psutil.Process) -> bool:
+    """A child the run left: alive, and not multiprocessing's resource tracker (started by the first spawn, kept by
+    design until this process exits)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE and not any("resource_tracker" in part for part in process.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _left_running(timeout: float = 10.0) -> list[psutil.Process]:
     """This process's children still alive after ``timeout`` (workers are reaped a moment after they are told to stop)."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in psutil.Process().children(recursive=True) if _ours(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
