@@ -8,11 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
+from fastpipe.commands.script import add_script_arguments, check_no_script_options, is_script, run_script
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("diagnose", help="find the bottleneck stages by caching data at successive points")
-    add_workload_arguments(parser)
+    parser = subparsers.add_parser(
+        "diagnose",
+        help="find the bottleneck stages by caching data at successive points",
+        usage="fastpipe diagnose [OPTIONS] SPEC\n       fastpipe diagnose [OPTIONS] -- python SCRIPT [ARGS ...]   (or -m MODULE)",
+    )
+    add_workload_arguments(parser, spec_optional=True)
     add_step_arguments(parser, "experiment")
     parser.add_argument(
         "--pool",
@@ -29,8 +34,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--budget",
         type=float,
-        default=20.0,
-        help="seconds of measuring per cache point before it stops short of the precision target (default 20)",
+        default=None,
+        help="seconds of measuring per cache point before it stops short of the precision target (default 20); "
+        "with a script, the most steps of the script's loop the ladder may take (default 600)",
     )
     parser.add_argument(
         "--precision", type=float, default=0.03, help="target relative standard error of each point's mean step time (default 0.03)"
@@ -61,6 +67,7 @@ def add_parser(subparsers: Any) -> None:
         "dataset transfer, worker_init_fn, first fetch) and project each fix's saving",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_script_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -69,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis._options import DiagnoseOptions
 
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
+    if is_script(args):
+        return run_script(args)
+    check_no_script_options(args)
+    args.budget = 20.0 if args.budget is None else args.budget
     DiagnoseOptions(
         steps=args.steps,
         warmup=args.warmup,

@@ -465,6 +465,7 @@ def diagnose(
     loader_memory: bool = False,
     on_warning: Callable[[str], None] | None = None,
     startup: bool = False,
+    runner: Callable[..., PointRunner] = PointRunner,
 ) -> Report:
     """Find where an input pipeline loses time, by caching data at successive points.
 
@@ -497,6 +498,8 @@ def diagnose(
             it. The main process's share and a stream's duplicates are checked either way (:mod:`fastpipe.diagnosis.unseen`).
         on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
             batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
+        runner: what measures the points, called as :class:`PointRunner` is (script mode passes one that measures
+            windows of a running script's own loop, :class:`fastpipe.diagnosis._windows.WindowRunner`).
 
     Returns:
         A :class:`~fastpipe.diagnosis.verdict._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
@@ -539,7 +542,7 @@ def diagnose(
     )
     device = parse_device(device)
     started = time.perf_counter()
-    runner = PointRunner(
+    runner = runner(
         workload,
         device,
         steps=options.steps,
