@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
+from fastpipe.commands.fix import add_fix_arguments, run_fix
 
 
 def add_parser(subparsers: Any) -> None:
@@ -55,6 +56,7 @@ def add_parser(subparsers: Any) -> None:
         "(each cache point's memory at its end is read either way)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_fix_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -95,5 +97,18 @@ def run(args: argparse.Namespace) -> int:
     )
     if checked is not None:
         report.notes.append(checked.line())
+    if not args.fix and not report.interrupted:
+        from fastpipe.experiments._fix import plan
+
+        report.notes += plan(workload, step_ms=report.baseline_step_ms, steps=args.steps, warmup=args.warmup, budget=args.budget).lines(
+            args.spec
+        )
     write_outputs(report, args)
+    if args.fix and not report.interrupted:
+        fixes = run_fix(workload, device, args, named=[b.stage for b in report.bottlenecks])
+        print(fixes.to_table())
+        if args.fix_json is not None:
+            args.fix_json.parent.mkdir(parents=True, exist_ok=True)
+            args.fix_json.write_text(fixes.to_json())
+            print(f"wrote {args.fix_json}")
     return 130 if report.interrupted else 0
