@@ -105,6 +105,8 @@ class FixReport:
         out = []
         if self.original_ms is not None and not self.recommended:
             out.append("No fix shortened the step beyond noise: nothing is recommended.")
+        elif self.original_ms is None:
+            out.append("No candidate could be measured: nothing is recommended.")
         for result in self.results:
             out.append(result.line())
             if result.status == RECOMMENDED and result.code:

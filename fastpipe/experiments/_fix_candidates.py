@@ -192,8 +192,13 @@ def _float_conversion(leaf: Any) -> str | None:
         return "pil"
     if isinstance(leaf, v1.ConvertImageDtype) and leaf.dtype == torch.float32:
         return "tensor"
-    if isinstance(leaf, v2.ToDtype) and getattr(leaf, "scale", False) and leaf.dtype in (torch.float32, {v2.Image: torch.float32}):
-        return "tensor"
+    if isinstance(leaf, v2.ToDtype) and getattr(leaf, "scale", False):
+        dtype = leaf.dtype
+        if isinstance(dtype, dict):  # {tv_tensors.Image: float32, "others": None}, say: the images' dtype
+            from torchvision import tv_tensors
+
+            dtype = dtype.get(tv_tensors.Image, dtype.get(torch.Tensor))
+        return "tensor" if dtype == torch.float32 else None
     return None
 
 
@@ -455,11 +460,13 @@ def build_candidates(workload: Workload) -> tuple[list[Candidate], PipelineView 
         uint8, head, device_normalize = _uint8(workload, view)
         decoded = _decode_crop(workload, view, view.leaves, "the same transform")
         candidates += [decoded, uint8]
+        best = decoded
         if head is not None and decoded.workload is not None:
-            both = _decode_crop(workload, view, head, "and uint8 over the copy, Normalize on the device", device_normalize)
-            both.code += f"; and: {uint8.code}"
-            candidates.append(both)
-            candidates.append(_thread_loader(workload, both))
+            best = _decode_crop(workload, view, head, "and uint8 over the copy, Normalize on the device", device_normalize)
+            best.code += f"; and: {uint8.code}"
+            candidates.append(best)
+        if decoded.workload is not None:
+            candidates.append(_thread_loader(workload, best))
         candidates += _compile_advice(view)
     candidates += _loader_candidates(workload)
     return candidates, view
