@@ -119,6 +119,10 @@ def test_the_eval_preset_and_timm_pipelines_get_the_candidates_that_fit(photos: 
         _workload(torchvision.datasets.ImageFolder(str(photos), create_transform(64, is_training=True, auto_augment="rand-m9-mstd0.5")))
     )
     assert not any(c.name.startswith("compile") for c in rand)  # every stage is a library's: nothing to compile
+    prefetched, _ = build_candidates(
+        _workload(torchvision.datasets.ImageFolder(str(photos), create_transform(64, is_training=True, use_prefetcher=True)))
+    )
+    assert "already ends in uint8 (MaybePILToTensor)" in next(c for c in prefetched if c.name.startswith("uint8")).not_tried
     decode = next(c for c in rand if c.name.startswith("decode only the crop"))
     assert decode.workload is not None and decode.compare_pixels and decode.boxes is not None  # timm draws with another RNG
 

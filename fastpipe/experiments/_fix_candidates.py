@@ -262,6 +262,9 @@ def _uint8_rewrite(leaves: Sequence[Any]) -> tuple[list[Any] | None, tuple[Any, 
         head = list(leaves[:k]) + ([v1.PILToTensor()] if kind == "pil" else [])
         moved = f"{type(leaf).__name__} + {type(leaves[k + 1]).__name__}"
         return head + list(leaves[k + 2 :]), normalize, moved
+    last = type(leaves[-1]).__name__ if leaves else ""
+    if last in ("PILToTensor", "MaybePILToTensor", "ToImage"):
+        return None, None, f"the transform already ends in uint8 ({last}): the batch crosses the copy as uint8"
     return None, None, "no float conversion (ToTensor, ConvertImageDtype, ToDtype) followed by Normalize in the transform"
 
 
