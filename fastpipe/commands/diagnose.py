@@ -98,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if checked is not None:
         report.notes.append(checked.line())
     if not args.fix and not report.interrupted:
-        from fastpipe.experiments._fix import plan
-
-        report.notes += plan(workload, step_ms=report.baseline_step_ms, steps=args.steps, warmup=args.warmup, budget=args.budget).lines(
-            args.spec
-        )
+        report.notes += _fix_plan(workload, report, args)
     write_outputs(report, args)
     if args.fix and not report.interrupted:
         fixes = run_fix(workload, device, args, named=[b.stage for b in report.bottlenecks])
@@ -112,3 +108,15 @@ def run(args: argparse.Namespace) -> int:
             args.fix_json.write_text(fixes.to_json())
             print(f"wrote {args.fix_json}")
     return 130 if report.interrupted else 0
+
+
+def _fix_plan(workload: Any, report: Any, args: argparse.Namespace) -> list[str]:
+    """The report's lines on the fixes ``--fix`` would try; a line saying why when they cannot be listed (the
+    diagnosis stands either way)."""
+    from fastpipe.experiments._fix import plan
+
+    try:
+        found = plan(workload, step_ms=report.baseline_step_ms, steps=args.steps, warmup=args.warmup, budget=args.budget)
+    except Exception as exc:  # noqa: BLE001 - never lose a finished diagnosis to the plan of its fixes
+        return [f"fix: the candidate fixes could not be listed ({type(exc).__name__}: {exc})"]
+    return found.lines(args.spec)
