@@ -1,8 +1,8 @@
 """fastpipe fix / diagnose --fix: candidates measured against the original in one run (slow: each runs many rungs).
 
 The planted costs are large against the noise of a loaded 2-core machine: a full JPEG decode of ImageNet-sized
-photos for a 32-pixel crop (about twice what decoding only the crop costs), against a 5 ms simulated step; where nothing can help, the step is 8 times what the
-pipeline costs.
+photos for a 32-pixel crop (about twice what decoding only the crop costs), against a 5 ms simulated step; where nothing
+can help, the pipeline costs a few milliseconds of a 200 ms step (a saving under 5% of the device step does not count).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ class _Tiny(Dataset):
 
 def test_where_nothing_helps_the_report_says_so_and_recommends_nothing() -> None:
     workload = Workload(loader=DataLoader(_Tiny(), batch_size=4, num_workers=0), step=lambda b: None, name="tiny")
-    report = fix(workload, "sim:40", steps=4, warmup=1, budget=3.0)
+    report = fix(workload, "sim:200", steps=4, warmup=1, budget=3.0)
     measured = [r for r in report.results if r.ms_per_step is not None]
     assert measured and all(r.status == NOT_HELPING for r in measured), report.to_table()
     assert not report.recommended and "nothing is recommended" in report.to_table()
-    assert report.original_ms < 1.25 * report.device_step_ms  # the planted premise: the step, not the pipeline, limits
+    assert report.original_ms < 1.1 * report.device_step_ms  # the planted premise: the step, not the pipeline, limits
 
 
 def _spec(photos: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:

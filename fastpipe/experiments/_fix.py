@@ -27,7 +27,7 @@ from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis.ladder._noise import difference_noise
 from fastpipe.errors import ConfigError
 from fastpipe.experiments._compare import ROUNDS, WARMUP_BUDGET_S, measure_rungs
-from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit
+from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit, view_of
 from fastpipe.experiments._fix_checks import InputCheck, check_input
 from fastpipe.loading._rebuild import discard_loader
 from fastpipe.workloads._workload import Workload, load_workload
@@ -85,6 +85,8 @@ class FixReport:
     flags: list[str] = field(default_factory=list)
     named_stages: list[str] | None = None
     elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """The workload's notes (e.g. which wrapper was unwrapped and what of it runs on the device)."""
 
     @property
     def recommended(self) -> list[FixResult]:
@@ -111,7 +113,7 @@ class FixReport:
             out.append(result.line())
             if result.status == RECOMMENDED and result.code:
                 out.append(f"    apply: {result.code}")
-        return out + [f"Flag: {flag}" for flag in self.flags]
+        return out + [f"Flag: {flag}" for flag in self.flags] + [f"Note: {note}" for note in self.notes]
 
     def to_table(self) -> str:
         rows = [
@@ -229,11 +231,14 @@ def fix(
     device = parse_device(device)
     workload = load_workload(source, device) if isinstance(source, str) else source
     started = time.perf_counter()
-    view = None
     if candidates is None:
         candidates, view = build_candidates(workload)
+    else:
+        view, _ = view_of(workload)  # for the grey level's size in the model's input
     unit = level_unit(workload, view.leaves if view is not None else [])
-    report = FixReport(workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None)
+    report = FixReport(
+        workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None, notes=list(workload.notes)
+    )
     measured: list[Candidate] = []
     outcomes: dict[int, FixResult] = {}
     try:

@@ -408,7 +408,10 @@ def _thread_loader(workload: Workload, decoded: Candidate) -> Candidate:
     name = "ThreadLoader over the decode-the-crop dataset"
     loader = workload.loader
     threads = max(1, loader.num_workers)
-    code = f"loader = fastpipe.datasets.ThreadLoader(dataset, batch_size={loader.batch_size}, sampler=..., threads={threads})"
+    code = (
+        f"{decoded.code.split('  # ')[0]}; then: loader = fastpipe.datasets.ThreadLoader(dataset, batch_size={loader.batch_size}, "
+        f"sampler=<your sampler>, threads={threads})  # in place of the DataLoader: {threads} decoding thread(s), one process"
+    )
     if decoded.workload is None or loader.batch_size is None:
         return Candidate(name, ("workers",), code, not_tried="it needs the decode-the-crop dataset and a batch_size")
     dataset = decoded.workload.loader.dataset
