@@ -63,6 +63,12 @@ class Device(ABC):
         """The torch device that tensors of a batch should live on for the step."""
 
     @property
+    def step_uses_worker_cores(self) -> bool:
+        """Whether the step itself runs on the CPU cores the DataLoader workers use (``cpu``): then the input pipeline
+        slows the step by taking its cores, with the loop rarely waiting, rather than by being late."""
+        return False
+
+    @property
     def runs_model(self) -> bool:
         """False for the simulated device, whose step stands in for the model."""
         return True
@@ -108,6 +114,10 @@ class CpuDevice(Device):
 
     kind = "cpu"
     spec = "cpu"
+
+    @property
+    def step_uses_worker_cores(self) -> bool:
+        return True
 
     @property
     def torch_device(self) -> torch.device:

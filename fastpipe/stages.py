@@ -128,17 +128,28 @@ def _composites() -> tuple[type, ...]:
     return (v1.Compose, v2.Compose, Stages)
 
 
-def _flatten(transform: Any) -> list[Any]:
+Opener = Callable[[Any], "Sequence[Any] | None"]
+"""Given a leaf, the stages it only passes its input through (a preset class holding a Compose), or None to keep it whole."""
+MAX_NESTING = 16
+
+
+def _flatten(transform: Any, opener: Opener | None = None, depth: int = 0) -> list[Any]:
     """Leaves of a composite, in order. Only plain chains are opened: RandomApply, RandomChoice or
-    RandomOrder also hold a list, but run it conditionally, so they stay one stage."""
+    RandomOrder also hold a list, but run it conditionally, so they stay one stage. ``opener`` may open
+    more (see :func:`fastpipe.diagnosis.discovery._pipeline.open_holder`)."""
     if transform is None:
         return []
+    if depth > MAX_NESTING:
+        return [transform]
     if isinstance(transform, Stages):
-        return [leaf for item in transform.transforms for leaf in _flatten(item)]
+        return [leaf for item in transform.transforms for leaf in _flatten(item, opener, depth + 1)]
     if isinstance(transform, _composites()):
-        return [leaf for item in transform.transforms for leaf in _flatten(item)]
+        return [leaf for item in transform.transforms for leaf in _flatten(item, opener, depth + 1)]
     if isinstance(transform, (torch.nn.Sequential, list, tuple)):
-        return [leaf for item in transform for leaf in _flatten(item)]
+        return [leaf for item in transform for leaf in _flatten(item, opener, depth + 1)]
+    inner = opener(transform) if opener is not None else None
+    if inner is not None:
+        return [leaf for item in inner for leaf in _flatten(item, opener, depth + 1)]
     return [transform]
 
 
@@ -151,11 +162,11 @@ def stage_name(leaf: Any) -> str:
     return leaf.__name__
 
 
-def split_transform(transform: Any) -> list[Stage]:
-    """The stages of ``transform`` in order, named by class with ``#N`` for repeats."""
+def split_transform(transform: Any, opener: Opener | None = None) -> list[Stage]:
+    """The stages of ``transform`` in order, named by class with ``#N`` for repeats; ``opener`` may open more leaves."""
     seen: Counter[str] = Counter()
     stages = []
-    for leaf in _flatten(transform):
+    for leaf in _flatten(transform, opener):
         base = stage_name(leaf)
         seen[base] += 1
         stages.append(Stage(base if seen[base] == 1 else f"{base}#{seen[base]}", leaf))

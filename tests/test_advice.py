@@ -298,3 +298,17 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_the_toys_raw_load_generates_images_so_no_decode_drop_in_is_advised() -> None:
+    """The toy's FakeDataset makes its images with NumPy: no JPEG is decoded, so ImageFolder and DecodeCropLoader do not fit."""
+    from fastpipe.workloads.toy.dataset import FakeDataset
+    from fastpipe.workloads.toy.naive import naive_transform
+
+    transform = naive_transform()
+    dataset = FakeDataset(transform, length=8, raw_size=(64, 64))
+    stages = list(transform.transforms)
+    for stage, kind in ((RAW, RAW), ("RandomCrop", TRANSFORM)):
+        advice = recommend(stage, kind, transform=stages, dataset=dataset)
+        assert "FakeDataset generates each raw image" in advice.summary and "FastFakeDataset(crop_size=" in advice.summary
+        assert "do not apply" in advice.summary and "ImageFolder(root" not in advice.summary and advice.snippet is None

@@ -7,6 +7,7 @@ checks around a run (step check, noise, CPU, DDP agreement). It may import the b
 
 from fastpipe.diagnosis._diagnose import diagnose
 from fastpipe.diagnosis._stepcheck import StepCheck, check_step
+from fastpipe.diagnosis.discovery._catalog import TransformFacts, facts_for
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
 from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
@@ -20,9 +21,11 @@ __all__ = [
     "Report",
     "StageCosts",
     "StepCheck",
+    "TransformFacts",
     "check_step",
     "diagnose",
     "explain_saturation",
+    "facts_for",
     "find_pipeline",
     "measure_stage_costs",
     "measure_workload",

@@ -278,7 +278,7 @@ class _Diagnosis:
             baseline_s = 1 / baseline.steps_per_s
             report.baseline_step_ms = baseline_s * 1000
             report.gap_fraction = max(0.0, 1 - (1 / bound) / baseline_s)
-            report.verdict = verdict_for(report.gap_fraction)
+            report.verdict = verdict_for(report.gap_fraction, shares_cores=self.runner.device.step_uses_worker_cores)
         if costs is not None:
             report.stage_costs = costs.to_dict()
             report.stage_cost_lines = costs.table_lines()

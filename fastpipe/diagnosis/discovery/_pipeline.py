@@ -22,6 +22,11 @@ on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages` with ``so
 :func:`_webdataset_pipeline`); a Hugging Face streaming dataset's ``.map()`` chain is private, so the why-not
 says which declaration to add. :mod:`fastpipe.diagnosis.ladder._stream` replays their points.
 
+At every level, a transform is opened into its stages: a Compose (v1 or v2), an ``nn.Sequential``, a list, and an
+object that only passes its input through a chain it holds (a preset class such as torchvision's reference
+``ClassificationPresetTrain``, whose ``__call__`` is ``return self.transforms(img)``: see
+:mod:`fastpipe.diagnosis.discovery._holder`), so the ladder has a point per inner stage.
+
 Only attributes the object really holds (its own ``__dict__`` or slots) are followed or
 replaced: a ``transform`` exposed through a property is looked through to the dataset that
 owns it, so a replacement never reaches the user's objects. A pipeline that cannot be split
@@ -45,6 +50,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 from torchvision.datasets.vision import StandardTransform
 
+from fastpipe.diagnosis.discovery._holder import open_holder
 from fastpipe.stages import Stage, Stages, TransformPipeline, split_transform, stage_name
 
 WRAPPER_NAMES = ("dataset", "ds", "base")
@@ -221,7 +227,9 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
         return _Miss(obj, route, f"it holds several fastpipe.Stages ({', '.join(a for a, _ in declared)}); keep one per dataset")
     if declared:
         attr, value = declared[0]
-        return TransformPipeline(path, attr, split_transform(value), kind="stages", source=f"{source}.{attr} (fastpipe.Stages)")
+        return TransformPipeline(
+            path, attr, split_transform(value, open_holder), kind="stages", source=f"{source}.{attr} (fastpipe.Stages)"
+        )
 
     hf = _hf_dataset_type()
     if hf is not None and isinstance(obj, hf):
@@ -229,13 +237,17 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
 
     transform = _own(obj, "transform")
     if transform is not _ABSENT and transform is not None:
-        return TransformPipeline(path, "transform", split_transform(transform), source=f"{source}.transform")
+        return TransformPipeline(path, "transform", split_transform(transform, open_holder), source=f"{source}.transform")
 
     joint = _own(obj, "transforms")
     if isinstance(joint, StandardTransform):
         if joint.transform is not None:
             return TransformPipeline(
-                path, "transforms", split_transform(joint.transform), kind="standard", source=f"{source}.transforms (StandardTransform)"
+                path,
+                "transforms",
+                split_transform(joint.transform, open_holder),
+                kind="standard",
+                source=f"{source}.transforms (StandardTransform)",
             )
     elif joint is _ABSENT and not _has_property(obj, "transforms"):
         joint = getattr(type(obj), "transforms", None)  # a joint transform defined on the class is reported, never replaced
@@ -311,7 +323,7 @@ def _hf_pipeline(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], source
             "returning the batch dict; to split preprocess into stages, pass "
             "`fastpipe.Stages(transforms=[step1, step2])` of batch functions instead",
         )
-    return TransformPipeline(path, "transform", split_transform(transform), kind="hf", source=f"{source}.with_transform")
+    return TransformPipeline(path, "transform", split_transform(transform, open_holder), kind="hf", source=f"{source}.with_transform")
 
 
 def _parts_pipeline(

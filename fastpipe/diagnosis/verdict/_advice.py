@@ -17,15 +17,17 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from fastpipe.diagnosis.discovery._catalog import CUSTOM, FASTPIPE, TIMM, facts_for
 from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
 from fastpipe.diagnosis.ladder._plan import HAND_OVER
+from fastpipe.diagnosis.verdict import _fits
 
 RAW, TRANSFORM, COLLATE, COPY, WORKERS = "raw load", "transform", "collate/IPC", "host-to-device copy", "too few workers"
 #: torchvision's RandomResizedCrop scale range: on average a box covers (0.08 + 1) / 2 of the image's area.
 _DEFAULT_SCALE = (0.08, 1.0)
 _DEFAULT_OUT = 224
 _CROPS = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop")
-_FLOAT_OUT = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype")
+_FLOAT_OUT = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "MaybeToTensor")
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
@@ -82,11 +84,9 @@ def recommend(
 
 # ----- what fastpipe can learn about the pipeline ----------------------------------------------
 def _leaves(transform: object | None) -> list[object]:
-    """The stages of a Compose, a list of stages, or one stage, flattened."""
-    inner = transform if isinstance(transform, (list, tuple)) else getattr(transform, "transforms", None)
-    if isinstance(inner, (list, tuple)):
-        return [leaf for t in inner for leaf in _leaves(t)]
-    return [] if transform is None else [transform]
+    """The stages of a Compose, a list of stages, a preset class holding a Compose, or one stage, flattened as a
+    diagnosis finds them."""
+    return _fits.leaves(transform)
 
 
 def _find(transform: object | None, name: str) -> tuple[object | None, list[str]]:
@@ -101,7 +101,7 @@ def _find(transform: object | None, name: str) -> tuple[object | None, list[str]
 
 def _out_size(transform: object | None) -> int:
     for leaf in _leaves(transform):
-        size = getattr(leaf, "size", None) if type(leaf).__name__ in _CROPS else None
+        size = getattr(leaf, "size", None) if type(leaf).__name__ in _CROPS or facts_for(leaf).crop is not None else None
         if isinstance(size, int):
             return size
         if isinstance(size, (list, tuple)) and size:
@@ -177,8 +177,10 @@ def _crop_caveat(crop: str, size: tuple[int, int] | None, out: int) -> str | Non
 
 
 def _crop_of(transform: object | None) -> str | None:
-    """The first crop or resize in the pipeline: what a decoder could do while decoding."""
-    return next((type(leaf).__name__ for leaf in _leaves(transform) if type(leaf).__name__ in _CROPS), None)
+    """The first crop or resize in the pipeline (by the catalog, any library's): what a decoder could do while decoding."""
+    return next(
+        (type(leaf).__name__ for leaf in _leaves(transform) if facts_for(leaf).crop is not None or type(leaf).__name__ in _CROPS), None
+    )
 
 
 # ----- the remedies ----------------------------------------------------------------------------
@@ -312,7 +314,14 @@ def _decode_box(
     converted: str | None,
     label: str,
 ) -> Advice:
-    """Decode only what ``crop`` keeps: the remedy for a crop or resize, and for the raw load before one."""
+    """Decode only what ``crop`` keeps: the remedy for a crop or resize, and for the raw load before one.
+
+    Only where it applies: a raw load that generates its images decodes no file (:func:`_generated`), and fastpipe's
+    ImageFolder is named only where its fast path takes the crop over (else the report says why not).
+    """
+    generated = _fits.generated_raw_load(dataset)
+    if generated is not None:
+        return _generated(label, crop, generated)
     out = _out_size(transform if stage is None else stage)
     caveat = _crop_caveat(crop, _image_size(dataset, image_size), out)
     if converted:
@@ -320,14 +329,24 @@ def _decode_box(
             "; " + caveat if caveat else ""
         )
     what = "resized" if crop == "Resize" else "cropped"
-    if crop in ("Resize", "CenterCrop") and not converted:
+    fast = _fits.fast_path(transform, dataset) if transform is not None else None
+    argument = _fits.transform_argument(dataset)
+    taken = fast is None or (fast.active and crop in fast.absorbed)
+    if not taken and crop not in _BOXES:
+        why = fast.why_not if not fast.active else f"it takes over {' + '.join(fast.absorbed)}, not {crop}"
+        return Advice(
+            summary=f"{label}: the image is decoded whole to be {what} by {crop}. {_fits.not_absorbed(crop, stage, why)}",
+            snippet=_TUNE_SNIPPET,
+            caveat=caveat,
+        )
+    if crop in ("Resize", "CenterCrop") and not converted and taken:
         return Advice(
             summary=(
                 f"{label}: the image is decoded whole to be {what} by {crop}. Change only the dataset class: "
-                "fastpipe.datasets.ImageFolder(root, transform=the_same_transform) decodes Resize and CenterCrop at the "
+                f"fastpipe.datasets.ImageFolder(root, transform={argument}) decodes Resize and CenterCrop at the "
                 "start of the transform in one pass, at the DCT scale (1/2, 1/4, 1/8) that still covers the resized size."
             ),
-            snippet=_VALIDATION_SNIPPET,
+            snippet=_fits.snippet_for(_VALIDATION_SNIPPET, dataset),
             caveat=caveat,
         )
     if crop in _BOXES:
@@ -344,11 +363,11 @@ def _decode_box(
     return Advice(
         summary=(
             f"{label}: the image is decoded whole to be {what} by {crop}. Decode only the crop, changing only the dataset "
-            "class: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) draws torchvision's box from the "
+            f"class: fastpipe.datasets.ImageFolder(root, transform={argument}) draws torchvision's box from the "
             f"header and decodes only it (then, for uint8 out, fastpipe.datasets.ImageFolder(root, size={out}); or "
             f"DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
         ),
-        snippet=_decode_crop(transform),
+        snippet=_fits.snippet_for(_decode_crop(transform), dataset),
         caveat=caveat,
     )
 
@@ -357,6 +376,9 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
     stream = _stream_raw_load(dataset)
     if stream is not None:
         return stream
+    generated = _fits.generated_raw_load(dataset)
+    if generated is not None:
+        return _generated("Raw load", _crop_of(transform), generated)
     crop = _crop_of(transform)
     if crop is not None:
         stage, _ = _find(transform, crop)
@@ -375,6 +397,23 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
         snippet=advice.snippet,
         caveat="fastpipe did not see the transform: this assumes the usual RandomResizedCrop recipe"
         + ("; " + advice.caveat if advice.caveat else ""),
+    )
+
+
+def _generated(label: str, crop: str | None, dataset: str) -> Advice:
+    """A raw load that makes its images in code (the toy's FakeDataset): no file is decoded, so no decode drop-in fits."""
+    keep = (
+        f" Make only what {crop} keeps: generate the crop's region alone and drop {crop} (the toy's FastFakeDataset("
+        "crop_size=...) does, the stand-in for a decoder that decodes only the crop), or generate it faster "
+        "(fastpipe.transforms.uniform_noise is ~10x np.random.randint)."
+        if crop
+        else " Generate less or faster (fastpipe.transforms.uniform_noise is ~10x np.random.randint), or add workers if cores are idle."
+    )
+    return Advice(
+        summary=(
+            f"{label}: {dataset} generates each raw image in code (no file is read or decoded), so fastpipe's "
+            f"decode-the-crop drop-ins (ImageFolder, DecodeCropLoader) do not apply.{keep}"
+        )
     )
 
 
@@ -502,9 +541,21 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     # their remedy is uint8 out and Normalize on the device, as for torchvision's
     if _is_fastpipe_part(stage) and name != "RandomMask" and name not in _FLOAT_OUT:
         return _with_prepare(_fastpipe_part(name, dataset), dataset)
-    converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage")), None)
-    if name in _CROPS:
+    facts = facts_for(stage) if stage is not None else None
+    # a library transform (by the catalog) is already native: its remedy comes from what it is, never "compile it"
+    library = facts is not None and facts.library not in (CUSTOM, FASTPIPE) and not facts.compile_helps
+    converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")), None)
+    if name in _CROPS or (library and facts is not None and facts.crop is not None):
         return _decode_box(name, stage, transform, dataset, image_size, converted, name)
+    fast = _fits.fast_path(transform, dataset) if library and transform is not None and _fits.generated_raw_load(dataset) is None else None
+    takes_over = set(fast.absorbed) if fast is not None and fast.active else set()
+    if (
+        library
+        and facts is not None
+        and ((name in ("RandomHorizontalFlip", "PILToTensor") and name not in takes_over) or (name == "ToTensor" and facts.library == TIMM))
+    ):
+        summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform))
+        return Advice(summary=summary, snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)) if on_device else _TUNE_SNIPPET)
     if name in _FLOAT_OUT:
         mean, std = _mean_std(transform)
         head = _head(transform, name)
@@ -520,19 +571,19 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
         return Advice(
             summary=(
                 "RandomHorizontalFlip: a copy of every pixel. fastpipe's decode-the-crop drop-ins flip while they resize, "
-                "at no extra cost: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) takes a flip right "
+                f"at no extra cost: fastpipe.datasets.ImageFolder(root, transform={_fits.transform_argument(dataset)}) takes a flip right "
                 f"after the crop over (or ImageFolder(root, size={_out_size(transform)}, hflip=0.5) for uint8 out)."
             ),
-            snippet=_decode_crop(transform),
+            snippet=_fits.snippet_for(_decode_crop(transform), dataset),
         )
     if name == "PILToTensor":
         return Advice(
             summary=(
                 "PILToTensor: it copies every pixel it is given; crop before it, or let the decoder return the "
-                "cropped uint8 tensor itself: fastpipe.datasets.ImageFolder(root, transform=the_same_transform) drops a "
+                f"cropped uint8 tensor itself: fastpipe.datasets.ImageFolder(root, transform={_fits.transform_argument(dataset)}) drops a "
                 f"PILToTensor that follows the crop (or ImageFolder(root, size={_out_size(transform)}))."
             ),
-            snippet=_decode_crop(transform),
+            snippet=_fits.snippet_for(_decode_crop(transform), dataset),
         )
     if name == "RandomMask" and not _is_fastpipe_mask(stage):
         return Advice(
@@ -542,11 +593,19 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
             ),
             snippet=_MASK_SNIPPET.format(out=_out_size(transform)),
         )
+    if library and facts is not None:
+        summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform))
+        return Advice(summary=summary, snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)) if on_device else _TUNE_SNIPPET)
+    inside = (
+        f" ({facts.library}'s {facts.name}, holding your own code)" if facts is not None and facts.library not in (CUSTOM, FASTPIPE) else ""
+    )
     return Advice(
         summary=(
-            f"{name}: a custom transform that is slow by itself. Compile it (Numba @njit over a uint8 array, or a C++ "
+            f"{name}: a custom transform that is slow by itself{inside}. Compile it (Numba @njit over a uint8 array, or a C++ "
             "TORCH_LIBRARY op, as fastpipe.transforms.RandomMask is), or move it onto the device after the copy, "
-            "on whole batches (fastpipe.DevicePrefetcher(transform=...) or Workload(device_transform=...))."
+            "on whole batches (fastpipe.DevicePrefetcher(transform=...) or Workload(device_transform=...)) if it can: "
+            "only if it takes the batch tensor (not PIL images) and, if it is random, draws its parameters per sample "
+            "(fastpipe does not know either for your own code)."
         ),
         snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)),
     )

@@ -55,8 +55,22 @@ WORKER_KINDS = ("transform", "raw load")
 """Kinds of component that run entirely inside the workers, where the in-worker timing sees all of their cost."""
 
 
-def verdict_for(gap: float) -> str:
-    return next(label for limit, label in VERDICT_BANDS if gap < limit)
+COMPETES = "the input pipeline competes with the step for the CPU"
+"""The verdict's start when the step runs on the workers' cores (``--device cpu``): see :func:`verdict_for`."""
+
+
+def verdict_for(gap: float, *, shares_cores: bool = False) -> str:
+    """The verdict for a gap (the share of the baseline step that is input): a band of :data:`VERDICT_BANDS`.
+
+    When the step runs on the cores the workers use (``shares_cores``, ``--device cpu``), a gap beyond the first band
+    is not "input-bound" in the sense of a loop waiting for batches: the workers take the step's cores, so the loop
+    may never wait while the step slows down. It is its own verdict then, "the input pipeline competes with the step
+    for the CPU: X% of the step", X being the gap.
+    """
+    label = next(label for limit, label in VERDICT_BANDS if gap < limit)
+    if shares_cores and gap >= VERDICT_BANDS[0][0]:
+        return f"{COMPETES}: {gap:.0%} of the step"
+    return label
 
 
 def step_s(result: ExperimentResult) -> float:

@@ -97,7 +97,10 @@ def cpu_device(facts: Facts) -> str | None:
         return None
     return (
         "on --device cpu the model and the workers share the same cores, so the device bound is low and every "
-        "pipeline stage also slows the step; a GPU (or --device sim:STEP_MS) separates them"
+        "pipeline stage also slows the step: the loop may never wait for a batch while the workers take the model's "
+        "cores, so `fastpipe watch` (which times the waits) can report little input-bound time where the ladder reports "
+        "the step's slowdown; once the step runs on an accelerator (or --device sim:STEP_MS) the two separate the step "
+        "from the pipeline and agree"
     )
 
 

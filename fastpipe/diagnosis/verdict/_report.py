@@ -14,7 +14,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "precision_target": float, "budget_s": float,
       "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
       "gap_fraction": float | null,            # 1 - device step / baseline step
-      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "too noisy to decide" | "incomplete",
+      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "too noisy to decide" | "incomplete"
+                 | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
       "experiments": [{
           "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
           "steps_per_s": float, "fraction_of_bound": float,

@@ -31,6 +31,10 @@ class FakeDataset(VisionDataset):
     ``transform`` to the image.
     """
 
+    raw_load_reads_files = False
+    """Declared for fastpipe's advice: the raw load generates its image and reads or decodes no file, so the
+    decode-the-crop drop-ins (which decode JPEG files) do not apply to it (see fastpipe.diagnosis.verdict._fits)."""
+
     def __init__(
         self,
         transform: Callable[[Any], Any] | None = None,
