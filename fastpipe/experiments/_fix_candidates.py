@@ -13,13 +13,13 @@ object that holds its stages in a ``transforms`` Compose (torchvision's ``Classi
 * both together, and fastpipe's ThreadLoader over the result (batches decoded by native threads, one process);
 * **loader settings**: ``num_workers`` up to the usable cores (the top of ``fastpipe tune``'s sweep, which measures
   every count in between), and recycled batch memory (:func:`fastpipe.recycled`) for a loader with workers;
-* **a compiled kernel** for a transform of the user's own (not a library's): advice only, never tried, since
+* **a compiled kernel** for a transform of the user's own (the catalog's ``compile_helps``): advice only, never tried, since
   fastpipe does not write code that claims to be equivalent.
 
 Each candidate carries the code to apply and how its input is checked (:mod:`fastpipe.experiments._fix_checks`).
 No per-sample random transform is ever moved onto the device on whole batches: that would draw one parameter set per
-batch, another augmentation. The facts used here (is it a crop the decoder can absorb, a conversion, a library's)
-come from ``absorb`` and the classes' modules; the transform catalog can take their place.
+batch, another augmentation. Whether a crop can be absorbed is ``absorb``'s to say (it builds the decode stage); whether
+a transform is the user's own code, and which generator a crop draws from, the transform catalog's (``facts_for``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from torch.utils.data import DataLoader
 from fastpipe._system import usable_cores
 from fastpipe.datasets.absorb import absorb
 from fastpipe.datasets.crop import crop_params
+from fastpipe.diagnosis.discovery._catalog import facts_for
+from fastpipe.diagnosis.discovery._holder import delegated_attribute, open_holder
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.experiments._fix_checks import BoxDraw
 from fastpipe.loading._rebuild import rebuild_loader
@@ -42,8 +44,6 @@ from fastpipe.loading._unwrap import TimmPrefetchTransform, chain
 from fastpipe.stages import split_transform
 from fastpipe.workloads._workload import Workload
 
-#: Modules whose transforms are a library's (already native or vectorised): never advised to be compiled.
-LIBRARIES = ("torchvision", "timm", "albumentations", "kornia", "torch", "PIL", "numpy", "fastpipe", "cv2", "monai")
 #: How many files' headers are read for the image sizes the crop-box test draws for.
 SIZE_SAMPLE = 64
 
@@ -90,27 +90,13 @@ def _module(obj: Any) -> str:
     return type(obj).__module__.split(".")[0]
 
 
-def _composite(value: Any) -> bool:
-    import torchvision.transforms as v1
-    import torchvision.transforms.v2 as v2
-
-    return isinstance(value, (v1.Compose, v2.Compose))
-
-
 def inner_leaves(transform: Any) -> tuple[list[Any], str | None]:
-    """The leaves of ``transform``, and the attribute they were found in when it is a preset object that holds them.
-
-    A single leaf that is none of the libraries' and holds a Compose in ``transforms`` (or ``transform``) is opened
-    (torchvision's ``ClassificationPresetTrain`` calls ``self.transforms(img)``). The transform catalog's descent can
-    replace this function.
-    """
-    leaves = [stage.transform for stage in split_transform(transform)]
-    if len(leaves) == 1 and hasattr(leaves[0], "__dict__"):
-        for attr in ("transforms", "transform"):
-            inner = vars(leaves[0]).get(attr)
-            if inner is not None and _composite(inner):
-                return [stage.transform for stage in split_transform(inner)], f"{type(leaves[0]).__name__}.{attr}"
-    return leaves, None
+    """The leaves of ``transform``, opened as discovery opens them (a Compose, and a preset object whose call only
+    passes its input to a chain it holds: :func:`fastpipe.diagnosis.discovery._holder.open_holder`), and where they were
+    found when ``transform`` is such a preset (``"ClassificationPresetTrain.transforms"``; None otherwise)."""
+    attr = delegated_attribute(transform) if open_holder(transform) is not None else None
+    leaves = [stage.transform for stage in split_transform(transform, open_holder)]
+    return leaves, None if attr is None else f"{type(transform).__name__}.{attr}"
 
 
 def view_of(workload: Workload) -> tuple[PipelineView | None, str | None]:
@@ -338,7 +324,8 @@ def _decode_crop(workload: Workload, view: PipelineView, leaves: list[Any], labe
     new_dataset = _replace_owner(view.dataset, view.pipeline.path, dataset)
     stage_names = ["raw load", *fast.absorbed] + ([view.via.split(".")[0]] if view.via else [])
     draws = _crop_draws(leaves[0], fast.decode)
-    same_rng = type(leaves[0]).__module__.startswith("torchvision")
+    crop = facts_for(leaves[0]).crop
+    same_rng = crop is not None and crop.rng in ("torch", "none")  # the decoder draws with torchvision's code on torch's RNG
     return Candidate(
         name,
         tuple(stage_names),
@@ -439,7 +426,7 @@ def _thread_loader(workload: Workload, decoded: Candidate) -> Candidate:
 def _compile_advice(view: PipelineView) -> list[Candidate]:
     out = []
     for leaf in view.leaves:
-        if _module(leaf) in LIBRARIES or not callable(leaf):
+        if not facts_for(leaf).compile_helps or not callable(leaf):  # a library's transform is already native
             continue
         name = f"compile {type(leaf).__name__}"
         out.append(
