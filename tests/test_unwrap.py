@@ -117,3 +117,14 @@ def test_a_declared_wrapper_is_unwrapped() -> None:
 
     found = unwrap_loader(OwnWrapper())
     assert found.loader is loader and found.device_transform is _step
+
+
+def test_watch_around_timms_loader_is_unwrapped_layer_by_layer(photos: Path) -> None:
+    """fastpipe.watch(create_loader(...)): both layers peeled, outermost first; timm's device work kept."""
+    import fastpipe
+
+    wrapped = _timm_loader(photos)
+    found = unwrap_loader(fastpipe.watch(wrapped, echo=False, memory=False))
+    assert found.loader is wrapped.loader and found.prefetch_depth == 1
+    assert "watch" in found.layers[0] and "PrefetchLoader" in found.layers[1]
+    assert "TimmPrefetchTransform" in repr(found.device_transform)

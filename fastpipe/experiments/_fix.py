@@ -62,6 +62,11 @@ class FixResult:
                 f"fix: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step ({self.gain:+.0%}, beyond noise), "
                 f"input checked: {self.check}"
             )
+        if self.status == NOT_HELPING and self.ms_per_step - self.original_ms > self.noise_ms:
+            return (
+                f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
+                f"({self.gain:+.0%}: slower beyond ±{self.noise_ms:.0f} ms of noise or drift)"
+            )
         if self.status == NOT_HELPING:
             return (
                 f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
