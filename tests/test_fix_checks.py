@@ -153,6 +153,24 @@ def test_a_fix_with_wrong_labels_or_a_shifted_crop_is_never_measured_nor_recomme
     assert report.original_ms is None and not report.recommended  # nothing was measured
 
 
+def test_the_checks_leave_the_users_random_generators_as_they_were(photos: Path) -> None:
+    """The checks seed torch, random and NumPy to compare like with like; the user's states are put back."""
+    import random
+
+    import numpy as np
+
+    preset = PresetTrain(64)
+    original = _workload(torchvision.datasets.ImageFolder(str(photos), preset))
+    fixed = _workload(ImageFolder(str(photos), transform=preset.transforms))
+    torch.manual_seed(11)
+    random.seed(11)
+    np.random.seed(11)
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    check_input(original, fixed, level_unit=None, boxes=(_rrc_draw(v1.RandomResizedCrop), _decoder_draw(), SIZES))
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert (np.random.get_state()[1] == before[2]).all()
+
+
 def test_without_fix_the_plan_names_the_fixes_and_the_time(photos: Path) -> None:
     workload = _workload(torchvision.datasets.ImageFolder(str(photos), PresetTrain(64)))
     found = plan(workload, step_ms=50.0, steps=10, warmup=3, budget=20.0)

@@ -15,6 +15,9 @@ workload's device transform applied on the CPU (seeded alike again). Then:
   with Python's ``random``, fastpipe's decoder with torch's): :data:`BOX_DRAWS` boxes of each, for the dataset's own
   image sizes, compared feature by feature (area share, log aspect ratio, centre x and y) with a two-sample
   Kolmogorov-Smirnov test; the distributions differ when any p-value is under :data:`BOX_ALPHA` / 4 (Bonferroni).
+
+The generators' states (torch's, Python's, NumPy's) are put back when a check ends: the user's script goes on drawing
+what it would have drawn.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastpipe._tree import iter_tensors, map_tensors
+from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.loading._rebuild import rebuild_loader
 
 #: Mean absolute difference allowed, in 0..255 levels (fastpipe.ops.jpeg's documented tolerance for a DCT-scaled decode).
@@ -152,6 +156,23 @@ def check_input(
         boxes: (the original crop's draw, the fix's draw, image sizes (h, w) to draw for): test their distribution.
         direct: read each workload's own loader (its first batch, workers and all), for a fix of the loader itself.
     """
+    rngs = UserState()  # the checks seed every generator: the user's states are put back afterwards
+    try:
+        return _check_input(original, fixed, level_unit, compare_pixels, boxes, samples, seed, direct)
+    finally:
+        rngs.restore()
+
+
+def _check_input(
+    original: Any,
+    fixed: Any,
+    level_unit: Sequence[float] | float | None,
+    compare_pixels: str | None,
+    boxes: tuple[BoxDraw, BoxDraw, Sequence[tuple[int, int]]] | None,
+    samples: int,
+    seed: int,
+    direct: bool,
+) -> InputCheck:
     a, b = model_inputs(original, samples, seed, direct), model_inputs(fixed, samples, seed, direct)
     labels_a = [_images_labels(x)[1] for x in a]
     labels_b = [_images_labels(x)[1] for x in b]
@@ -217,9 +238,13 @@ def compare_boxes(original: BoxDraw, fixed: BoxDraw, sizes: Sequence[tuple[int, 
     from scipy.stats import ks_2samp
 
     drawn = []
-    for k, draw in enumerate((original, fixed)):
-        seed_all(seed + 7919 * k)  # independent draws: equal seeds would make a same-RNG pair trivially identical
-        drawn.append([(*map(int, draw(*sizes[i % len(sizes)])), *sizes[i % len(sizes)]) for i in range(draws)])
+    rngs = UserState()
+    try:
+        for k, draw in enumerate((original, fixed)):
+            seed_all(seed + 7919 * k)  # independent draws: equal seeds would make a same-RNG pair trivially identical
+            drawn.append([(*map(int, draw(*sizes[i % len(sizes)])), *sizes[i % len(sizes)]) for i in range(draws)])
+    finally:
+        rngs.restore()
     features_a, features_b = _features(drawn[0]), _features(drawn[1])
     worst = (math.inf, "")
     for name in features_a:
