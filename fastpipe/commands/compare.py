@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_device_argument, add_toy_options, resolve_device, toy_option_values, write_outputs
+from fastpipe.commands.common import (
+    add_device_argument,
+    add_toy_options,
+    check_output_paths,
+    resolve_device,
+    toy_option_values,
+    write_outputs,
+)
 from fastpipe.errors import ConfigError
 
 
@@ -45,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.experiments._compare import compare
     from fastpipe.workloads._workload import family_of
 
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError("--steps must be at least 1 and --warmup at least 0")
     if args.specs not in (["toy"], ["jpeg"]) and len(args.specs) < 2:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
 
 
 def add_parser(subparsers: Any) -> None:
@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis.memory._loader import loader_budget_warning
     from fastpipe.diagnosis.stagecost import measure_stage_costs
 
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     device, workload = workload_from_args(args)
     warning = loader_budget_warning(workload.loader)  # before any worker starts: a loader that would die says why first
     if warning:

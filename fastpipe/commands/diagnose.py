@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
 from fastpipe.commands.fix import add_fix_arguments, run_fix
 
 
@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis._diagnose import diagnose
     from fastpipe.diagnosis._options import DiagnoseOptions
 
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     DiagnoseOptions(
         steps=args.steps,
         warmup=args.warmup,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
 
 
 def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +61,7 @@ def run_fix(workload: Any, device: Any, args: argparse.Namespace, named: list[st
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback after minutes of measuring
     device, workload = workload_from_args(args)
     report = run_fix(workload, device, args)
     write_outputs(report, args)

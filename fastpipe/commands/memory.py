@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_workload_arguments, resolve_device, toy_options
+from fastpipe.commands.common import add_workload_arguments, check_output_paths, resolve_device, toy_options
 from fastpipe.errors import ConfigError
 
 EXIT_DOES_NOT_FIT = 1
@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis.memory._loader import measure_loader_memory
     from fastpipe.workloads._workload import load_workload
 
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     if args.samples is not None and args.samples < 1:
         raise ConfigError(f"--samples must be >= 1. Got {args.samples}")
     if args.interval <= 0:

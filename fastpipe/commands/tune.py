@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_step_arguments, add_workload_arguments, workload_from_args, write_outputs
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
 from fastpipe.errors import ConfigError
 
 
@@ -63,6 +63,7 @@ def _progress(trial: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastpipe.experiments._tune import tune
 
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     if args.max_workers is not None and args.max_workers < 1:
         raise ConfigError(f"--max-workers must be at least 1, got {args.max_workers}")
     if args.shm_budget_mb is not None and args.shm_budget_mb <= 0:

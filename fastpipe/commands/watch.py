@@ -5,10 +5,12 @@ The script runs in this process (``runpy``, with its own ``sys.argv`` and its fo
 DataLoader the script iterates gets a :class:`~fastpipe.monitor.Watch`, and, unless ``--no-stages``, its batches
 come from a copy of it whose dataset and collate are timed inside the workers (the ledger of
 :mod:`fastpipe.diagnosis.stagecost`; the timings travel with each batch and are stripped off before the script
-sees it). The copy keeps every setting (workers, batch size, collate, pinning, persistent workers) and iterates a
-copy of the sampler: the same distribution of batches, not necessarily the same order. When the script ends, or
-on Ctrl-C, it prints the input-bound share of the loader iterated most (the training loader), its stages, and
-the next step.
+sees it). The copy keeps every setting (workers, batch size, collate, pinning, persistent workers) and iterates
+the script's own sampler (or batch sampler) and generator, not copies: ``sampler.set_epoch(epoch)``
+(DistributedSampler) and a seeded generator give the batches, in the order, the script gets without fastpipe.
+When the script ends, or on Ctrl-C, it prints the input-bound share of the loader iterated most (the training
+loader), its stages, and the next step. The script's exit status, and the message of ``sys.exit("message")``,
+come through as they would from ``python SCRIPT``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader
 
 from fastpipe._render import render_table
+from fastpipe.commands.common import check_output_paths
 from fastpipe.errors import ConfigError
 from fastpipe.monitor import HINT_SHARE, Watch, band_for, tap_dataloaders
 
@@ -137,7 +140,7 @@ class Session:
             from fastpipe.diagnosis.stagecost import timed_loader
 
             try:
-                entry.timed, entry.notes = timed_loader(loader)
+                entry.timed, entry.notes = timed_loader(loader, share_sampler=True)
             except Exception as exc:  # a loader that cannot be rebuilt (an unusual subclass): watch it untimed
                 self.stages_off(entry, f"its stages could not be timed ({type(exc).__name__}: {exc}); it ran untouched")
                 return original(loader)
@@ -167,10 +170,23 @@ def _calling_framework() -> str | None:
     return None
 
 
+def exit_status(code: Any) -> int:
+    """The status ``python SCRIPT`` exits with for ``sys.exit(code)``; a message (any non-int) is printed to stderr, as
+    Python prints it, and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stdout.flush()
+    print(code, file=sys.stderr, flush=True)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     kind, target, script_args = parse_command(args.command)
     if args.every is not None and args.every < 1:
         raise ConfigError(f"--every must be a positive number of steps. Got {args.every}.")
+    check_output_paths(args)  # before the script runs: a bad --json is one line now, not a traceback at the end
 
     def echo(line: str) -> None:  # stderr: stdout stays the script's; flushed first so the two interleave in order
         sys.stdout.flush()
@@ -190,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         interrupted, code = True, EXIT_INTERRUPTED
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exit_status(exc.code)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     for entry in session.watched.values():
@@ -198,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     main = session.main()
     echo(report(session, main, target, interrupted))
     if args.json is not None and main is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary(main), indent=2))
     return code
 

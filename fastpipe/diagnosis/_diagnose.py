@@ -515,7 +515,8 @@ def diagnose(
     )
     pool_reason = None
     if options.pool is None:
-        why = ddp.from_rank0(variable_inputs(runner) if ddp.is_rank0() else None)
+        with preserve_user_state(loader=workload.loader):  # the probe reads samples: what they draw is put back
+            why = ddp.from_rank0(variable_inputs(runner) if ddp.is_rank0() else None)
         if why:
             runner.pool = VARIABLE_POOL
             pool_reason = (

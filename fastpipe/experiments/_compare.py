@@ -29,7 +29,7 @@ from fastpipe.diagnosis.ladder._noise import difference_noise, pool
 from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.memory._shm_budget import size_text
-from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
+from fastpipe.diagnosis.runtime._snapshot import UserState, preserve_user_state
 from fastpipe.diagnosis.verdict._caveats import busy_machine_line
 from fastpipe.errors import ConfigError
 from fastpipe.workloads._workload import family_of, load_workload
@@ -347,6 +347,7 @@ def compare(
     device = parse_device(device)
     variants = resolve_variants(specs)
     workloads = []
+    rngs = UserState()  # the user's factories run here (a model's initialisation draws): their generators are put back
     try:
         for name, spec in variants:
             options = dict(toy_options or {}) if family_of(spec) is not None else {}
@@ -358,6 +359,7 @@ def compare(
             close = getattr(workload.loader, "close", None)  # e.g. a Ray cluster fastpipe started for this variant
             if close is not None:
                 close()
+        rngs.restore()
     results = [(name, spec, pooled[i]) for i, (name, spec) in enumerate(variants)]
     comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
     device_ms = 1000.0 / bound

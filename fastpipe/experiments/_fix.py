@@ -25,6 +25,7 @@ from fastpipe._render import render_table
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis.ladder._noise import difference_noise
+from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.errors import ConfigError
 from fastpipe.experiments._compare import ROUNDS, WARMUP_BUDGET_S, measure_rungs
 from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit, view_of
@@ -246,6 +247,7 @@ def fix(
     )
     measured: list[Candidate] = []
     outcomes: dict[int, FixResult] = {}
+    rngs = UserState()  # candidates are built and measured here: the user's generators are put back at the end
     try:
         for candidate in candidates:
             result = FixResult(candidate.name, NOT_TRIED, candidate.code, list(candidate.addresses), why=candidate.not_tried)
@@ -276,6 +278,7 @@ def fix(
             _judge(report, bound, pooled, measured, outcomes, drift)
     finally:
         _discard(candidates)
+        rngs.restore()
     order = {RECOMMENDED: 0, NOT_HELPING: 1, INPUT_CHANGED: 2, FAILED: 3, NOT_TRIED: 4}
     report.results = sorted(outcomes.values(), key=lambda r: (order[r.status], -(r.gain or 0.0)))
     if named:

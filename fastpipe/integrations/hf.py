@@ -14,6 +14,13 @@ evaluation inside an epoch stops the clock from the moment its loader is iterate
 With the trainer given, each epoch's figures go through ``trainer.log`` to every reporter it has (TensorBoard,
 W&B...) and into ``trainer.state.log_history``.
 
+The tap is closed on every way out of ``train()``, not only at ``on_train_end`` (which the Trainer skips when
+training raises or is interrupted): the callback wraps the trainer's ``train`` in a ``try/finally`` (an
+instance attribute; ``del trainer.train`` removes it), when it knows the trainer before training starts (from
+``watch(trainer)``, ``WatchCallback(trainer=...)``, or ``on_init_end`` for a callback passed to
+``Trainer(callbacks=[...])``). A callback added later still closes its tap at the first ``iter()`` of any
+DataLoader once the Trainer's training call is no longer running.
+
 ``diagnose`` runs :func:`fastpipe.diagnose` on ``trainer.get_train_dataloader()`` with the Trainer's own step:
 ``trainer.training_step`` (its loss, its mixed precision, its backward), gradient clipping at
 ``args.max_grad_norm``, ``optimizer.step()``, ``lr_scheduler.step()``, ``zero_grad``. The optimizer and
@@ -23,6 +30,9 @@ they were afterwards (None again, or the state they had); the model's weights an
 
 from __future__ import annotations
 
+import functools
+import sys
+from types import FrameType
 from typing import Any, Callable
 
 import torch
@@ -32,7 +42,7 @@ from fastpipe.diagnosis import Report
 from fastpipe.diagnosis import diagnose as _diagnose
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import require
-from fastpipe.monitor import SHARE_METRIC, WAIT_METRIC, Watch, tap_dataloaders
+from fastpipe.monitor import SHARE_METRIC, WAIT_METRIC, Watch, close_tap, open_tap
 
 _CALLBACK: type | None = None
 
@@ -49,7 +59,7 @@ def __getattr__(name: str) -> Any:
 
 def watch(trainer: Any, **options: Any) -> Any:
     """Add a :class:`WatchCallback` that logs through ``trainer.log``; returns the callback (its ``.watch`` after)."""
-    callback = _callback_class()(trainer=trainer, **options)
+    callback = _callback_class()(trainer=trainer, **options)  # wraps trainer.train: the tap closes on every way out
     trainer.add_callback(callback)
     return callback
 
@@ -59,6 +69,48 @@ def _callback_class() -> type:
     if _CALLBACK is None:
         _CALLBACK = _make_callback_class(_transformers().TrainerCallback)
     return _CALLBACK
+
+
+def _trainer_on_stack(depth: int = 2) -> tuple[Any, FrameType | None]:
+    """The Trainer whose method is running below this call, and the frame of its ``train`` (None if not in it)."""
+    trainer_class = _transformers().Trainer
+    frame: FrameType | None = sys._getframe(depth)
+    trainer, train_frame = None, None
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, trainer_class):
+            trainer = owner
+            if frame.f_code.co_name == "train":
+                train_frame = frame
+        frame = frame.f_back
+    return trainer, train_frame
+
+
+def _running(frame: FrameType) -> bool:
+    """Whether ``frame`` is on the calling stack (the training call it belongs to has not returned)."""
+    current: FrameType | None = sys._getframe(1)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
+
+
+def _guard_train(trainer: Any, callback: Any) -> None:
+    """Wrap ``trainer.train`` so that the callback's tap is closed however training ends (once per callback)."""
+    inner = trainer.train
+    if callback in getattr(inner, "_fastpipe_callbacks", ()):
+        return
+
+    @functools.wraps(inner)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            callback.close_tap()
+
+    train._fastpipe_callbacks = (*getattr(inner, "_fastpipe_callbacks", ()), callback)  # type: ignore[attr-defined]
+    trainer.train = train
 
 
 def _make_callback_class(base: type) -> type:
@@ -76,24 +128,41 @@ def _make_callback_class(base: type) -> type:
             self.options = dict(echo=echo, memory=memory, every=every)
             self.watch: Watch | None = None
             self._tap: Any = None
+            if trainer is not None:
+                _guard_train(trainer, self)
+
+        def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            trainer, _ = _trainer_on_stack()  # called from Trainer.__init__: guard its train() before it runs
+            if trainer is not None:
+                _guard_train(trainer, self)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
             if train_dataloader is None:
                 return
+            self.close_tap()  # one tap per training run, whatever the last one left
             suggest = f'report = fastpipe.integrations.hf.diagnose(trainer, device="{args.device}"); print(report)'
             self.watch = watch_ = Watch([], ends_epochs=False, suggest=suggest, **self.options)
+            _, training = _trainer_on_stack()
 
             # accelerate's DataLoaderShard wraps the DataLoader that is really iterated (its base_dataloader)
             trained = {id(train_dataloader), id(getattr(train_dataloader, "base_dataloader", train_dataloader))}
 
             def select(loader: Any) -> Watch | None:
+                if training is not None and not _running(training):  # train() left without on_train_end, unguarded
+                    self.close_tap()
+                    return None
                 if id(loader) in trained:
                     return watch_
                 watch_.pause()  # another loader iterated while training: an evaluation, until on_evaluate
                 return None
 
-            self._tap = tap_dataloaders(select)
-            self._tap.__enter__()
+            self._tap = open_tap(select)
+
+        def close_tap(self) -> None:
+            """Put ``DataLoader.__iter__`` back (this callback's part of it); again is a no-op."""
+            if self._tap is not None:
+                tap, self._tap = self._tap, None
+                close_tap(tap)
 
         def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.watch is not None:
@@ -112,9 +181,7 @@ def _make_callback_class(base: type) -> type:
                 state.log_history.append({**logs, "step": state.global_step})
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self._tap is not None:
-                tap, self._tap = self._tap, None
-                tap.__exit__(None, None, None)
+            self.close_tap()
 
     return WatchCallback
 

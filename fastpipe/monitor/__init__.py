@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 from fastpipe.monitor._ledger import BANDS, WaitLedger, Window, band_for
 from fastpipe.monitor._memory import MemorySnapshot, memory_snapshot
-from fastpipe.monitor._tap import tap_dataloaders
+from fastpipe.monitor._tap import close_tap, open_tap, open_taps, tap_dataloaders
 from fastpipe.monitor._watch import HINT_SHARE, SHARE_METRIC, WAIT_METRIC, Watch, WatchIterator, diagnose_hint
 
 
@@ -45,8 +45,11 @@ __all__ = [
     "WatchIterator",
     "Window",
     "band_for",
+    "close_tap",
     "diagnose_hint",
     "memory_snapshot",
+    "open_tap",
+    "open_taps",
     "tap_dataloaders",
     "watch",
 ]

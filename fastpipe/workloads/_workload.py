@@ -25,6 +25,8 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -112,6 +114,25 @@ def default_device_for(specs: "str | Iterable[str]") -> str:
     return choice if choice is not None else fallback
 
 
+def user_frame(exc: BaseException) -> str:
+    """Where in the user's code ``exc`` was raised, as ``file:line in function: source``: the deepest frame outside
+    fastpipe, torch and the installed packages (else the deepest frame), so the one-line error still points at it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    installed = {os.path.abspath(p) for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"])}
+
+    def theirs(frame: traceback.FrameSummary) -> bool:
+        path = os.path.abspath(frame.filename)
+        return not path.startswith(package + os.sep) and not any(path.startswith(root + os.sep) for root in installed)
+
+    frame = next((f for f in reversed(frames) if theirs(f)), frames[-1])
+    relative = os.path.relpath(frame.filename)
+    where = frame.filename if relative.startswith("..") else relative
+    return f"{where}:{frame.lineno} in {frame.name}" + (f": {frame.line.strip()}" if frame.line else "")
+
+
 def _call_factory(factory: Callable[..., Any], device: Device) -> Any:
     try:
         parameters = inspect.signature(factory).parameters
@@ -189,7 +210,7 @@ def _import_user_module(spec: str, module_name: str) -> Any:
     except FastpipeError:
         raise
     except Exception as exc:
-        raise ConfigError(f"bad SPEC '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"bad SPEC '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}, at {user_frame(exc)}") from exc
 
 
 FactoryAdapter = Callable[[Any, Device, str], "Workload | None"]
@@ -227,7 +248,9 @@ def load_workload(spec: str, device: "str | Device | None" = None, *, adapt: Fac
     except FastpipeError:
         raise
     except Exception as exc:
-        raise ConfigError(f"the workload factory '{spec}' raised {type(exc).__name__}: {exc} ({FACTORY_CONTRACT})") from exc
+        raise ConfigError(
+            f"the workload factory '{spec}' raised {type(exc).__name__}: {exc}, at {user_frame(exc)} ({FACTORY_CONTRACT})"
+        ) from exc
     return adapted if adapted is not None else as_workload(result, spec)
 
 

@@ -3,8 +3,9 @@
 What :func:`preserve_user_state` restores when its block exits, however it exits:
 
 * the model: every parameter and buffer (values, through ``load_state_dict``, so the tensors
-  the optimizer holds stay the same objects), every gradient (or its absence), and each
-  submodule's train/eval mode;
+  the optimizer holds stay the same objects), the non-persistent buffers too, which ``state_dict``
+  leaves out (copied back into the very tensors, each put back on its module), every gradient (or its
+  absence), and each submodule's train/eval mode;
 * the optimizer: its whole ``state_dict`` (per-parameter state such as momentum and Adam's
   moments and step counts, and the param groups with their learning rates);
 * LR schedulers passed in: each one's ``state_dict`` (its epoch count, last LR, and its
@@ -12,7 +13,10 @@ What :func:`preserve_user_state` restores when its block exits, however it exits
 * a ``torch.amp.GradScaler`` passed in: its ``state_dict`` (scale, growth tracker and factors);
 * random number generators: torch's CPU generator, every CUDA device's, NumPy's global one,
   Python's ``random``, and the generators of the loader, its sampler and its batch sampler's
-  sampler;
+  sampler. The CUDA ones are read only where CUDA is already initialized: reading them initializes
+  CUDA (``torch.cuda.get_rng_state`` says so), which a process that never used its GPU must not be
+  made to do. If CUDA is first initialized inside the block, each device's generator is put back
+  at its seed's start (``manual_seed(initial_seed())``), where the user's first use would find it;
 * the skip counts of fastpipe's ``ImageFolder(on_error="skip")`` (its ``skipped``, found on the
   loader's dataset and the datasets it wraps): the diagnosis decodes the same damaged files
   again, and :meth:`UserState.skipped_during` says how many it replaced, for the report.
@@ -78,14 +82,31 @@ def _skip_counters(loader: Any) -> list[Any]:
     return found
 
 
+def _non_persistent_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """(module, name, tensor) of each buffer ``state_dict`` leaves out (``register_buffer(..., persistent=False)``)."""
+    found = []
+    for module in model.modules():
+        for name in module._non_persistent_buffers_set:
+            tensor = module._buffers.get(name)
+            if tensor is not None:
+                found.append((module, name, tensor))
+    return found
+
+
 class _ModelState:
     def __init__(self, model: torch.nn.Module) -> None:
         self.values = {name: to_host(value) for name, value in model.state_dict(keep_vars=True).items()}
+        self.extra_buffers = [(module, name, tensor, to_host(tensor)) for module, name, tensor in _non_persistent_buffers(model)]
         self.grads = [None if p.grad is None else to_host(p.grad) for p in model.parameters()]
         self.modes = [m.training for m in model.modules()]
 
     def restore(self, model: torch.nn.Module) -> None:
         model.load_state_dict(self.values)  # copies into the existing tensors, on their own devices
+        with torch.no_grad():
+            for module, name, tensor, saved in self.extra_buffers:
+                if not tensor.is_meta:
+                    tensor.copy_(saved)
+                module._buffers[name] = tensor  # the user's tensor, even if the step assigned another
         for param, grad in zip(model.parameters(), self.grads):
             param.grad = None if grad is None else grad.to(param.device)
         for module, mode in zip(model.modules(), self.modes):
@@ -113,7 +134,7 @@ class UserState:
         self.generators = _generators_of(loader)
         self.generator_states = [g.get_state() for g in self.generators]
         self.rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.skip_counts = [(counter, counter.count) for counter in _skip_counters(loader)]
 
     def skipped_during(self) -> int | None:
@@ -147,6 +168,9 @@ class UserState:
         random.setstate(self.rng[2])
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+        elif torch.cuda.is_initialized():  # first initialized inside the block: back to each seed's start
+            for generator in torch.cuda.default_generators:
+                generator.manual_seed(generator.initial_seed())
         for counter, count in self.skip_counts:
             counter.set(count)
 

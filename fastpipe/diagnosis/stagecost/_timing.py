@@ -274,8 +274,13 @@ class _TapIterator:
         shutdown_iterator(self.source)
 
 
-def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[DataLoader, list[str]]:
-    """A loader like ``loader`` whose batches come as ``(batch, BatchTimings)``; also notes on what can be timed."""
+def timed_loader(loader: DataLoader, *, timeout: float | None = None, share_sampler: bool = False) -> tuple[DataLoader, list[str]]:
+    """A loader like ``loader`` whose batches come as ``(batch, BatchTimings)``; also notes on what can be timed.
+
+    ``share_sampler``: iterate the user's own sampler and generator (``fastpipe watch``, which iterates the copy in
+    the user's stead, so ``set_epoch`` and seeding act on it as on their loader); by default copies of them
+    (the diagnosis, whose passes must leave the user's untouched). See :func:`fastpipe.loading._rebuild.rebuild_loader`.
+    """
     dataset, notes = loader.dataset, []
     pipeline, why_not = find_pipeline(dataset)
     if isinstance(dataset, IterableDataset):
@@ -288,7 +293,7 @@ def timed_loader(loader: DataLoader, *, timeout: float | None = None) -> tuple[D
         timed = TimedDataset(dataset, pipeline)
         if pipeline is None:
             notes.append(f"no transform stages found, so the raw load includes any transform ({why_not})")
-    return loader_with(loader, timed, collate_fn=TimedCollate(loader.collate_fn), timeout=timeout), notes
+    return loader_with(loader, timed, collate_fn=TimedCollate(loader.collate_fn), timeout=timeout, share_sampler=share_sampler), notes
 
 
 def untimed_loader(loader: DataLoader, *, timeout: float | None = None) -> DataLoader:
