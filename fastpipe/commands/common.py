@@ -111,11 +111,11 @@ OUTPUT_OPTIONS = ("json", "markdown", "plot", "fix_json")
 """The options a command writes files for; :func:`check_output_paths` checks each before any work."""
 
 
-EXAMPLE_NAMES = {"json": "report.json", "markdown": "report.md", "plot": "report.png"}
+EXAMPLE_NAMES = {"json": "report.json", "markdown": "report.md", "plot": "report.png", "fix_json": "fix.json"}
 
 
 def _writable_file_path(option: str, path: Path) -> None:
-    flag = f"--{option}"
+    flag = f"--{option.replace('_', '-')}"
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file name, e.g. {path / EXAMPLE_NAMES[option]}")
     if path.exists():
