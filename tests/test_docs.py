@@ -58,6 +58,17 @@ def _prepare(ns: dict, out: str) -> None:
     assert (ns["report"].changed, ns["report"].files) == (4, 8)  # the 4 progressive photos of 8 rewritten
 
 
+def _startup(ns: dict, out: str) -> None:
+    startup = ns["startup"]  # the page says the parts add up to the wait, and persistent workers are a fix here
+    assert abs(sum(seconds for _, seconds in startup.parts) - startup.first_batch_s) <= 0.01 * startup.first_batch_s + 1e-3
+    assert "persistent_workers=True" in [fix.name for fix in startup.fixes]
+
+
+def _streams(ns: dict, out: str) -> None:
+    assert (ns["check"].duplicated, ns["check"].drawn) == (64, 64)  # 2 workers, each the whole 64-item stream, 32 drawn each
+    assert not ns["sharded"].duplicates and ns["sharded"].drawn == 64
+
+
 CHECKS: dict[str, Callable[[dict, str], None]] = {
     "docs/watch.md::Is my GPU waiting? (watch)": _watch,
     "docs/diagnose.md::In Lightning": _lightning,
@@ -65,6 +76,8 @@ CHECKS: dict[str, Callable[[dict, str], None]] = {
     "docs/diagnose.md::Streaming datasets": _streaming,
     "docs/thread-loader.md::ThreadLoader": _thread_loader,
     "docs/thread-loader.md::fastpipe prepare": _prepare,
+    "docs/unseen.md::Start-up": _startup,
+    "docs/unseen.md::Streams that repeat themselves": _streams,
     "README.md::Is my GPU waiting?": _watch,
 }
 

@@ -125,6 +125,7 @@ DIAGNOSIS_PHASES: list[str] = [
     "fastpipe.diagnosis.memory",
     "fastpipe.diagnosis.ladder",
     "fastpipe.diagnosis.stagecost",
+    "fastpipe.diagnosis.unseen",
     "fastpipe.diagnosis.verdict",
 ]
 

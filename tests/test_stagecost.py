@@ -48,7 +48,7 @@ def costs_of(loader: DataLoader, **kwargs) -> StageCosts:
 
 def test_planted_costs_are_ranked_and_sum_to_the_worker_time() -> None:
     costs = costs_of(planted_loader())
-    assert [s.name for s in costs.stages] == ["raw load", "Fast", "Slow", "Fast#2", "collate"]
+    assert [s.name for s in costs.stages] == ["raw load", "Fast", "Slow", "Fast#2", "collate", "worker overhead"]
     assert [s.name for s in costs.ranked()[:3]] == ["raw load", "Slow", "Fast"]
     ms = {s.name: s.ms_per_sample for s in costs.stages}
     # a sleep lasts at least its time; a busy machine may add a few ms, never take any away

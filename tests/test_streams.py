@@ -289,6 +289,6 @@ def test_declared_stream_stage_costs_are_per_stage() -> None:
 
     loader = DataLoader(Planted(), batch_size=4, num_workers=2)
     costs = measure_stage_costs(loader, STEP, step=lambda batch: None, steps=4, warmup=1)
-    assert [s.name for s in costs.stages] == ["raw load", "double", "wait_10ms", "plus_one", "collate"]
+    assert [s.name for s in costs.stages] == ["raw load", "double", "wait_10ms", "plus_one", "collate", "worker overhead"]
     assert costs.stage("wait_10ms").ms_per_sample >= 9 and costs.stage("plus_one").ms_per_sample < 3
     assert not costs.notes or all("whole as the raw load" not in note for note in costs.notes)

@@ -45,11 +45,13 @@ def resolve_device(device: str | None, specs: "str | list[str]") -> Any:
     return parse_device(default_device_for(specs) if device is None else device)
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """SPEC, --device and the toy workload's size options, shared by every subcommand that runs one."""
+def add_workload_arguments(parser: argparse.ArgumentParser, *, spec_optional: bool = False) -> None:
+    """SPEC, --device and the toy workload's size options, shared by every subcommand that runs one
+    (``spec_optional``: ``fastpipe diagnose -- python SCRIPT`` takes a script instead)."""
     parser.add_argument(
         "spec",
         metavar="SPEC",
+        nargs="?" if spec_optional else None,
         help="toy:naive, toy:optimized, jpeg:VARIANT, or package.module:function "
         "(looked up in the current directory first, as python -m does) returning (loader, step), a fastpipe.Workload, "
         "or (LightningModule, datamodule)",

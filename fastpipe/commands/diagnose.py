@@ -9,11 +9,17 @@ from typing import Any
 
 from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
 from fastpipe.commands.fix import add_fix_arguments, run_fix
+from fastpipe.commands.script import add_script_arguments, check_no_script_options, is_script, run_script
+from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("diagnose", help="find the bottleneck stages by caching data at successive points")
-    add_workload_arguments(parser)
+    parser = subparsers.add_parser(
+        "diagnose",
+        help="find the bottleneck stages by caching data at successive points",
+        usage="fastpipe diagnose [OPTIONS] SPEC\n       fastpipe diagnose [OPTIONS] -- python SCRIPT [ARGS ...]   (or -m MODULE)",
+    )
+    add_workload_arguments(parser, spec_optional=True)
     add_step_arguments(parser, "experiment")
     parser.add_argument(
         "--pool",
@@ -30,8 +36,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--budget",
         type=float,
-        default=20.0,
-        help="seconds of measuring per cache point before it stops short of the precision target (default 20)",
+        default=None,
+        help="seconds of measuring per cache point before it stops short of the precision target (default 20); "
+        "with a script, the most steps of the script's loop the ladder may take (default 600)",
     )
     parser.add_argument(
         "--precision", type=float, default=0.03, help="target relative standard error of each point's mean step time (default 0.03)"
@@ -55,8 +62,15 @@ def add_parser(subparsers: Any) -> None:
         help="skip the short pass after the ladder that reads the loader for worker memory growth and the shared-memory peak "
         "(each cache point's memory at its end is read either way)",
     )
+    parser.add_argument(
+        "--no-startup",
+        action="store_true",
+        help="skip the pass that starts the loader twice more to split the wait for its first batch (worker start, "
+        "dataset transfer, worker_init_fn, first fetch) and project each fix's saving",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_fix_arguments(parser)
+    add_script_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -65,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.diagnosis._options import DiagnoseOptions
 
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
+    if is_script(args):
+        if args.fix:
+            raise ConfigError(
+                "--fix rewrites a pipeline it builds from a SPEC (module:function); in script mode, name the function that builds your loader and run `fastpipe fix SPEC`"
+            )
+        return run_script(args)
+    check_no_script_options(args)
+    args.budget = 20.0 if args.budget is None else args.budget
     DiagnoseOptions(
         steps=args.steps,
         warmup=args.warmup,
@@ -94,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         stage_costs=not args.no_stage_costs,
         loader_memory=not args.no_memory,
+        startup=not args.no_startup,
         on_warning=lambda text: print(f"fastpipe: warning: {text}", file=sys.stderr, flush=True),
     )
     if checked is not None:

@@ -11,6 +11,8 @@ from fastpipe.diagnosis.discovery._catalog import TransformFacts, facts_for
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
 from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
+from fastpipe.diagnosis.unseen._startup import measure_startup
+from fastpipe.diagnosis.unseen._streams import check_stream
 from fastpipe.diagnosis.verdict._advice import Advice, recommend
 from fastpipe.diagnosis.verdict._report import Report
 from fastpipe.diagnosis.verdict._saturation import explain_saturation
@@ -23,11 +25,13 @@ __all__ = [
     "StepCheck",
     "TransformFacts",
     "check_step",
+    "check_stream",
     "diagnose",
     "explain_saturation",
     "facts_for",
     "find_pipeline",
     "measure_stage_costs",
+    "measure_startup",
     "measure_workload",
     "recommend",
 ]

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._options import DiagnoseOptions
+from fastpipe.diagnosis._unseen import add_unseen
 from fastpipe.diagnosis.ladder._cache import UnavailablePoint
 from fastpipe.diagnosis.ladder._cachepoint import ANCHORS, BASELINE, DEVICE
 from fastpipe.diagnosis.ladder._plan import COLLATE, COPY, Plan, point_label
@@ -90,7 +91,19 @@ class _Diagnosis:
         stages = (
             None
             if costs is None
-            else worker_costs({s.name: (s.ms_per_sample, s.cpu_ms_per_sample, s.runq_ms_per_sample) for s in costs.stages})
+            else worker_costs(
+                {
+                    s.name: (
+                        s.ms_per_sample,
+                        s.cpu_ms_per_sample,
+                        s.runq_ms_per_sample,
+                        s.held_ms_per_sample,
+                        s.blocked_ms_per_sample,
+                        s.blocked_noise_ms,
+                    )
+                    for s in costs.stages
+                }
+            )
         )
         return Attribution(
             self.plan,
@@ -308,6 +321,7 @@ class _Diagnosis:
                 attribution.costs,
                 report,
                 attribution.batch_size,
+                free_cores=_free_cores(baseline),
             )
         self._advise_loader_stages()
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
@@ -378,8 +392,23 @@ def _loader_stat_notes(stats: LoaderStats) -> list[str]:
     return [line + (f"; pinning: {stats['pinning']}" if stats.get("pinning") else "")]
 
 
+def _free_cores(result: ExperimentResult | None) -> float | None:
+    """The usable cores less what other processes used while ``result``'s point ran (None when it was not measured)."""
+    if result is None or result.system_cpu_util != result.system_cpu_util:  # NaN without psutil
+        return None
+    return usable_cores() * (1.0 - max(0.0, result.system_cpu_util - result.cpu_util))
+
+
 def _advise(
-    component: Bottleneck, pipeline: Any, dataset: Any, workers: int, costs: dict[str, Any] | None, report: Report, batch: int | None = None
+    component: Bottleneck,
+    pipeline: Any,
+    dataset: Any,
+    workers: int,
+    costs: dict[str, Any] | None,
+    report: Report,
+    batch: int | None = None,
+    *,
+    free_cores: float | None = None,
 ) -> None:
     """Fill in the component's recommendation (and snippet) for its own stage.
 
@@ -391,7 +420,9 @@ def _advise(
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
     advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
-    waiting = waiting_text(component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores())
+    waiting = waiting_text(
+        component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores(), workers=workers, free_cores=free_cores
+    )
     if component.waits and waiting:
         # a stream's raw load waits on its reads, which more workers overlap only where there is more to read in
         # parallel (a WebDataset chain: as many shards as workers); its own advice says so
@@ -404,7 +435,8 @@ def _advise(
         return
     component.recommendation = advice.text() if waiting is None else f"{waiting} {advice.text()}"
     component.snippet = advice.snippet
-    if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < usable_cores():
+    cores = usable_cores() if free_cores is None else free_cores  # a neighbour's cores are not there to take
+    if component.kind not in (COPY,) and not component.cpu_saturated and 0 < workers < int(cores):
         component.recommendation += " " + recommend(component.stage, "too few workers").summary
 
 
@@ -432,6 +464,8 @@ def diagnose(
     stage_costs: bool = True,
     loader_memory: bool = False,
     on_warning: Callable[[str], None] | None = None,
+    startup: bool = False,
+    runner: Callable[..., PointRunner] = PointRunner,
 ) -> Report:
     """Find where an input pipeline loses time, by caching data at successive points.
 
@@ -458,8 +492,14 @@ def diagnose(
             seconds) for each worker's memory growth per 1,000 samples, copy-on-read growth named, and the
             shared-memory peak against its prediction (:mod:`fastpipe.diagnosis.memory._section`). Off by default
             here for its time; ``fastpipe diagnose`` runs it. Each point's memory at its end is read either way.
+        startup: after the ladder, start the loader twice more and split the wait for its first batch (worker start,
+            the dataset's transfer, ``worker_init_fn``, first fetch), with each fix's projected saving
+            (:mod:`fastpipe.diagnosis.unseen._startup`). Off by default here for its time; ``fastpipe diagnose`` runs
+            it. The main process's share and a stream's duplicates are checked either way (:mod:`fastpipe.diagnosis.unseen`).
         on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
             batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
+        runner: what measures the points, called as :class:`PointRunner` is (script mode passes one that measures
+            windows of a running script's own loop, :class:`fastpipe.diagnosis._windows.WindowRunner`).
 
     Returns:
         A :class:`~fastpipe.diagnosis.verdict._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
@@ -502,7 +542,7 @@ def diagnose(
     )
     device = parse_device(device)
     started = time.perf_counter()
-    runner = PointRunner(
+    runner = runner(
         workload,
         device,
         steps=options.steps,
@@ -566,6 +606,8 @@ def diagnose(
             loader_pass=loader_memory and not report.interrupted, budget_s=options.budget,
         )  # fmt: skip
         report.interrupted = report.interrupted or memory.interrupted
+        if not report.interrupted:
+            add_unseen(report, workload.loader, startup=startup, timeout=options.worker_timeout)
     report.elapsed_s = time.perf_counter() - started
     return report
 

@@ -80,6 +80,10 @@ class Watch:
         )
         self._hinted = False
         self._last_memory: MemorySnapshot | None = None
+        self.starts: deque[tuple[float, float]] = deque(maxlen=MAX_LINES)
+        """Each epoch's start, split: (``iter(loader)`` seconds, the first ``next()``'s seconds). ``iter`` starts the
+        workers (and, under spawn or forkserver, sends each the dataset); the first ``next()`` waits for their
+        ``worker_init_fn`` and first fetch. Without persistent workers every epoch pays both again."""
 
     # ----- the loop's side --------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -174,7 +178,10 @@ class Watch:
         if p50 is not None and p90 is not None:
             text += f" (median {1000 * p50:.1f}, P90 {1000 * p90:.1f})"
         else:
-            text += f" (first batch {1000 * window.first_wait_s:.0f} ms, worst {1000 * window.max_wait_s:.0f} ms)"
+            start = (
+                f": workers started in {1000 * self.starts[-1][0]:.0f} ms, then {1000 * self.starts[-1][1]:.0f} ms" if self.starts else ""
+            )
+            text += f" (first batch {1000 * window.first_wait_s:.0f} ms{start}, worst {1000 * window.max_wait_s:.0f} ms)"
         text += f", {1000 * window.elapsed_s / n:.1f} ms/step in all"
         if self._last_memory is not None and self.memory:
             text += f"; {self._last_memory.line()}"
@@ -205,6 +212,7 @@ class Watch:
                 for e in self.ledger.epochs
             ],
             "next_step": self.next_step() if total.share >= HINT_SHARE else None,
+            "starts": [{"iter_s": made, "first_next_s": first} for made, first in self.starts],
         }
         if self.memory:
             out["memory"] = memory_snapshot().as_dict()
@@ -239,6 +247,8 @@ class WatchIterator(Iterator[Any]):
             raise
         t1 = time.perf_counter()
         self._ledger.batch(t1 - t0 + self._pending, t1)
+        if self._n == 0:
+            self._owner.starts.append((self._pending, t1 - t0))
         self._pending = 0.0
         self._n += 1
         if self._every and self._n % self._every == 0:

@@ -26,7 +26,6 @@ import copy
 import math
 import operator
 import sys
-import time
 from itertools import islice
 from typing import Any, Callable, Iterator
 
@@ -369,7 +368,7 @@ class TimedStream(IterableDataset):
         while True:
             ledger = self.ledger()
             ledger.start_sample()
-            wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+            began = ledger.read()
             try:
                 item = next(source)
             except StopIteration:
@@ -378,7 +377,7 @@ class TimedStream(IterableDataset):
                 raise
             except Exception as exc:
                 raise StageError.wrap(RAW_STAGE, exc) from exc
-            ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0, ledger.runq_clock() - runq0)
+            ledger.end_sample(*(b - a for a, b in zip(began, ledger.read())))
             yield item
 
     def _timed_chain(self) -> Iterator[Any]:
@@ -401,28 +400,26 @@ class _Timed:
         self, name: str, step: Callable[[Iterator[Any]], Iterator[Any]] | None, ledger: Callable[[], Any], raw: bool = False
     ) -> None:
         self.name, self.step, self.ledger, self.raw = name, step, ledger, raw
-        self.upstream = [0.0, 0.0, 0.0]
+        self.upstream = [0.0, 0.0, 0.0, 0.0]
 
     def _feed(self, source: Iterator[Any]) -> Iterator[Any]:
         """The upstream as the step sees it, its time counted (to be taken off the step's)."""
         ledger = self.ledger()
         while True:
-            wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+            began = ledger.read()
             try:
                 item = next(source)
             except StopIteration:
                 return
-            self.upstream[0] += time.perf_counter() - wall0
-            self.upstream[1] += ledger.cpu_clock() - cpu0
-            self.upstream[2] += ledger.runq_clock() - runq0
+            self.upstream = [u + b - a for u, a, b in zip(self.upstream, began, ledger.read())]
             yield item
 
     def __call__(self, source: Iterator[Any]) -> Iterator[Any]:
         ledger = self.ledger()
         inner = source if self.step is None else iter(self.step(self._feed(source)))
         while True:
-            self.upstream = [0.0, 0.0, 0.0]
-            wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+            self.upstream = [0.0, 0.0, 0.0, 0.0]
+            began = ledger.read()
             try:
                 item = next(inner)
             except StopIteration:
@@ -431,10 +428,8 @@ class _Timed:
                 raise
             except Exception as exc:
                 raise StageError.wrap(self.name, exc) from exc
-            wall = time.perf_counter() - wall0 - self.upstream[0]
-            cpu = ledger.cpu_clock() - cpu0 - self.upstream[1]
-            runq = ledger.runq_clock() - runq0 - self.upstream[2]
-            ledger.pending.add(self.name, max(0.0, wall), max(0.0, cpu), max(0.0, runq))
+            spent = (b - a - u for a, b, u in zip(began, ledger.read(), self.upstream))
+            ledger.pending.add(self.name, *(max(0.0, v) for v in spent))
             if self.raw:
                 ledger.pending.samples += 1
             yield item

@@ -170,3 +170,15 @@ def slowest(result: Any) -> tuple[Any, RankSpread | None]:
     times = [float(t.item()) for t in gathered]
     rank = max(range(len(times)), key=lambda i: times[i])
     return from_rank(rank, result), RankSpread(rank, (times[rank] - min(times)) / times[rank] if times[rank] > 0 else 0.0)
+
+
+def all_objects(value: T) -> list[T]:
+    """Every rank's ``value``, in rank order, on every rank (``[value]`` outside DDP)."""
+    w = world()
+    if w is None:
+        return [value]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * w[1]
+    dist.all_gather_object(gathered, value)
+    return gathered

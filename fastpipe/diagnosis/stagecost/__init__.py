@@ -6,9 +6,15 @@ or merely tipped a saturated CPU over. This module answers the second question i
 short pass over the user's pipeline:
 
 * :class:`TimedDataset` wraps the dataset (never modifying it). In each worker it runs a copy
-  of the dataset whose transform is a :class:`~fastpipe.stages.TransformPipeline` with its
-  ``timer`` set, so every transform stage is timed (wall and CPU). The raw load is what is
-  left of ``__getitem__`` once the transform stages are taken out.
+  of the dataset whose transform is a copy of its :class:`~fastpipe.stages.TransformPipeline`
+  with every stage clocked around its own call. Every window (a sample, the transform, each
+  stage) is read with all clocks at both ends: wall, the thread's CPU, its run-queue time
+  (Linux schedstat), the other threads' CPU and run-queue time, and the thread's context
+  switches, and a reading that a switch interrupted is taken again (issue 32: reading the CPU
+  clock can preempt the thread inside the reading). The raw load is what is left of
+  ``__getitem__`` once the transform is taken out; the transform's time beyond its stages (the
+  harness) and the time other threads of the worker held a stage (the feeder thread pickling
+  the previous batch with the GIL) are the ``worker overhead`` row, charged to no stage.
 * :class:`TimedCollate` wraps the loader's ``collate_fn``, times it, and ships the batch's
   timings back *with the batch*: it returns ``(batch, BatchTimings)``, and the main process
   strips the timings off before pinning, copying and the step see the batch. No queue, no
@@ -36,6 +42,7 @@ from fastpipe.diagnosis.stagecost._result import SCHEMA, StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._timing import (
     COLLATE_LABEL,
     COLLATE_STAGE,
+    OVERHEAD_STAGE,
     RAW_LABEL,
     BatchTimings,
     TimedCollate,
@@ -51,6 +58,7 @@ __all__ = [
     "BatchTimings",
     "COLLATE_LABEL",
     "COLLATE_STAGE",
+    "OVERHEAD_STAGE",
     "RAW_LABEL",
     "SCHEMA",
     "StageCost",

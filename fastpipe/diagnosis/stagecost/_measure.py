@@ -31,6 +31,7 @@ from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
 from fastpipe.diagnosis.stagecost._result import StageCost, StageCosts
 from fastpipe.diagnosis.stagecost._timing import (
     COLLATE_STAGE,
+    OVERHEAD_STAGE,
     BatchTimings,
     TimedCollate,
     TimedDataset,
@@ -107,38 +108,80 @@ def timing_cost_us(stages: int, *, samples: int = 400, batch: int = 8, repeats: 
 
 def _stage_order(pipeline_names: list[str], seen: set[str]) -> list[str]:
     order = [RAW_STAGE, *pipeline_names, COLLATE_STAGE]
-    return order + sorted(seen - set(order))
+    return order + sorted(seen - set(order) - {OVERHEAD_STAGE}) + ([OVERHEAD_STAGE] if OVERHEAD_STAGE in seen else [])
+
+
+def _blocked(wall: float, cpu: float, runq: float, others: float) -> tuple[float, float]:
+    """(blocked, the most of it other threads can have taken) in one window: blocked is wall less CPU less run queue;
+    the process's other threads can have held the stage's thread (the GIL, a lock) at most for as long as they ran
+    or waited for a core (:class:`~fastpipe.diagnosis.stagecost._timing._Clocks`)."""
+    blocked = max(0.0, wall - cpu - runq)
+    return blocked, min(blocked, max(0.0, others))
+
+
+def _noise(per_batch: list[float]) -> float:
+    """Two standard errors of a per-sample figure over the batches (0 with fewer than 2 batches)."""
+    n = len(per_batch)
+    if n < 2:
+        return 0.0
+    mean = sum(per_batch) / n
+    return 2.0 * math.sqrt(sum((x - mean) ** 2 for x in per_batch) / (n - 1) / n)
 
 
 def summarize(records: list[BatchTimings], names: list[str], num_workers: int) -> tuple[list[StageCost], int]:
-    """Per-sample stage costs from the batches' timings; also the number of samples they cover."""
+    """Per-sample stage costs from the batches' timings; also the number of samples they cover.
+
+    A stage's blocked time (wall less CPU less run queue) is its own wait, or time another thread of its process
+    held it (the feeder thread pickling the previous batch with the GIL), which shows only as those threads running
+    meanwhile. Other threads also run *beside* a stage that sleeps, so the two cannot be told apart inside a stage
+    that blocks by itself: a stage whose blocked time beyond all the other threads did is above its noise (two
+    standard errors over the batches) blocks by itself and keeps all of it. Otherwise what the other threads did is
+    not its own: it is taken off its wall time and charged to
+    :data:`~fastpipe.diagnosis.stagecost._timing.OVERHEAD_STAGE`, so the rows still sum to the workers' busy time.
+    """
     samples = sum(r.samples for r in records)
     if samples == 0:
         raise PipelineError("the stage-cost pass timed no samples: the loader delivered no batches", stage=None)
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    runq: dict[str, float] = {}
+    totals: dict[str, list[float]] = {}  # wall, CPU, run queue, blocked, of it at most held, switches (vol, invol)
+    beyond: dict[str, list[float]] = {}  # blocked beyond what other threads did, per batch, per sample
     for record in records:
-        for name, (w, c, *q) in record.stages.items():
-            wall[name] = wall.get(name, 0.0) + w
-            cpu[name] = cpu.get(name, 0.0) + c
-            runq[name] = runq.get(name, 0.0) + (q[0] if q else 0.0)
-    total_wall, total_cpu = sum(wall.values()), sum(cpu.values())
+        for name, (w, c, *rest) in record.stages.items():
+            q, o, voluntary, involuntary = (rest + [0.0] * 4)[:4]
+            blocked, held = _blocked(w, c, q, o)
+            entry = totals.setdefault(name, [0.0] * 7)
+            for i, v in enumerate((w, c, q, blocked, held, voluntary, involuntary)):
+                entry[i] += v
+            if record.samples:
+                beyond.setdefault(name, []).append((blocked - held) / record.samples)
+    noise = {name: _noise(values) for name, values in beyond.items()}
+    for name, entry in totals.items():
+        if name == OVERHEAD_STAGE or (entry[3] - entry[4]) / samples > noise.get(name, 0.0):
+            entry[4] = 0.0  # blocks by itself (or is the overhead row): nothing here is another thread's
+    held_elsewhere = sum(v[4] for v in totals.values())
+    if held_elsewhere > 0:
+        totals.setdefault(OVERHEAD_STAGE, [0.0] * 7)
+    wall = {name: v[0] - v[4] + (held_elsewhere if name == OVERHEAD_STAGE else 0.0) for name, v in totals.items()}
+    total_wall, total_cpu = sum(wall.values()), sum(v[1] for v in totals.values())
     parallelism = max(1, num_workers)
     stages = []
-    for name in _stage_order(names, set(wall)):
-        w, c = wall.get(name, 0.0) / samples, cpu.get(name, 0.0) / samples
-        kind = RAW_STAGE if name == RAW_STAGE else COLLATE_STAGE if name == COLLATE_STAGE else "transform"
+    for name in _stage_order(names, set(totals)):
+        w, (_, c, q, blocked, held, voluntary, involuntary) = wall.get(name, 0.0) / samples, totals.get(name, [0.0] * 7)
+        kind = {RAW_STAGE: RAW_STAGE, COLLATE_STAGE: COLLATE_STAGE, OVERHEAD_STAGE: "overhead"}.get(name, "transform")
         stages.append(
             StageCost(
                 name=name,
                 kind=kind,
                 ms_per_sample=1000 * w,
-                cpu_ms_per_sample=1000 * c,
-                runq_ms_per_sample=1000 * runq.get(name, 0.0) / samples,
+                cpu_ms_per_sample=1000 * c / samples,
+                runq_ms_per_sample=1000 * q / samples,
                 share=w * samples / total_wall if total_wall > 0 else 0.0,
-                cpu_share=c * samples / total_cpu if total_cpu > 0 else math.nan,
+                cpu_share=c / total_cpu if total_cpu > 0 else math.nan,
                 samples_per_s_alone=parallelism / w if w > 0 else math.inf,
+                held_ms_per_sample=1000 * (held_elsewhere if name == OVERHEAD_STAGE else held) / samples,
+                blocked_ms_per_sample=1000 * (blocked - held) / samples,
+                blocked_noise_ms=1000 * noise.get(name, 0.0),
+                voluntary_switches=voluntary / samples,
+                involuntary_switches=involuntary / samples,
             )
         )
     return stages, samples

@@ -26,9 +26,10 @@ class StageCost:
 
     name: str
     kind: str
-    """``"raw load"``, ``"transform"`` or ``"collate"``."""
+    """``"raw load"``, ``"transform"``, ``"collate"`` or ``"overhead"`` (the worker's time that is no stage's own)."""
     ms_per_sample: float
-    """Mean wall milliseconds per sample inside a worker (collate: the batch's collate time / its samples)."""
+    """Mean wall milliseconds per sample inside a worker (collate: the batch's collate time / its samples), less the
+    time other threads of the worker held it up (:attr:`held_ms_per_sample`, charged to the overhead row)."""
     cpu_ms_per_sample: float
     """Mean CPU milliseconds per sample (differs from wall when a stage waits, e.g. on I/O or a busy CPU)."""
     share: float
@@ -38,8 +39,20 @@ class StageCost:
     samples_per_s_alone: float
     """What this stage alone would allow with this many workers: num_workers / seconds per sample."""
     runq_ms_per_sample: float = 0.0
-    """Mean milliseconds per sample the worker was ready to run but waited for a core (0 where the OS does not say):
-    wall - CPU - this is the time the stage itself waits (I/O, sleeps, locks)."""
+    """Mean milliseconds per sample the worker was ready to run but waited for a core (0 where the OS does not say)."""
+    held_ms_per_sample: float = 0.0
+    """Milliseconds per sample the stage's thread was blocked while other threads of its worker ran or waited for a
+    core (the GIL or a lock they held: the feeder thread pickling the previous batch). Not the stage's own: taken
+    off its wall time and charged to the overhead row, whose figure here is the sum taken off the stages."""
+    blocked_ms_per_sample: float = 0.0
+    """The stage's own waits per sample: wall - CPU - run queue - held by other threads (I/O, a sleep, a lock or a
+    remote call outside the process)."""
+    blocked_noise_ms: float = 0.0
+    """Two standard errors of :attr:`blocked_ms_per_sample` over the timed batches."""
+    voluntary_switches: float = 0.0
+    """The stage's thread's voluntary context switches per sample (it blocked: a sleep, I/O, a lock, the GIL)."""
+    involuntary_switches: float = 0.0
+    """Its involuntary context switches per sample (preempted: another thread or process took the core)."""
 
 
 @dataclass
@@ -184,7 +197,17 @@ class StageCosts:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    HEADERS = ("stage", "ms/sample", "of worker time", "CPU ms/sample", "of worker CPU", "samples/s alone")
+    HEADERS = (
+        "stage",
+        "ms/sample",
+        "of worker time",
+        "CPU ms/sample",
+        "run queue",
+        "held by threads",
+        "own waits",
+        "of worker CPU",
+        "samples/s alone",
+    )
 
     def rows(self) -> list[tuple[str, ...]]:
         rows = [
@@ -193,6 +216,9 @@ class StageCosts:
                 f"{s.ms_per_sample:.2f}",
                 f"{s.share:.1%}",
                 f"{s.cpu_ms_per_sample:.2f}",
+                f"{s.runq_ms_per_sample:.2f}",
+                f"{s.held_ms_per_sample:.2f}",
+                f"{s.blocked_ms_per_sample:.2f} ±{s.blocked_noise_ms:.2f}",
                 "-" if math.isnan(s.cpu_share) else f"{s.cpu_share:.1%}",
                 _rate(s.samples_per_s_alone),
             )
@@ -204,6 +230,9 @@ class StageCosts:
                 f"{self.total_ms_per_sample:.2f}",
                 "100.0%",
                 f"{self.total_cpu_ms_per_sample:.2f}",
+                f"{sum(s.runq_ms_per_sample for s in self.stages):.2f}",
+                "",
+                f"{sum(s.blocked_ms_per_sample for s in self.stages):.2f}",
                 "100.0%",
                 _rate(self.pipeline_samples_per_s),
             )
@@ -271,6 +300,15 @@ class StageCosts:
             lines.append(
                 f"Timing overhead in worker CPU: {self.os_worker_cpu_ms_per_sample:.2f} ms per sample timed vs "
                 f"{self.untimed_os_worker_cpu_ms_per_sample:.2f} untimed ({self.cpu_overhead:+.1%})"
+            )
+        overhead = next((s for s in self.stages if s.kind == "overhead"), None)
+        if overhead is not None and overhead.ms_per_sample > 0:
+            lines.append(
+                f"worker overhead: {overhead.ms_per_sample:.2f} ms per sample that is no stage's own, charged to none: the "
+                f"timing harness between stages ({overhead.ms_per_sample - overhead.held_ms_per_sample:.2f} ms, "
+                f"{overhead.cpu_ms_per_sample:.2f} of it CPU) and the time other threads of the worker held a stage "
+                f"({overhead.held_ms_per_sample:.2f} ms: the feeder thread pickling the previous batch with the GIL, "
+                "a pin thread)"
             )
         lines += [f"Note: {note}" for note in self.notes]
         return lines

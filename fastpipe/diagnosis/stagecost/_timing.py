@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -31,27 +33,40 @@ RAW_LABEL, COLLATE_LABEL = f"fastpipe/{RAW_STAGE}", f"fastpipe/{COLLATE_STAGE}"
 
 
 # ----- inside the workers -------------------------------------------------------------------
+OVERHEAD_STAGE = "worker overhead"
+"""The row for time a worker's main thread spent inside ``__getitem__`` that is no stage's own: the timing harness
+between stages, and the time it was held up while another thread of the worker ran (the queue's feeder thread
+pickling the previous batch into shared memory while holding the GIL)."""
+
+Reading = tuple[float, float, float, float, float, float]
+"""One reading of a thread's clocks: wall, its CPU, its run-queue time, and the other threads' busy time (their CPU
+and run-queue time together), all in seconds; then its voluntary and involuntary context switches (counts)."""
+ZERO: tuple[float, ...] = (0.0,) * 6
+
+
 @dataclass
 class BatchTimings:
-    """What one worker spent on one batch, per stage: ``stages[name] = [wall s, CPU s, run-queue s]`` summed over its
-    samples (run-queue: time the thread was ready to run but waited for a core; 0 where the OS does not say)."""
+    """What one worker spent on one batch, per stage: ``stages[name] = [wall s, CPU s, run-queue s, others s, voluntary
+    switches, involuntary switches]`` summed over its samples (run-queue: time the thread was ready to run but waited
+    for a core, 0 where the OS does not say; others: what the process's other threads ran or waited for a core in the
+    same windows, see :class:`_Clocks`; switches: the thread's context switches in those windows)."""
 
     samples: int = 0
     stages: dict[str, list[float]] = field(default_factory=dict)
     pid: int = 0
 
-    def add(self, name: str, wall: float, cpu: float, runq: float = 0.0) -> None:
-        entry = self.stages.setdefault(name, [0.0, 0.0, 0.0])
-        entry[0] += wall
-        entry[1] += cpu
-        entry[2] += runq
+    def add(self, name: str, wall: float, cpu: float, runq: float = 0.0, others: float = 0.0, *switches: float) -> None:
+        entry = self.stages.setdefault(name, [0.0] * 6)
+        for i, value in enumerate((wall, cpu, runq, others, *switches)):
+            entry[i] += value
 
 
 class _RunQueueClock:
     """Seconds this thread has spent ready to run but waiting for a core (Linux ``/proc/thread-self/schedstat``).
 
     Tells a stage that waits for a core on a busy machine from one that waits on I/O or a sleep: wall time is
-    CPU time + run-queue time + the stage's own waiting. Reads 0.0 where the file is missing.
+    CPU time + run-queue time + the stage's own waiting. Reads 0.0 where the file is missing. (The file's first
+    field, CPU time, lags a running thread by up to a scheduler tick; the CPU clock is ``time.thread_time``.)
     """
 
     def __init__(self) -> None:
@@ -70,56 +85,139 @@ class _RunQueueClock:
             return 0.0
 
 
+class _OtherThreads:
+    """Run-queue seconds of this process's other threads, summed (``/proc/self/task/<tid>/schedstat``).
+
+    The threads are listed again at each batch (:meth:`refresh`), not at each reading: a worker's feeder thread starts
+    with its first batch and lives as long as the worker. A thread that ends between two readings leaves the sum,
+    which can make one window's figure negative; the ledger clamps it.
+    """
+
+    def __init__(self) -> None:
+        self.me = threading.get_native_id()
+        self.fds: dict[int, int] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            tids = {int(tid) for tid in os.listdir("/proc/self/task")} - {self.me}
+        except (OSError, ValueError):
+            return
+        for tid in set(self.fds) - tids:
+            os.close(self.fds.pop(tid))
+        for tid in tids - set(self.fds):
+            try:
+                self.fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                pass
+
+    def __call__(self) -> float:
+        total = 0.0
+        for tid, fd in list(self.fds.items()):
+            try:
+                total += int(os.pread(fd, 128, 0).split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):
+                os.close(self.fds.pop(tid))
+        return total
+
+
+_THREAD_USAGE = hasattr(resource, "RUSAGE_THREAD")
+
+
+class _Clocks:
+    """The calling thread's clocks, read together so that every window has all of them over the same span.
+
+    A window's wall time is its CPU time, its run-queue time and the time it was blocked. Blocked time is the stage's
+    own wait (I/O, a sleep, a lock held outside the process) or a wait for another thread of the same process: the
+    GIL or a lock that thread holds. The second kind shows as those threads running or waiting for a core in the
+    same window (``others``: the process's CPU clock less this thread's, plus their run-queue time), so
+    ``min(blocked, others)`` is the most the window can have lost to them.
+    """
+
+    def __init__(self) -> None:
+        self.runq = _RunQueueClock()
+        self.others = _OtherThreads() if self.runq.fd is not None else None
+
+    def read(self) -> Reading:
+        """All clocks at one instant. A preemption or a block inside the reading itself (its ``pread`` lets go of the
+        GIL) would put the wait's wall time in one window and its run-queue time in the next, so the reading is
+        taken again until the thread's context switches are the same at its end as at its start (the run-queue
+        clock moves only across a switch). It happens often: reading the CPU clock makes the kernel check the
+        thread's time slice, and a thread whose slice is spent is preempted on the way back from that very call."""
+        for _ in range(4):
+            switches, runq = _switches(), self.runq()
+            cpu, process = time.thread_time(), time.process_time()
+            others = (process - cpu) + (self.others() if self.others is not None else 0.0)
+            wall = time.perf_counter()
+            if _switches() == switches:
+                break
+        return (wall, cpu, runq, others, *switches)
+
+
+def _switches() -> tuple[float, float]:
+    """This thread's voluntary and involuntary context switches so far (0, 0 where the OS does not count them)."""
+    if not _THREAD_USAGE:
+        return (0.0, 0.0)
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return (float(usage.ru_nvcsw), float(usage.ru_nivcsw))
+
+
+def _since(began: Reading, ended: Reading) -> list[float]:
+    return [b - a for a, b in zip(began, ended)]
+
+
 class _Ledger:
     """This process's running record of the samples fetched since the last collate.
 
     One per process, found through :func:`_ledger`: the dataset wrapper and the collate wrapper
-    run in the same worker, one after the other, and meet here. CPU time is the calling
-    thread's, so work of other threads (a worker's queue feeder thread pickling the previous
-    batch, the main process's pin thread) is not charged to whichever stage happens to run; a
-    stage that spreads work over threads is undercounted, which the OS cross-check shows.
-    CPU spent between stages (their profiler labels) is charged to the next stage.
+    run in the same worker, one after the other, and meet here. Every window is read with all clocks at both ends
+    (:class:`_Clocks`): a sample's ``__getitem__`` is one window, the located transform (the runner) another inside
+    it, and each transform stage one inside that. The raw load is the sample's window less the runner's; the
+    runner's window less its stages' is the timing harness (the profiler labels, the ledger's own bookkeeping),
+    charged to :data:`OVERHEAD_STAGE` and to no stage. CPU time is the calling thread's, so work of other threads
+    (a worker's queue feeder thread pickling the previous batch, the main process's pin thread) is not charged to
+    whichever stage happens to run; a stage that spreads work over threads is undercounted, which the OS
+    cross-check shows.
     """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.clocks = _Clocks()
         self.cpu_clock: Callable[[], float] = time.thread_time
-        self.runq_clock: Callable[[], float] = _RunQueueClock()
+        self.runq_clock: Callable[[], float] = self.clocks.runq
         self.pending = BatchTimings(pid=self.pid)
-        self.sample_transform_wall = 0.0
-        self.sample_transform_cpu = 0.0
-        self.sample_transform_runq = 0.0
-        self.cpu_mark = 0.0
-        self.runq_mark = 0.0
+        self.sample_runner, self.sample_stages = list(ZERO), list(ZERO)
 
-    def start_transforms(self) -> None:
-        self.cpu_mark, self.runq_mark = self.cpu_clock(), self.runq_clock()
+    def read(self) -> Reading:
+        return self.clocks.read()
 
-    def on_stage(self, name: str, wall: float) -> None:
-        """``TransformPipeline.timer``: the stage's wall time, plus its CPU and run-queue time since the previous mark."""
-        now, runq = self.cpu_clock(), self.runq_clock()
-        cpu, self.cpu_mark = now - self.cpu_mark, now
-        queued, self.runq_mark = runq - self.runq_mark, runq
-        self.pending.add(name, wall, cpu, queued)
-        self.sample_transform_wall += wall
-        self.sample_transform_cpu += cpu
-        self.sample_transform_runq += queued
+    def stage(self, name: str, began: Reading, ended: Reading) -> None:
+        """A transform stage ran from ``began`` to ``ended``."""
+        spent = _since(began, ended)
+        self.pending.add(name, *spent)
+        self.sample_stages = [a + b for a, b in zip(self.sample_stages, spent)]
+
+    def runner(self, began: Reading, ended: Reading) -> None:
+        """The located transform (all its stages and the harness around them) ran from ``began`` to ``ended``."""
+        self.sample_runner = [a + b for a, b in zip(self.sample_runner, _since(began, ended))]
 
     def start_sample(self) -> None:
-        self.sample_transform_wall = self.sample_transform_cpu = self.sample_transform_runq = 0.0
+        self.sample_runner, self.sample_stages = list(ZERO), list(ZERO)
 
-    def end_sample(self, wall: float, cpu: float, runq: float = 0.0) -> None:
-        """``__getitem__`` took ``wall``/``cpu``/``runq`` in all; what the transform stages did not take is the raw load."""
-        self.pending.add(
-            RAW_STAGE,
-            max(0.0, wall - self.sample_transform_wall),
-            max(0.0, cpu - self.sample_transform_cpu),
-            max(0.0, runq - self.sample_transform_runq),
-        )
+    def end_sample(self, *spent: float) -> None:
+        """``__getitem__`` took ``spent`` in all (a :data:`Reading`'s difference; wall, CPU at least): what the runner
+        did not take is the raw load, what the runner took beyond its stages is the harness's (:data:`OVERHEAD_STAGE`)."""
+        raw = [max(0.0, t - r) for t, r in zip((*spent, *ZERO[len(spent) :]), self.sample_runner)]
+        harness = [max(0.0, r - s) for r, s in zip(self.sample_runner, self.sample_stages)]
+        self.pending.add(RAW_STAGE, *raw)
+        if self.sample_runner[0] > 0:
+            self.pending.add(OVERHEAD_STAGE, *harness)
         self.pending.samples += 1
 
     def take(self) -> BatchTimings:
         taken, self.pending = self.pending, BatchTimings(pid=self.pid)
+        if self.clocks.others is not None:
+            self.clocks.others.refresh()
         return taken
 
 
@@ -134,16 +232,40 @@ def _ledger() -> _Ledger:
     return _LEDGER
 
 
-class _TimedRunner:
-    """Stands in for the dataset's transform: runs the located stages with the ledger as their timer."""
+class _Clocked:
+    """One transform stage, its call read with all clocks at both ends (:meth:`_Ledger.stage`)."""
 
-    def __init__(self, pipeline: TransformPipeline) -> None:
-        self.pipeline = pipeline
+    def __init__(self, name: str, transform: Callable[[Any], Any]) -> None:
+        self.name, self.transform = name, transform
 
     def __call__(self, x: Any) -> Any:
         ledger = _ledger()
-        ledger.start_transforms()
-        return dataclasses.replace(self.pipeline, timer=ledger.on_stage).run(x)
+        began = ledger.read()
+        try:
+            return self.transform(x)
+        finally:
+            ledger.stage(self.name, began, ledger.read())
+
+
+def _clocked(pipeline: TransformPipeline) -> TransformPipeline:
+    """A copy of ``pipeline`` whose stages (and its parts' stages) are :class:`_Clocked`; the user's stages are untouched."""
+    stages = [dataclasses.replace(stage, transform=_Clocked(stage.name, stage.transform)) for stage in pipeline.stages]
+    return dataclasses.replace(pipeline, stages=stages, parts=tuple(_clocked(part) for part in pipeline.parts), timer=None)
+
+
+class _TimedRunner:
+    """Stands in for the dataset's transform: runs the located stages, each clocked, inside a clocked window of its own."""
+
+    def __init__(self, pipeline: TransformPipeline) -> None:
+        self.pipeline = _clocked(pipeline)
+
+    def __call__(self, x: Any) -> Any:
+        ledger = _ledger()
+        began = ledger.read()
+        try:
+            return self.pipeline.run(x)
+        finally:
+            ledger.runner(began, ledger.read())
 
 
 class TimedDataset(Dataset):
@@ -174,10 +296,11 @@ class TimedDataset(Dataset):
     def __getitem__(self, index: Any) -> Any:
         source, ledger = self._source(), _ledger()
         ledger.start_sample()
-        wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
         with torch.profiler.record_function(RAW_LABEL):
+            began = ledger.read()
             sample = read_sample(source, index)
-        ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0, ledger.runq_clock() - runq0)
+            ended = ledger.read()
+        ledger.end_sample(*_since(began, ended))
         return sample
 
 
@@ -192,7 +315,7 @@ class TimedIterableDataset(IterableDataset):
         while True:
             ledger = _ledger()
             ledger.start_sample()
-            wall0, cpu0 = time.perf_counter(), ledger.cpu_clock()
+            began = ledger.read()
             with torch.profiler.record_function(RAW_LABEL):
                 try:
                     item = next(source)
@@ -200,7 +323,7 @@ class TimedIterableDataset(IterableDataset):
                     return
                 except Exception as exc:
                     raise StageError.wrap(RAW_STAGE, exc) from exc
-            ledger.end_sample(time.perf_counter() - wall0, ledger.cpu_clock() - cpu0)
+            ledger.end_sample(*_since(began, ledger.read()))
             yield item
 
 
@@ -212,13 +335,13 @@ class TimedCollate:
 
     def __call__(self, samples: Any) -> tuple[Any, BatchTimings]:
         ledger = _ledger()
-        wall0, cpu0, runq0 = time.perf_counter(), ledger.cpu_clock(), ledger.runq_clock()
+        began = ledger.read()
         with torch.profiler.record_function(COLLATE_LABEL):
             try:
                 batch = self.collate_fn(samples)
             except Exception as exc:
                 raise StageError.wrap(COLLATE_STAGE, exc) from exc
-        ledger.pending.add(COLLATE_STAGE, time.perf_counter() - wall0, ledger.cpu_clock() - cpu0, ledger.runq_clock() - runq0)
+        ledger.pending.add(COLLATE_STAGE, *_since(began, ledger.read()))
         return batch, ledger.take()
 
 

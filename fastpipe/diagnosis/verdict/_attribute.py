@@ -11,18 +11,22 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
    where the step time grows with the work: not where its upper point already runs at the device bound
    (part of the stage hides under the step, and the stage that tips the pipeline over is charged for what
    it un-hides), nor where its lower point has the CPU saturated (stages then slow each other, and the one
-   that tips the CPU over is charged for the others). Consecutive stages inside the workers (below the
+   that tips the CPU over is charged for the others), nor where other processes shared the machine at its lower
+   point (:data:`SHARED_CPU`: a neighbour's load moves step times that no stage caused). Consecutive stages inside the workers (below the
    ``sample`` point) in either case form a *span*. The ladder measures the span's total reliably
    (``t_bottom - t_top``); it is split among the span's stages in proportion to their in-worker cost per
-   sample (:class:`WorkerCost`: CPU time, plus the time the stage waits beyond what contention explains).
+   sample (:class:`WorkerCost`: CPU time, plus the stage's own waits; never its wall time, which a neighbour's
+   load stretches).
    A stage whose cost is above the threshold is named even when its own ladder step is zero.
 3. **Veto.** A stage inside the workers whose in-worker cost per step (cost per sample x batch /
    :attr:`Attribution.parallelism`) is below the threshold is never named, whatever the ladder says.
 4. **A noisy ladder still points somewhere.** Where the ladder cannot decide (the pair did not hold when
    remeasured, or its noise exceeds the threshold; a split share is decided by its span's total alone) and the in-worker cost is above the threshold, the stage
    is named by its in-worker cost, labelled as such (``basis="in-worker cost"``), with the reason.
-5. **Waiting or computing.** A named stage's in-worker CPU time over its wall time says which: a stage
-   *waits* when more than half its cost is waiting (I/O, sleeps, locks), else it *computes*.
+5. **Waiting or computing.** A stage *waits* when its own blocked time (off the CPU, not waiting for a core, not
+   held by another thread of its worker such as the feeder pickling the previous batch) is above the noise (two
+   standard errors over the timed batches), more than its CPU time and at least :data:`WAIT_SHARE` of the
+   pipeline's wall time per sample; else it *computes* (:func:`worker_costs`).
 6. **The cache's own copy** (timed inside the workers, :mod:`fastpipe.diagnosis.ladder._cache`) is taken out of a
    point's step only where the workers set the pace: ``batch x copy / min(workers, usable cores)``, never
    taking the step below the pace the rest of the loop allows (the ``sample`` point, where the workers do
@@ -51,6 +55,8 @@ LADDER, SPLIT, IN_WORKER = "ladder", "saturated split", "in-worker cost"
 """What a named stage's figure comes from (``Bottleneck.basis``)."""
 WAIT_SHARE = 0.2
 """A stage's waiting counts (rule 5) only when it is at least this share of the pipeline's wall time per sample."""
+SHARED_CPU = 0.25
+"""Share of all cores other processes used at a point above which the machine counts as shared there (rule 2)."""
 WORKER_KINDS = ("transform", "raw load")
 """Kinds of component that run entirely inside the workers, where the in-worker timing sees all of their cost."""
 
@@ -98,7 +104,9 @@ class WorkerCost:
     wall_ms: float
     cpu_ms: float
     wait_ms: float
-    """Wall time beyond the CPU time as contention stretches it (see :func:`worker_costs`): the time it waits."""
+    """The time it waits, where that counts (see :func:`worker_costs`); 0 for a stage that computes."""
+    blocked_ms: float = 0.0
+    """Its own blocked time as measured, counted as waiting or not (0 where the timing could not tell it apart)."""
 
     @property
     def own_ms(self) -> float:
@@ -116,28 +124,38 @@ class WorkerCost:
 
 
 def worker_costs(stages: dict[str, tuple[float, ...]]) -> dict[str, WorkerCost]:
-    """Per-stage costs from ``{name: (wall ms, CPU ms[, run-queue ms]) per sample}`` as the in-worker timing measured them.
+    """Per-stage costs from ``{name: (wall ms, CPU ms[, run-queue ms[, held ms, own blocked ms, its noise ms]]) per
+    sample}`` as the in-worker timing measured them (:class:`~fastpipe.diagnosis.stagecost.StageCost`'s fields).
 
-    On a busy machine a stage that only computes still shows more wall than CPU time: it waits for a core. Where
-    the OS counts that (run-queue time, Linux), a stage's own wait is ``wall - CPU - run-queue``. Elsewhere the
-    pipeline's stages tell it: the highest CPU/wall ratio among the stages that hold a fair share (10%) of the CPU
-    is the contention every computing stage saw, and a stage's wait is its wall time beyond its CPU time so
-    stretched. Either way a wait counts only where it is more than the stage's CPU time and at least
-    :data:`WAIT_SHARE` of the pipeline's wall time per sample: a cheap stage caught by a preemption does not turn
-    into a waiting one.
+    With all six figures the timing has already split the wall time: a stage's own blocked time is what is left
+    once its CPU, its wait for a core and the time other threads of its worker held it are taken out, and it
+    counts as waiting only when it is above its noise. With three (older timings), the wait is ``wall - CPU -
+    run-queue``; with two, the pipeline's stages tell it: the highest CPU/wall ratio among the stages that hold a
+    fair share (10%) of the CPU is the contention every computing stage saw, and a stage's wait is its wall time
+    beyond its CPU time so stretched. Either way a wait counts only where it is more than the stage's CPU time and
+    at least :data:`WAIT_SHARE` of the pipeline's wall time per sample: a cheap stage caught by a preemption does
+    not turn into a waiting one.
     """
     # one thread cannot spend more CPU than wall time inside a stage: CPU beyond it is the timing's own work between
     # stages, charged to the next one (stagecost's ledger), which would make a stage that does nothing look busy
-    rows = {name: (float(v[0]), min(float(v[1]), float(v[0])), float(v[2]) if len(v) > 2 else 0.0) for name, v in stages.items()}
-    total_cpu = sum(cpu for _, cpu, _ in rows.values())
-    total_wall = sum(wall for wall, _, _ in rows.values())
-    counted = any(q > 0 for _, _, q in rows.values())
-    ratios = [cpu / wall for wall, cpu, _ in rows.values() if wall > 0 and cpu >= 0.1 * total_cpu > 0]
+    rows = {name: (float(v[0]), min(float(v[1]), float(v[0])), *(float(x) for x in v[2:])) for name, v in stages.items()}
+    total_cpu = sum(row[1] for row in rows.values())
+    total_wall = sum(row[0] for row in rows.values())
+    counted = any(len(row) > 2 and row[2] > 0 for row in rows.values())
+    ratios = [row[1] / row[0] for row in rows.values() if row[0] > 0 and row[1] >= 0.1 * total_cpu > 0]
     contention = min(1.0, max(ratios)) if ratios else 1.0
     out = {}
-    for name, (wall, cpu, runq) in rows.items():
-        wait = max(0.0, wall - cpu - runq) if counted else max(0.0, wall - cpu / contention)
-        out[name] = WorkerCost(wall, cpu, wait if wait > cpu and wait >= WAIT_SHARE * total_wall else 0.0)
+    for name, row in rows.items():
+        wall, cpu = row[0], row[1]
+        noise = row[5] if len(row) >= 6 else 0.0
+        if len(row) >= 6:
+            blocked = row[4]
+        elif counted:
+            blocked = max(0.0, wall - cpu - (row[2] if len(row) > 2 else 0.0))
+        else:
+            blocked = max(0.0, wall - cpu / contention)
+        waits = blocked > max(cpu, noise) and blocked >= WAIT_SHARE * total_wall
+        out[name] = WorkerCost(wall, cpu, blocked if waits else 0.0, blocked)
     return out
 
 
@@ -245,9 +263,14 @@ class Attribution:
             return None
         return sum(c.own_ms for c in costs) * self.batch_size / self.parallelism
 
+    def shared(self, point: str) -> bool:
+        """Other processes used at least :data:`SHARED_CPU` of all cores while the point ran (a busy neighbour)."""
+        result = self.results[point]
+        return result.system_cpu_util - result.cpu_util >= SHARED_CPU
+
     def _linear(self, upper: str, lower: str) -> bool:
         """Whether the ladder step between two points is the stage's own cost (rule 2)."""
-        return not self.at_bound(upper) and not self.saturated(lower)
+        return not self.at_bound(upper) and not self.saturated(lower) and not self.shared(lower)
 
     def components(self, baseline_s: float | None) -> list[Bottleneck]:
         """One entry per pair of neighbouring measured points, in order from the device down, with the figure

@@ -117,9 +117,15 @@ def busy_machine_line(others: list[tuple[str, float]], handled: str) -> str | No
 
 
 def busy_machine(facts: Facts) -> str | None:
-    return busy_machine_line(
-        [(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments], "pairs measured then were remeasured back to back"
-    )
+    """The machine was shared, and by how much; with in-worker costs, how the stages were sized despite it (rule 2)."""
+    handled = "pairs measured then were remeasured back to back"
+    if facts.attribution.costs:
+        handled += (
+            "; the stages inside the workers are sized by their CPU time and their own waits, never by their wall time, "
+            "which that load stretches (a stage whose CPU time itself grows beside a neighbour, through shared caches "
+            "and memory bandwidth, pays that cost here too)"
+        )
+    return busy_machine_line([(r.name, r.system_cpu_util - r.cpu_util) for r in facts.report.experiments], handled)
 
 
 def imprecise(facts: Facts) -> str | None:
@@ -281,11 +287,45 @@ def workers_needed(costs: dict[str, Any] | None, device_ms: float, batch: int | 
     return math.ceil(batch * sum(c.own_ms for c in costs.values()) / device_ms)
 
 
-def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, batch: int | None, cores: int) -> str | None:
+WORKER_GAIN = 0.05
+"""Projected throughput gain below which more workers are not advised for a stage that waits."""
+
+
+def projected_workers(
+    costs: dict[str, Any], device_ms: float, batch: int, workers: int, free_cores: float
+) -> tuple[int, float, float, float]:
+    """(workers that reach the pace, projected gain, samples/s now, samples/s then) for a pipeline that waits.
+
+    A worker spends the stages' own time on each sample (CPU and own waits, never time a neighbour took), so ``w``
+    workers deliver at most ``w / that`` samples per ms; the cores actually free (all usable cores less what other
+    processes used) deliver at most ``free / CPU per sample``. More workers raise the first limit only: the pace they
+    can reach is the lower of the device's and the free cores', and the gain is that over today's lower limit.
+    """
+    per_sample = sum(c.own_ms for c in costs.values())
+    cpu = sum(c.cpu_ms for c in costs.values())
+    cores_rate = free_cores / cpu if cpu > 0 else math.inf
+    now = min(max(1, workers) / per_sample, cores_rate)
+    then = min(batch / device_ms, cores_rate)
+    needed = math.ceil(then * per_sample - 1e-9)
+    return needed, then / now - 1.0, 1000 * now, 1000 * then
+
+
+def waiting_text(
+    b: Bottleneck,
+    costs: dict[str, Any] | None,
+    device_ms: float,
+    batch: int | None,
+    cores: int,
+    *,
+    workers: int | None = None,
+    free_cores: float | None = None,
+) -> str | None:
     """Rule 5's wording: whether the stage waits or computes, and for one that waits, the workers that would hide it.
 
-    ``costs`` are every stage's :class:`~fastpipe.diagnosis.verdict._attribute.WorkerCost` (collate included): a worker spends
-    their sum on each sample, so ``batch x that / device step`` workers deliver a batch every device step.
+    ``costs`` are every stage's :class:`~fastpipe.diagnosis.verdict._attribute.WorkerCost` (collate and the worker
+    overhead included): a worker spends their sum on each sample. More workers are advised only with the gain they
+    are projected to bring (:func:`projected_workers`) from the blocked time and the ``free_cores`` (``cores`` less
+    what other processes used), and only when that gain is at least :data:`WORKER_GAIN`.
     """
     if b.cpu_ratio is None or b.waits is None:
         return None
@@ -293,25 +333,40 @@ def waiting_text(b: Bottleneck, costs: dict[str, Any] | None, device_ms: float, 
         busy = " (the rest is waiting for a core on a busy machine, as the other stages did)" if b.cpu_ratio < 0.8 else ""
         return f"{b.stage} computes: its CPU time is {b.cpu_ratio:.0%} of its wall time in the workers{busy}, so make it cheaper."
     text = (
-        f"{b.stage} waits: its CPU time is only {b.cpu_ratio:.0%} of its wall time in the workers (I/O, a sleep, a lock or "
-        "a remote call), so making its code faster will not help; overlap the waits instead: more DataLoader workers, a "
-        "deeper prefetch_factor, faster or local storage."
+        f"{b.stage} waits: its CPU time is only {b.cpu_ratio:.0%} of its wall time in the workers and the rest is its own "
+        "waiting (I/O, a sleep, a lock or a remote call; not a wait for a core or for another thread of the worker), so "
+        "making its code faster will not help"
     )
-    needed = workers_needed(costs, device_ms, batch)
-    if costs and batch and needed is not None:
-        per_sample = sum(c.own_ms for c in costs.values())
-        cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
-        text += (
-            f" At the measured {per_sample:.1f} ms per sample in a worker ({sum(c.wait_ms for c in costs.values()):.1f} of "
-            f"it waiting), about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step)"
+    if not costs or not batch or device_ms <= 0:
+        return text + "; overlap the waits instead: more DataLoader workers, a deeper prefetch_factor, faster or local storage."
+    free = float(cores) if free_cores is None else max(0.0, min(float(cores), free_cores))
+    shared = f" ({cores - free:.1f} of the {cores} cores were used by other processes)" if free < cores - 0.05 else ""
+    per_sample, waiting = sum(c.own_ms for c in costs.values()), sum(c.wait_ms for c in costs.values())
+    needed, gain, now, then = projected_workers(costs, device_ms, batch, workers or 0, free)
+    measured = f"At the measured {per_sample:.1f} ms per sample in a worker ({waiting:.1f} of it waiting)"
+    if workers is not None and (needed <= max(1, workers) or gain < WORKER_GAIN):
+        return (
+            f"{text}. {measured}, more workers are projected to gain {max(0.0, gain):.0%}: the {free:.1f} free cores{shared} "
+            f"already limit the pipeline to {then:,.0f} samples/s at its {sum(c.cpu_ms for c in costs.values()):.1f} ms of "
+            "CPU per sample, so make the stages' CPU cheaper first."
         )
+    text += "; overlap the waits instead: more DataLoader workers, a deeper prefetch_factor, faster or local storage. "
+    cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
+    pace = 1000.0 * batch / device_ms
+    if cores_needed > free:  # the free cores cap what more workers reach, short of the device's pace
         text += (
-            f"; their CPU needs {cores_needed:.1f} cores of the {cores} here, so the cores, not the waits, would then set the pace"
-            if cores_needed > cores
-            else f", and their CPU fits the {cores} cores here ({cores_needed:.1f} needed)"
+            f"{measured}, about {needed} workers would reach the {then:,.0f} samples/s that the {free:.1f} free cores here"
+            f"{shared} allow, short of the {pace:,.0f} the {device_ms:.0f} ms device step takes ({cores_needed:.1f} cores' worth "
+            "of CPU): the cores, not the waits, would then set the pace"
         )
+    else:
         text += (
-            ". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "
-            "`fastpipe tune` finds the fewest workers that keep up and watches shared memory."
+            f"{measured}, about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} samples a step), "
+            f"and their CPU fits the {free:.1f} free cores here{shared} ({cores_needed:.1f} needed)"
         )
-    return text
+    if workers is not None:
+        text += f"; a projected gain of up to {gain:.0%} ({now:,.0f} to {then:,.0f} samples/s) over the {workers} workers now"
+    return text + (
+        ". Caution: each worker holds its own copy of the dataset and prefetch_factor batches in memory; "
+        "`fastpipe tune` finds the fewest workers that keep up and watches shared memory."
+    )

@@ -37,7 +37,10 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
       "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
                                                # timed steps: fastpipe.diagnosis.ladder._loader_stages.LoaderStageCosts.to_dict()
-      "memory": null | {...}                   # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
+      "memory": null | {...},                  # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
+      "startup": null | {...},                 # time to the first batch, split: fastpipe.diagnosis.unseen._startup
+      "main_process": null | {...},            # the loader's work in the training process: ...unseen._main_process
+      "streams": null | {...}                  # duplicate and uneven streams: ...unseen._streams.StreamCheck.to_dict()
     }
 
     StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
@@ -63,6 +66,9 @@ from fastpipe.diagnosis.ladder._results import ExperimentResult, Unavailable
 if TYPE_CHECKING:
     from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
     from fastpipe.diagnosis.memory._section import MemorySection
+    from fastpipe.diagnosis.unseen._main_process import MainProcess
+    from fastpipe.diagnosis.unseen._startup import Startup
+    from fastpipe.diagnosis.unseen._streams import StreamCheck
 
 SCHEMA = "fastpipe.report/2"
 
@@ -145,6 +151,18 @@ class Report:
     """What each cache point held, the loader's growth and shared-memory peak (see ``_memory_section``)."""
     loader_stage_costs: LoaderStageCosts | None = field(default=None, repr=False)
     """A loader without workers that times its own stages (the ThreadLoader): its clocks over the baseline's timed steps."""
+    startup: Startup | None = field(default=None, repr=False)
+    """The time to the first batch, split (worker start, the dataset's transfer, worker_init_fn, first fetch), and fixes."""
+    main_process: MainProcess | None = field(default=None, repr=False)
+    """The loader's work in the training process (sampler, collate without workers, pinning), timed there."""
+    streams: StreamCheck | None = field(default=None, repr=False)
+    """A stream's first items per worker and rank, compared: duplicates and uneven shares."""
+
+    #: The sections of what the ladder cannot see, in the order the report shows them (each None when not measured).
+    UNSEEN = ("startup", "main_process", "streams")
+
+    def _unseen(self) -> list[Any]:
+        return [section for section in (getattr(self, name) for name in self.UNSEEN) if section is not None]
 
     def experiment(self, cache_point: str) -> ExperimentResult | None:
         return next((e for e in self.experiments if e.cache_point == cache_point), None)
@@ -153,10 +171,16 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         memory, self.memory = self.memory, None  # its own to_dict: asdict would copy every sampled point
         loader_costs, self.loader_stage_costs = self.loader_stage_costs, None  # its own to_dict: its schema, NaN as null
+        unseen = {name: getattr(self, name) for name in self.UNSEEN}
+        for name in self.UNSEEN:
+            setattr(self, name, None)  # each its own to_dict
         try:
             data = asdict(self)
         finally:
             self.memory, self.loader_stage_costs = memory, loader_costs
+            for name, section in unseen.items():
+                setattr(self, name, section)
+        data.update({name: None if section is None else section.to_dict() for name, section in unseen.items()})
         data.pop("stage_cost_lines")
         data["memory"] = None if memory is None else memory.to_dict()
         data["loader_stage_costs"] = None if loader_costs is None else loader_costs.to_dict()
@@ -270,6 +294,8 @@ class Report:
             out += ["", self.STAGE_COSTS_TITLE, "", "```", *self.stage_cost_lines, "```"]
         if self.loader_stage_costs is not None:
             out += ["", *self.loader_stage_costs.markdown_lines()]
+        for section in self._unseen():
+            out += section.markdown_lines()
         if self.memory is not None:
             out += self.memory.to_markdown(_point_label)
         return "\n".join(out) + "\n"
@@ -285,6 +311,8 @@ class Report:
             lines += ["", self.STAGE_COSTS_TITLE, *self.stage_cost_lines]
         if self.loader_stage_costs is not None:
             lines += ["", *self.loader_stage_costs.lines()]
+        for section in self._unseen():
+            lines += ["", *section.lines()]
         text = render_table(self.title(), columns, self._rows(), lines)
         return text if self.memory is None else text + "\n" + self.memory.to_text(_point_label)
 

@@ -1,0 +1,98 @@
+"""``fastpipe diagnose [OPTIONS] -- python SCRIPT ARGS``: the cache ladder inside an unmodified training script.
+
+The flags are ``fastpipe diagnose``'s, with three of script mode's own (``--loader``, ``--then-continue``, and
+``--budget``, which counts the script's steps here); the work is :mod:`fastpipe.diagnosis._script`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastpipe.errors import ConfigError
+
+
+def add_script_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("a training script (fastpipe diagnose [OPTIONS] -- python SCRIPT [ARGS ...])")
+    group.add_argument(
+        "--loader",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the script's training DataLoader: the Nth it iterates, from 1 (default: the first to deliver 5 batches in an epoch)",
+    )
+    group.add_argument(
+        "--then-continue",
+        action="store_true",
+        help="after the report, put the script's state back and let it train on with its real loader "
+        "(default: a dry run, the script is stopped after the report, exit 0)",
+    )
+    group.add_argument("script", nargs="*", metavar="-- python SCRIPT ARGS", help=argparse.SUPPRESS)
+
+
+def is_script(args: argparse.Namespace) -> bool:
+    """Whether the command line names a script (``-- python train.py``, ``-- train.py``, ``-- python -m pkg``)."""
+    spec = args.spec or ""
+    return bool(args.script) or spec.endswith(".py") or Path(spec).name.startswith("python") or spec == sys.executable
+
+
+def check_no_script_options(args: argparse.Namespace) -> None:
+    """A SPEC run: no script arguments, no script-only flags."""
+    if args.spec is None:
+        raise ConfigError(
+            "fastpipe diagnose needs a SPEC (toy:naive, module:make_workload) or a script: fastpipe diagnose -- python train.py ARGS"
+        )
+    if args.loader is not None or args.then_continue:
+        raise ConfigError("--loader and --then-continue apply to a script: fastpipe diagnose [OPTIONS] -- python train.py ARGS")
+
+
+def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """``(kind, target, args)`` as ``fastpipe watch`` reads them, with this command's name in its errors."""
+    from fastpipe.commands.watch import parse_command
+
+    try:
+        return parse_command([args.spec, *args.script])
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("fastpipe watch", "fastpipe diagnose")) from None
+
+
+def run_script(args: argparse.Namespace) -> int:
+    from fastpipe.commands.common import check_steps, write_outputs
+    from fastpipe.diagnosis._script import DEFAULT_BUDGET_STEPS, ScriptLadder, ScriptOptions, run_script
+
+    check_steps(args)
+    if args.check_step:
+        raise ConfigError("--check-step runs a factory's step; with a script, the script's own step runs in the ladder")
+    kind, target, script_args = script_command(args)
+    budget = DEFAULT_BUDGET_STEPS if args.budget is None else args.budget
+    if budget != int(budget):
+        raise ConfigError(f"with a script, --budget is a number of the script's steps. Got {budget}.")
+    options = ScriptOptions(
+        loader=args.loader,
+        budget_steps=int(budget),
+        then_continue=args.then_continue,
+        device=args.device,
+        steps=args.steps,
+        warmup=args.warmup,
+        pool=args.pool,
+        threshold=args.threshold,
+        precision=args.precision,
+        strategy=args.strategy,
+        stage_costs=not args.no_stage_costs,
+        loader_memory=not args.no_memory,
+    )
+    options.check()
+
+    def echo(line: str) -> None:  # stderr: stdout stays the script's; flushed first so the two interleave in order
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+
+    def show(report: Any) -> None:
+        sys.stderr.flush()
+        write_outputs(report, args)
+        sys.stdout.flush()
+
+    session = ScriptLadder(options, script=target, echo=echo, show=show)
+    return run_script(kind, target, script_args, session)

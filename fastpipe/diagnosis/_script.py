@@ -1,0 +1,465 @@
+"""Script mode: ``fastpipe diagnose -- python train.py ARGS`` runs the cache ladder inside an unmodified script's loop.
+
+The script runs in this process as ``python train.py ARGS`` would (its ``sys.argv``, its folder first on
+``sys.path``, ``__name__ == "__main__"``), with ``DataLoader.__iter__`` tapped (:mod:`fastpipe.monitor._tap`; the
+wrappers of Lightning, accelerate and timm iterate a DataLoader inside, so they are tapped too). Its loaders run
+untouched until one of them (``--loader N``, else the first) has delivered ``start_after`` batches in an epoch: that
+is the training loader. At its next ``next()`` the ladder takes over:
+
+* the script's model, optimizers, LR schedulers and GradScalers are found among the live objects
+  (:mod:`fastpipe.diagnosis._trainstate`) and snapshotted with the RNGs and the loader's generators;
+* the engine (:func:`fastpipe.diagnosis._diagnose.diagnose`, the factory's, with the same plan, noise rules,
+  remeasurement, saturated split and in-worker costs) runs in a thread; its step is the
+  :class:`~fastpipe.diagnosis._handoff.Handoff`, so every ``next()`` of the script gets a batch of the point being
+  measured and the script's real step (model, loss, amp, optimizer, schedulers, clipping, logging) is what is timed
+  (:class:`~fastpipe.diagnosis._windows.WindowRunner`);
+* the script's iterator of the real loader is held where it was, its workers idle.
+
+When the report is ready everything found is put back, the report is printed, and then either the script is stopped
+(the default, a dry run: :class:`StopScript`, a ``SystemExit(0)`` raised from its ``next()``, which unwinds it as
+``sys.exit`` would, after its model was put back) or, with ``then_continue``, its ``next()`` carries on with the held
+real iterator: the rest of that epoch, from the batch it would have had next. If the script ends, raises or is
+interrupted during the ladder, the engine stops as on Ctrl-C and the partial report is printed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from torch.utils.data import DataLoader
+
+from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis._handoff import Handoff, ScriptGone, StepBudgetSpent
+from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
+from fastpipe.diagnosis._windows import ScriptDevice, WindowRunner
+from fastpipe.diagnosis.runtime._snapshot import UserState
+from fastpipe.diagnosis.verdict._report import Report
+from fastpipe.errors import ConfigError, FastpipeError
+from fastpipe.loading._pinning import shutdown_iterator
+from fastpipe.monitor import Watch, tap_dataloaders
+from fastpipe.workloads._workload import Workload
+
+START_AFTER = 5
+"""Batches a loader delivers in an epoch before the ladder takes it over (the first steps start the workers and
+warm the caches; a framework's sanity check reads two validation batches first)."""
+DEFAULT_BUDGET_STEPS = 600
+"""The most steps of the script's loop the ladder may take by default (``--budget``)."""
+EXIT_INTERRUPTED = 130
+EXIT_NOTHING = 2
+ENGINE_EXIT_WAIT_S = 60.0
+"""How long the script's end waits for the engine to wrap up its partial report (closing a point's workers)."""
+
+CPU_STEP_CAVEAT = (
+    "the script's own training step ran on the CPU (its model is on the CPU: no accelerator here, or the script chose "
+    "none). The device point is that CPU step, and it shares the cores with the loader's workers: a stage that burns "
+    "CPU can look cheaper or dearer than it would beside an accelerator's step, which leaves the cores to the loader. "
+    "This verdict is about this CPU run; --device sim:MS cannot stand in for a step fastpipe does not own. The real "
+    "answer needs the accelerator: run the same command where the script trains on its GPU"
+)
+
+
+class StopScript(SystemExit):
+    """fastpipe stopping the script after its report (the dry run), raised from the script's ``next()``."""
+
+
+@dataclass
+class ScriptOptions:
+    """Script mode's settings; the ladder's own are the factory's (``fastpipe diagnose`` flags)."""
+
+    loader: int | None = None
+    """Which DataLoader is the training one, 1 for the first the script iterated (None: the first to reach
+    ``start_after`` batches)."""
+    start_after: int = START_AFTER
+    budget_steps: int = DEFAULT_BUDGET_STEPS
+    then_continue: bool = False
+    device: str | None = None
+    steps: int = 10
+    warmup: int = 3
+    pool: int | None = None
+    threshold: float = 0.05
+    precision: float = 0.03
+    strategy: str = "linear"
+    budget_s: float = 20.0
+    stage_costs: bool = True
+    loader_memory: bool = False
+
+    def check(self) -> None:
+        if self.budget_steps < 1:
+            raise ConfigError(f"--budget is the most steps of the script the ladder may take, a positive number. Got {self.budget_steps}.")
+        if self.loader is not None and self.loader < 1:
+            raise ConfigError(f"--loader counts the script's DataLoaders from 1, in the order it first iterates them. Got {self.loader}.")
+        if self.start_after < 1:
+            raise ConfigError(f"the ladder starts after at least 1 real batch. Got {self.start_after}.")
+        if self.device is not None and self.device.startswith("sim"):
+            raise ConfigError(
+                f"--device {self.device} replaces the step's time only where fastpipe owns the step; in script mode the "
+                "script's own step runs (on the device its model is on): drop --device, or use a factory "
+                "(fastpipe diagnose module:make_workload --device sim:MS)"
+            )
+
+
+@dataclass
+class _Seen:
+    """A DataLoader the script iterated: its label, its watch (the real loop's timing) and its batches this epoch."""
+
+    loader: DataLoader
+    label: str
+    index: int
+    watch: Watch
+    batches: int = 0
+    most: int = 0
+    """The most batches it delivered in one epoch."""
+
+
+class _ScriptIterator(Iterator[Any]):
+    """What the script's ``iter(loader)`` returns: the real iterator, or the ladder's batches while it runs."""
+
+    def __init__(self, session: "ScriptLadder", seen: _Seen, real: Iterator[Any] | None) -> None:
+        self.session, self.seen, self.real = session, seen, real
+
+    def __iter__(self) -> "_ScriptIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return self.session.next_batch(self)
+
+    def __len__(self) -> int:
+        return len(self.seen.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("session", "seen", "real") or self.real is None:
+            raise AttributeError(name)
+        return getattr(self.real, name)
+
+
+class ScriptLadder:
+    """One script's run: the tap's callbacks, the handover to the ladder, and its outcome."""
+
+    def __init__(self, options: ScriptOptions, *, script: str, echo: Callable[[str], None], show: Callable[[Report], None]) -> None:
+        self.options, self.script, self.echo, self.show = options, script, echo, show
+        self.seen: dict[int, _Seen] = {}
+        self.state = "before"  # then "ladder", then "after"
+        self.trained: _Seen | None = None
+        self.held: Iterator[Any] | None = None
+        self.handoff: Handoff | None = None
+        self.thread: threading.Thread | None = None
+        self.found: TrainingState | None = None
+        self.epochs: list[tuple[Any, int]] = []
+        self.device: Device | None = None
+        self.before: Any = None
+        self.started_at = 0.0
+        self.report: Report | None = None
+        self.error: BaseException | None = None
+        self.code: int | None = None
+        """The exit code fastpipe decided (a stop, an interrupt); None: the script's own."""
+
+    # ----- the tap's side ------------------------------------------------------------------
+    def select(self, loader: DataLoader) -> Watch | None:
+        if threading.current_thread().name.startswith("fastpipe"):
+            return None  # the engine's own loaders (each cache point's) are not the script's
+        seen = self.seen.get(id(loader))
+        if seen is None:
+            index = len(self.seen) + 1
+            seen = _Seen(loader, f"DataLoader #{index}", index, Watch(loader, echo=False, memory=False, hint=False))
+            self.seen[id(loader)] = seen
+        if self.state == "ladder" and self.handoff is not None:
+            self.handoff.elsewhere()  # a new epoch or another loader between two steps: that step holds more
+        return seen.watch
+
+    def source(self, loader: DataLoader, original: Callable[[DataLoader], Iterator[Any]]) -> Iterator[Any]:
+        seen = self.seen[id(loader)]
+        seen.batches = 0
+        if seen is self.trained and self.state == "ladder":
+            return _ScriptIterator(self, seen, None)  # a new epoch while the ladder runs: the ladder goes on
+        return _ScriptIterator(self, seen, original(loader))
+
+    # ----- the script's next() -------------------------------------------------------------
+    def next_batch(self, it: _ScriptIterator) -> Any:
+        if self.state == "before" and it.real is not None and self._due(it.seen):
+            self._start(it)
+        if self.state == "ladder" and it.seen is self.trained:
+            return self._serve(it)
+        if it.real is None:
+            it.real = self.held  # an epoch begun during the ladder carries on where the real one was held
+            if it.real is None:
+                raise StopIteration
+        batch = next(it.real)
+        it.seen.batches += 1
+        it.seen.most = max(it.seen.most, it.seen.batches)
+        return batch
+
+    def _due(self, seen: _Seen) -> bool:
+        if seen.batches < self.options.start_after:
+            return False
+        return self.options.loader is None or seen.index == self.options.loader
+
+    # ----- the handover ----------------------------------------------------------------------
+    def _start(self, it: _ScriptIterator) -> None:
+        options, seen = self.options, it.seen
+        self.trained, self.held = seen, it.real
+        self.before = seen.watch.ledger.current(time.perf_counter())
+        samplers = (getattr(seen.loader, "sampler", None), getattr(getattr(seen.loader, "batch_sampler", None), "sampler", None))
+        # a DistributedSampler's epoch: a framework whose epochs end by count calls set_epoch during the ladder
+        self.epochs = [(s, s.epoch) for s in samplers if isinstance(getattr(s, "epoch", None), int)]
+        self.found = find_training_state()
+        self.device = self._device(self.found)
+        self.handoff = Handoff(options.budget_steps)
+        optimizers, scalers = self.found.optimizers, self.found.scalers
+        workload = Workload(
+            loader=seen.loader,
+            step=self.handoff.step,
+            model=self.found.model,
+            optimizer=optimizers[0] if optimizers else None,
+            schedulers=list(self.found.schedulers),
+            scaler=scalers[0] if scalers else None,
+            name=f"{Path(self.script).name} ({seen.label})",
+        )
+        extras = [UserState(optimizer=o) for o in optimizers[1:]] + [UserState(scaler=s) for s in scalers[1:]]
+        self.echo(self._announcement(seen))
+        self.state = "ladder"
+        self.started_at = time.perf_counter()
+        self.thread = threading.Thread(target=self._engine, args=(workload, extras), name="fastpipe-ladder", daemon=True)
+        self.thread.start()
+
+    def _device(self, found: TrainingState) -> Device:
+        where = found.device()
+        asked = self.options.device
+        if where is None:
+            return parse_device(asked or "cpu")
+        device = parse_device(str(where) if where.type != "cuda" or where.index is None else f"cuda:{where.index}")
+        if asked is not None and parse_device(asked).kind != device.kind:
+            self.echo(f"fastpipe diagnose: note: --device {asked} ignored: the script's model is on {where}, where its step runs")
+        return device
+
+    def _announcement(self, seen: _Seen) -> str:
+        o = self.options
+        stop = (
+            "then the script goes on with its real batches, from the one it would have had next"
+            if o.then_continue
+            else "then the script is stopped (a dry run; --then-continue resumes its training on the real loader instead)"
+        )
+        return (
+            f"fastpipe diagnose: the cache ladder starts in {self.script}'s loop at batch {seen.batches + 1} of "
+            f"{seen.label} (batch_size={seen.loader.batch_size}, num_workers={seen.loader.num_workers}"
+            f"{'' if o.loader else f', the first to deliver {o.start_after} batches; --loader N picks another'}). For at most "
+            f"{o.budget_steps} steps (--budget) the script trains on replayed batches of each cache point, not on its data; "
+            f"afterwards {self.found.describe() if self.found else 'its state'}, the RNGs and the loader's state are put back "
+            f"as they are now; {stop}"
+        )
+
+    def _engine(self, workload: Workload, extras: list[UserState]) -> None:
+        from fastpipe.diagnosis._diagnose import diagnose
+
+        assert self.handoff is not None and self.device is not None
+        o, report, error = self.options, None, None
+        try:
+            report = diagnose(
+                workload,
+                device=ScriptDevice(self.device),
+                steps=o.steps,
+                warmup=o.warmup,
+                pool=o.pool,
+                threshold=o.threshold,
+                strategy=o.strategy,
+                budget=o.budget_s,
+                precision=o.precision,
+                progress=False,
+                stage_costs=o.stage_costs,
+                loader_memory=o.loader_memory,
+                on_warning=lambda text: self.echo(f"fastpipe: warning: {text}"),
+                runner=functools.partial(WindowRunner, handoff=self.handoff),
+            )
+        except BaseException as exc:  # handed to the script's thread, which reports it
+            error = exc
+        finally:
+            for state in extras:
+                state.restore()
+        self.handoff.finish(report, error)
+
+    def _serve(self, it: _ScriptIterator) -> Any:
+        assert self.handoff is not None
+        try:
+            ok, batch = self.handoff.request()
+        except KeyboardInterrupt:
+            self.conclude("was interrupted (Ctrl-C)")
+            self.code = EXIT_INTERRUPTED
+            raise StopScript(EXIT_INTERRUPTED) from None
+        if ok:
+            return batch
+        self.conclude(None)
+        if not self.options.then_continue:
+            self._release_held()
+            self.code = 0 if self.error is None else 1
+            raise StopScript(self.code)
+        self.state = "after"
+        it.real = self.held
+        batch = next(it.real)
+        it.seen.batches += 1
+        return batch
+
+    def _release_held(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            shutdown_iterator(held)
+
+    # ----- the outcome -----------------------------------------------------------------------
+    def conclude(self, why: str | None) -> None:
+        """Wait for the engine (telling it the script is gone when ``why`` says how), then print the report or error."""
+        if self.state != "ladder" or self.handoff is None:
+            return
+        if why is not None:
+            self.handoff.gone(f"the script {why}")
+        outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S)
+        self.state = "after"
+        if outcome is None:
+            self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
+            return
+        self.report, self.error = outcome
+        for sampler, epoch in self.epochs:
+            sampler.epoch = epoch
+        if self.thread is not None:
+            self.thread.join(ENGINE_EXIT_WAIT_S)
+        if self.report is not None and self.report.experiments:
+            self._annotate(self.report, why)
+            self.show(self.report)
+        elif self.report is not None:
+            self.echo(
+                f"fastpipe diagnose: the script {why or 'stopped'} before the ladder measured its first point "
+                f"({self.handoff.steps} steps in): no report"
+            )
+        elif self.error is not None:
+            self._explain(self.error)
+
+    def _annotate(self, report: Report, why: str | None) -> None:
+        assert self.handoff is not None and self.trained is not None
+        h, seen = self.handoff, self.trained
+        took = f"{h.steps} steps of its loop" + (
+            f" ({h.spoiled} dropped: they spanned other work of the script, a new epoch or another loader)" if h.spoiled else ""
+        )
+        before = self.before
+        real = (
+            f"; before it, the script's real loop ran {1000 * before.elapsed_s / before.steps:.1f} ms/step over {before.steps} steps, "
+            f"{before.share:.0%} of it waiting for batches (the first batch, worker start-up, included)"
+            if before is not None and before.steps
+            else ""
+        )
+        report.notes.insert(
+            0,
+            f"script mode: the ladder ran inside {self.script}'s own loop on {seen.label} and took {took}: each point's "
+            f"step time is the time between the loop's next() calls, the script's own step included{real}",
+        )
+        if self.found is not None and (h.steps and self.found.modules):
+            report.notes.append(
+                f"put back after the ladder: {self.found.describe()}, the RNGs and the loader's generators; the script's own "
+                "counters (its step number, a framework's global step) counted the ladder's steps"
+            )
+        if self.device is not None and self.device.kind == "cpu":
+            report.caveats.insert(0, CPU_STEP_CAVEAT)
+        if isinstance(self.error, StepBudgetSpent) or (report.interrupted and why is None):
+            report.notes.append(
+                f"the ladder stopped at its budget of {self.options.budget_steps} steps (--budget): raise it to measure every point"
+            )
+        elif why is not None:
+            report.notes.append(
+                f"{why[0].upper()}{why[1:]}: the script stopped asking for batches during the ladder, so this report is partial"
+            )
+
+    def _explain(self, error: BaseException) -> None:
+        if isinstance(error, FastpipeError):
+            self.echo(f"fastpipe diagnose: the ladder stopped: {error}")
+        elif isinstance(error, (ScriptGone, KeyboardInterrupt)):
+            self.echo(f"fastpipe diagnose: the ladder stopped before measuring a point: {error}")
+        else:
+            self.echo(
+                "fastpipe diagnose: the ladder failed (a fastpipe error; please report it):\n" + "".join(traceback.format_exception(error))
+            )
+
+    def nothing_measured(self) -> str | None:
+        """Why the ladder never started, once the script has ended (None when it did start)."""
+        if self.trained is not None:
+            return None
+        o = self.options
+        if not self.seen:
+            return (
+                f"fastpipe diagnose: {self.script} ended without iterating a DataLoader, so there was no loop to run the ladder in. "
+                "If it reads batches some other way (a generator, a get_batch function), build a DataLoader over a dataset that "
+                "declares its stages, fastpipe.Stages(source=..., stages=[...]), and run the ladder with a factory: "
+                "fastpipe diagnose module:make_workload"
+            )
+        counts = ", ".join(f"{s.label}: {s.most} batches" for s in self.seen.values())
+        which = f"DataLoader #{o.loader}" if o.loader else "any of its DataLoaders"
+        return (
+            f"fastpipe diagnose: {self.script} ended before {which} delivered {o.start_after} batches in one epoch ({counts}), "
+            "so the ladder never started: run it with enough data for a few more steps"
+            + (f", or pick the training loader with --loader (it iterated {len(self.seen)})" if o.loader else "")
+        )
+
+
+def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -> int:
+    """Run the script as ``python`` would, in this process, under ``session``; its exit code (or fastpipe's)."""
+    session.options.check()
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    sys.argv = [target, *args]
+    sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
+    code: int = 0
+    try:
+        with tap_dataloaders(session.select, session.source):
+            try:
+                if kind == "path":
+                    runpy.run_path(target, run_name="__main__")
+                else:
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+            except StopScript as stop:
+                code = stop.code if isinstance(stop.code, int) else 0
+            except SystemExit as exc:
+                session.conclude(f"exited (SystemExit {exc.code!r})")
+                code = _exit_code(exc)
+            except KeyboardInterrupt:
+                session.conclude("was interrupted (Ctrl-C)")
+                code = EXIT_INTERRUPTED
+            except BaseException as exc:
+                session.conclude(f"raised {type(exc).__name__}: {exc}")
+                sys.stdout.flush()
+                traceback.print_exception(type(exc), exc, _script_frames(exc.__traceback__), file=sys.stderr)
+                code = 1
+            else:
+                session.conclude("ended")
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        session.conclude("ended")
+        session._release_held()
+    if session.code is not None:
+        return session.code
+    missing = session.nothing_measured()
+    if missing is not None:
+        session.echo(missing)
+        return code or EXIT_NOTHING
+    return code
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """What ``python`` exits with for ``sys.exit(code)``: a message is printed to stderr and exits 1."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr, flush=True)
+    return 1
+
+
+def _script_frames(tb: Any) -> Any:
+    """The traceback from the script's first frame on (runpy's and fastpipe's frames above it dropped)."""
+    ours = (str(Path(__file__).resolve().parents[1]), str(Path(runpy.__file__)), "<frozen runpy>")
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(ours):
+        first = first.tb_next
+    return first or tb

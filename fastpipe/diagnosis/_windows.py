@@ -1,0 +1,171 @@
+"""Cache points measured as windows of a running script's own loop (script mode's :class:`WindowRunner`).
+
+What differs from a factory's :class:`~fastpipe.diagnosis.ladder._points.PointRunner`, and why:
+
+* the step is the script's (:class:`~fastpipe.diagnosis._handoff.Handoff`), so fastpipe neither copies batches to the
+  device nor runs a device transform: the script does both, as it always does. :class:`ScriptDevice` keeps the real
+  device's clock (CUDA events on a GPU) and makes ``to_device`` a no-op; only the device point places its cached
+  batches on the script's device, so the script's own ``.to(device)`` finds them there;
+* a step the script spent partly elsewhere (validation, a new epoch) is dropped from the window
+  (:func:`measure_window`), and a window never takes more steps than the ladder's share of ``--budget``.
+
+Everything else (warm-up, whole rounds of workers, the precision target and the noise rule of
+:mod:`fastpipe.diagnosis.ladder._noise`, pooling, memory) is the factory's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from fastpipe.devices import Device
+from fastpipe.diagnosis._handoff import Handoff
+from fastpipe.diagnosis.ladder._cachepoint import DEVICE
+from fastpipe.diagnosis.ladder._cpu import CpuMonitor
+from fastpipe.diagnosis.ladder._measure import Measurement
+from fastpipe.diagnosis.ladder._points import PointRunner, Repeat, as_pipeline_error, copy_ms
+from fastpipe.diagnosis.memory._section import child_pids
+from fastpipe.errors import PipelineError
+
+
+class ScriptDevice(Device):
+    """The script's device as the ladder sees it: the real device's clock; copies left to the script."""
+
+    def __init__(self, real: Device) -> None:
+        self.real, self.kind, self.spec = real, real.kind, real.spec
+
+    @property
+    def torch_device(self) -> Any:
+        return self.real.torch_device
+
+    @property
+    def step_uses_worker_cores(self) -> bool:
+        """The real device's answer (the CPU verdict applies to a script whose step runs on the CPU)."""
+        return bool(getattr(self.real, "step_uses_worker_cores", self.real.kind == "cpu"))
+
+    def to_device(self, batch: Any, non_blocking: bool = False) -> Any:
+        return batch  # the script's own loop moves its batches
+
+    def place(self, batch: Any) -> Any:
+        """``batch`` on the script's device (the device point's cached batches)."""
+        return self.real.to_device(batch, non_blocking=False)
+
+    def pin(self, batch: Any) -> Any:
+        return self.real.pin(batch)
+
+    def synchronize(self) -> None:
+        self.real.synchronize()
+
+    def timeline_mark(self) -> Any:
+        return self.real.timeline_mark()
+
+    def seconds_between(self, earlier: Any, later: Any) -> float:
+        return self.real.seconds_between(earlier, later)
+
+
+def measure_window(
+    next_batch: Callable[[], Any],
+    run_step: Callable[[Any], Any],
+    *,
+    warmup: int,
+    min_steps: int,
+    max_steps: int,
+    budget_s: float,
+    target: float,
+    device: Device,
+    round_size: int,
+    spoiled: Callable[[], bool],
+    on_step: Callable[[int], None] | None = None,
+) -> Measurement:
+    """:func:`~fastpipe.diagnosis.ladder._measure.measure_until` over the script's loop, without the steps ``spoiled()``
+    flags (taken partly elsewhere), and never more than ``max_steps`` steps in all (warm-up and dropped ones included)."""
+    size = max(1, round_size)
+    taken = 0
+    for i in range(warmup):
+        run_step(next_batch())
+        taken += 1
+        if on_step is not None:
+            on_step(i)
+    marks = [device.timeline_mark()]
+    kept: list[bool] = []
+    host_times: list[float] = []
+    with CpuMonitor() as monitor:
+        started = last = time.perf_counter()
+        while True:
+            run_step(next_batch())
+            taken += 1
+            marks.append(device.timeline_mark())
+            now = time.perf_counter()
+            keep = not spoiled()
+            kept.append(keep)
+            if keep:
+                host_times.append(now - last)
+            last = now
+            if on_step is not None:
+                on_step(warmup + len(kept) - 1)
+            count = len(host_times)
+            if taken >= max_steps and count:
+                break
+            if count >= min_steps and count % size == 0:
+                precise = Measurement(host_times, 0.0, 0.0, round_size=size).rel_stderr <= target and count // size >= 3
+                if precise or now - started >= budget_s:
+                    break
+        device.synchronize()
+    step_times = [device.seconds_between(a, b) for a, b, keep in zip(marks, marks[1:], kept) if keep]
+    return Measurement(step_times=step_times, cpu_util=monitor.cpu_util, system_cpu_util=monitor.system_cpu_util, round_size=size)
+
+
+class WindowRunner(PointRunner):
+    """A :class:`PointRunner` whose step is the script's loop (the workload's step is a :class:`Handoff`'s)."""
+
+    def __init__(self, workload: Any, device: Device, *, handoff: Handoff, **options: Any) -> None:
+        super().__init__(workload, device, **options)
+        self.handoff = handoff
+
+    def window_cap(self) -> int:
+        """Steps one window may take: an even share of the budget left over the points not yet measured and three
+        more windows (two remeasurements and the in-worker timing), never under the warm-up and the fewest steps."""
+        left = self.handoff.budget_steps - self.handoff.steps
+        todo = len([p for p in self.plan.points if p not in self.results]) + 3
+        return max(self.warmup + self.steps, left // todo)
+
+    def _batch_source(self, point: str) -> tuple[Callable[[], Any], Callable[[], None], Any]:
+        if point != DEVICE:
+            return super()._batch_source(point)
+        assert isinstance(self.device, ScriptDevice)
+        cached = [self.device.place(b) for b in self._host_batches()]
+        self.device.synchronize()
+        cycle = iter(Repeat(cached, False))
+        return (lambda: next(cycle)), (lambda: None), None
+
+    def _measure_once(self, point: str, budget_s: float | None, agree: Any) -> tuple[Measurement, float]:
+        """One window of the script's loop on ``point``'s batches (``agree``, for DDP, is not used: one process)."""
+        close, dataset = None, None
+        try:
+            known = child_pids()
+            next_batch, close, dataset = self._batch_source(point)
+            close = self._memory_then(point, known, close)
+            window = self._stage_window(point)
+            measurement = measure_window(
+                next_batch,
+                self._run_step,
+                warmup=self.warmup,
+                min_steps=self.steps,
+                max_steps=self.window_cap(),
+                budget_s=self.budget_s if budget_s is None else budget_s,
+                target=self.target,
+                device=self.device,
+                round_size=self.round,
+                spoiled=lambda: self.handoff.last_spoiled,
+                on_step=None if window is None else window.and_then(lambda i: None),
+            )
+            if window is not None:
+                self.stage_windows.append(window.finish())
+        except (PipelineError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise as_pipeline_error(exc, point) from exc
+        finally:
+            if close is not None:
+                close()
+        return measurement, copy_ms(dataset, point)
