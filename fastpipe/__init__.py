@@ -33,8 +33,8 @@ from fastpipe.errors import (
     OptionalDependencyError,
     PipelineError,
 )
-from fastpipe.experiments import Comparison, TuneResult, compare, tune
-from fastpipe.loading import DevicePrefetcher, RecycledLoader, make_prefetcher, recycled, release, releasing
+from fastpipe.experiments import Comparison, FixReport, TuneResult, compare, fix, tune
+from fastpipe.loading import DevicePrefetcher, RecycledLoader, make_prefetcher, recycled, release, releasing, unwrap_loader
 from fastpipe.monitor import watch
 from fastpipe.stages import Stages
 from fastpipe.transforms.device import ConvertColorScale, Normalize
@@ -54,6 +54,7 @@ __all__ = [
     "DeviceUnavailableError",
     "ExtensionUnavailableError",
     "FastpipeError",
+    "FixReport",
     "Measurement",
     "Normalize",
     "OptionalDependencyError",
@@ -76,6 +77,7 @@ __all__ = [
     "explain_saturation",
     "facts_for",
     "find_pipeline",
+    "fix",
     "load_workload",
     "make_prefetcher",
     "measure_stage_costs",
@@ -87,5 +89,6 @@ __all__ = [
     "release",
     "releasing",
     "tune",
+    "unwrap_loader",
     "watch",
 ]

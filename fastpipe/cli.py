@@ -17,9 +17,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _subcommand_modules() -> list[Any]:
-    from fastpipe.commands import compare, costs, diagnose, memory, prepare, run, tune, watch
+    from fastpipe.commands import compare, costs, diagnose, fix, memory, prepare, run, tune, watch
 
-    return [diagnose, compare, costs, memory, tune, run, watch, prepare]
+    return [diagnose, fix, compare, costs, memory, tune, run, watch, prepare]
 
 
 def build_parser() -> argparse.ArgumentParser:

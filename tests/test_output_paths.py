@@ -29,12 +29,16 @@ def make():
 _names = itertools.count()
 
 
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
 def _commands_with_outputs() -> dict[str, set[str]]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     found = {}
     for name, command in sub.choices.items():
-        options = {o for o in OUTPUT_OPTIONS for a in command._actions if f"--{o}" in a.option_strings}
+        options = {o for o in OUTPUT_OPTIONS for a in command._actions if _flag(o) in a.option_strings}
         if options:
             found[name] = options
     return found
@@ -44,6 +48,7 @@ def _argv(command: str, spec: str, script: Path, output: list[str]) -> list[str]
     """The command's own arguments, with a SPEC (or script) that says when the work began; ``output`` first."""
     words = {
         "diagnose": ["diagnose", spec, "--device", "sim:1"],
+        "fix": ["fix", spec, "--device", "sim:1"],
         "compare": ["compare", spec, spec, "--device", "sim:1"],
         "costs": ["costs", spec, "--device", "sim:1"],
         "tune": ["tune", spec, "--device", "sim:1"],
@@ -57,7 +62,7 @@ CASES = [(c, o) for c, options in sorted(_commands_with_outputs().items()) for o
 
 
 def test_every_command_that_writes_outputs_is_covered() -> None:
-    assert {c for c, _ in CASES} == {"diagnose", "compare", "costs", "tune", "memory", "watch"}, "add the new command to _argv"
+    assert {c for c, _ in CASES} == {"diagnose", "fix", "compare", "costs", "tune", "memory", "watch"}, "add the new command to _argv"
 
 
 @pytest.mark.parametrize("bad", ["folder", "under_a_file"])
@@ -74,9 +79,9 @@ def test_a_bad_output_path_is_one_line_before_any_work(
     (tmp_path / "a_file").write_text("mine")
     path = tmp_path / "a_folder" if bad == "folder" else tmp_path / "a_file" / "out"
     monkeypatch.chdir(tmp_path)
-    assert main(_argv(command, f"{module}:make", script, [f"--{option}", str(path)])) == 2
+    assert main(_argv(command, f"{module}:make", script, [_flag(option), str(path)])) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"fastpipe: error: --{option} ") and "\n" not in err, err
+    assert err.startswith(f"fastpipe: error: {_flag(option)} ") and "\n" not in err, err
     assert not marker.exists(), "the check came after the work had begun"
     assert (tmp_path / "a_file").read_text() == "mine" and not any((tmp_path / "a_folder").iterdir())
 

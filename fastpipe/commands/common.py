@@ -109,15 +109,15 @@ def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     return toy_option_values(args, family_of(args.spec) is not None)
 
 
-OUTPUT_OPTIONS = ("json", "markdown", "plot")
+OUTPUT_OPTIONS = ("json", "markdown", "plot", "fix_json")
 """The options a command writes files for; :func:`check_output_paths` checks each before any work."""
 
 
-EXAMPLE_NAMES = {"json": "report.json", "markdown": "report.md", "plot": "report.png"}
+EXAMPLE_NAMES = {"json": "report.json", "markdown": "report.md", "plot": "report.png", "fix_json": "fix.json"}
 
 
 def _writable_file_path(option: str, path: Path) -> None:
-    flag = f"--{option}"
+    flag = f"--{option.replace('_', '-')}"
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file name, e.g. {path / EXAMPLE_NAMES[option]}")
     if path.exists():
@@ -145,10 +145,12 @@ def check_output_paths(args: argparse.Namespace) -> None:
         try:
             _writable_file_path(option, path)
         except OSError as exc:  # a name too long, a permission denied on the way
-            raise ConfigError(f"--{option} {path} cannot be written: {exc.strerror or exc}") from None
+            raise ConfigError(f"--{option.replace('_', '-')} {path} cannot be written: {exc.strerror or exc}") from None
         key = Path(os.path.abspath(path))
         if key in seen:
-            raise ConfigError(f"--{seen[key]} and --{option} are the same file, {path}; give each its own")
+            raise ConfigError(
+                f"--{seen[key].replace('_', '-')} and --{option.replace('_', '-')} are the same file, {path}; give each its own"
+            )
         seen[key] = option
     if getattr(args, "plot", None) is not None and importlib.util.find_spec("matplotlib") is None:
         raise OptionalDependencyError("--plot needs matplotlib: pip install 'fastpipe[plot]' (or leave --plot out)")

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
+from fastpipe.commands.fix import add_fix_arguments, run_fix
 from fastpipe.commands.script import add_script_arguments, check_no_script_options, is_script, run_script
+from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,6 +69,7 @@ def add_parser(subparsers: Any) -> None:
         "dataset transfer, worker_init_fn, first fetch) and project each fix's saving",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_fix_arguments(parser)
     add_script_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -77,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     if is_script(args):
+        if args.fix:
+            raise ConfigError(
+                "--fix rewrites a pipeline it builds from a SPEC (module:function); in script mode, name the function that builds your loader and run `fastpipe fix SPEC`"
+            )
         return run_script(args)
     check_no_script_options(args)
     args.budget = 20.0 if args.budget is None else args.budget
@@ -114,5 +121,26 @@ def run(args: argparse.Namespace) -> int:
     )
     if checked is not None:
         report.notes.append(checked.line())
+    if not args.fix and not report.interrupted:
+        report.notes += _fix_plan(workload, report, args)
     write_outputs(report, args)
+    if args.fix and not report.interrupted:
+        fixes = run_fix(workload, device, args, named=[b.stage for b in report.bottlenecks])
+        print(fixes.to_table())
+        if args.fix_json is not None:
+            args.fix_json.parent.mkdir(parents=True, exist_ok=True)
+            args.fix_json.write_text(fixes.to_json())
+            print(f"wrote {args.fix_json}")
     return 130 if report.interrupted else 0
+
+
+def _fix_plan(workload: Any, report: Any, args: argparse.Namespace) -> list[str]:
+    """The report's lines on the fixes ``--fix`` would try; a line saying why when they cannot be listed (the
+    diagnosis stands either way)."""
+    from fastpipe.experiments._fix import plan
+
+    try:
+        found = plan(workload, step_ms=report.baseline_step_ms, steps=args.steps, warmup=args.warmup, budget=args.budget)
+    except Exception as exc:  # noqa: BLE001 - never lose a finished diagnosis to the plan of its fixes
+        return [f"fix: the candidate fixes could not be listed ({type(exc).__name__}: {exc})"]
+    return found.lines(args.spec)

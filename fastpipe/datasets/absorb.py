@@ -6,6 +6,8 @@
 * ``RandomResizedCrop(size, scale, ratio)``: the box is drawn from the header's size with
   torchvision's own ``get_params`` (same torch RNG calls in the same order, so the same seed
   draws the same boxes), and only the box is decoded (:class:`~fastpipe.datasets.crop.DecodeCrop`);
+  timm's ``RandomResizedCropAndInterpolation`` with a bilinear interpolation too: its ``get_params`` is the
+  same algorithm on Python's ``random``, so the boxes have the same distribution, not the same draws;
 * ``Resize(s)``, ``CenterCrop(c)`` or ``Resize(s)`` + ``CenterCrop(c)`` (the validation recipe):
   the image is decoded straight to the resized size, at the DCT scale that covers it, and the
   centre is sliced out (:class:`DecodeResized`); a ``CenterCrop`` alone decodes only its box;
@@ -110,11 +112,31 @@ def _kinds() -> dict[str, tuple[type, ...]]:
     }
 
 
+#: timm's transforms (``timm.data.transforms``) of each kind, by class name: timm is optional, and never imported here.
+TIMM_KINDS = {
+    "rrc": ("RandomResizedCropAndInterpolation",),
+    "to_float": ("MaybeToTensor",),
+    "to_uint8": ("MaybePILToTensor",),
+    "on_tensor_first": ("MaybeToTensor", "MaybePILToTensor", "ToNumpy", "ToTensor"),
+}
+
+
+def _isa(t: Any, kind: str, kinds: dict[str, tuple[type, ...]]) -> bool:
+    """Whether ``t`` is a transform of ``kind``: torchvision's classes, or timm's of that kind by name."""
+    if isinstance(t, kinds[kind]):
+        return True
+    cls = type(t)
+    return cls.__module__.startswith("timm.") and any(c.__name__ in TIMM_KINDS.get(kind, ()) for c in cls.__mro__)
+
+
 def _bilinear(t: Any) -> str | None:
     """Why ``t``'s interpolation cannot be the decoder's (PIL's bilinear), or None when it can."""
     from torchvision.transforms import InterpolationMode
 
     mode = getattr(t, "interpolation", InterpolationMode.BILINEAR)
+    if isinstance(mode, (tuple, list)):  # timm's interpolation="random": one of these per image
+        names = " or ".join(str(getattr(m, "value", m)) for m in mode)
+        return f"{type(t).__name__} draws its interpolation per image ({names}); the decoder resizes bilinearly"
     name = getattr(mode, "value", mode)  # an InterpolationMode, its value as a str (some v2 transforms), or PIL's int
     if name not in ("bilinear", 2):  # 2: PIL.Image.BILINEAR, which torchvision still accepts
         return f"{type(t).__name__} uses {name} interpolation; the decoder resizes bilinearly"
@@ -128,7 +150,7 @@ def _crop_prefix(leaves: Sequence[Any]) -> tuple[Any, list[str], int, str | None
         return None, [], 0, "the transform is empty"
     first = leaves[0]
     name = type(first).__name__
-    if isinstance(first, kinds["rrc"]):
+    if _isa(first, "rrc", kinds):
         why = _bilinear(first)
         if why:
             return None, [], 0, why
@@ -142,7 +164,7 @@ def _crop_prefix(leaves: Sequence[Any]) -> tuple[Any, list[str], int, str | None
         return ("resize", first, None), [name], 1, None
     if isinstance(first, kinds["center"]):
         return ("resize", None, first), [name], 1, None
-    if isinstance(first, kinds["on_tensor_first"]):
+    if _isa(first, "on_tensor_first", kinds):
         return None, [], 0, f"it starts with {name}, so the crop runs on a tensor; put {name} after the crop to let the decoder do it"
     return None, [], 0, f"it starts with {name}, not a crop the decoder can do (RandomResizedCrop, Resize, CenterCrop)"
 
@@ -192,9 +214,9 @@ def absorb(transform: Any, loader_is_default: bool = True, on_error: str = "rais
     if not rest:
         return FastPath(tuple(names), decode, (ToPIL(),), "nothing", None)
     head, tail = rest[0], rest[1:]
-    if isinstance(head, kinds["to_float"]):
+    if _isa(head, "to_float", kinds):
         return FastPath((*names, type(head).__name__), decode, (ToTensor(), *tail), "tensor" if tail else "nothing")
-    if isinstance(head, kinds["to_uint8"]):
+    if _isa(head, "to_uint8", kinds):
         return FastPath((*names, type(head).__name__), decode, tuple(tail), "tensor" if tail else "nothing")
     if isinstance(head, kinds["to_image"]):
         return FastPath(tuple(names), decode, tuple(rest), "tensor")

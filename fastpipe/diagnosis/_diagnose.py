@@ -45,9 +45,9 @@ from fastpipe.diagnosis.verdict._caveats import (
 )
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.errors import ConfigError, PipelineError
-from fastpipe.loading._protocols import LoaderStats, RebuildsAroundDataset, ReportsStats, stages_outside_workers
+from fastpipe.loading._protocols import LoaderStats, ReportsStats, stages_outside_workers
 from fastpipe.stages import RAW_STAGE
-from fastpipe.workloads._workload import Workload, loader_batch_size
+from fastpipe.workloads._workload import Workload, loader_batch_size, unwrapped_workload
 
 CPU_BACKED = 0.25
 """A span whose CPU time per step (over its workers) is at least this share of its added time counts as CPU work."""
@@ -513,8 +513,6 @@ def diagnose(
         if step is not None:
             workload = dataclasses.replace(workload, step=step)
     else:
-        if not isinstance(loader, (DataLoader, RebuildsAroundDataset)):
-            raise ConfigError(f"diagnose needs a torch.utils.data.DataLoader (or a fastpipe.Workload), not {type(loader).__name__}")
         if step is None or not callable(step):
             raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
         workload = Workload(
@@ -528,6 +526,8 @@ def diagnose(
             prefetch_depth=prefetch_depth,
             name=name or "workload",
         )
+    # a wrapped loader (timm's PrefetchLoader, accelerate's, fastpipe's prefetcher) is unwrapped; anything else is refused
+    workload = unwrapped_workload(workload, workload.name)
     options = DiagnoseOptions(
         steps=steps,
         warmup=warmup,

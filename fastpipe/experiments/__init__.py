@@ -1,4 +1,5 @@
-"""Experiments built on the diagnosis engine: ``compare`` (variants side by side) and ``tune`` (loader settings).
+"""Experiments built on the diagnosis engine: ``compare`` (variants side by side), ``tune`` (loader settings) and
+``fix`` (the fixes that apply to a pipeline, each measured against it and its input checked).
 
 Lives here: whatever runs the engine's point measurement several times and weighs the results against each
 other. It may import everything below it (``diagnosis``, ``workloads``, ``loading`` and the base modules);
@@ -6,6 +7,7 @@ only the CLI and the top-level package import it.
 """
 
 from fastpipe.experiments._compare import Comparison, compare
+from fastpipe.experiments._fix import FixReport, fix
 from fastpipe.experiments._tune import TuneResult, tune
 
-__all__ = ["Comparison", "TuneResult", "compare", "tune"]
+__all__ = ["Comparison", "FixReport", "TuneResult", "compare", "fix", "tune"]

@@ -275,6 +275,35 @@ def rung_memory(workload: Any, device: Device, budget_s: float) -> RungMemory | 
     return RungMemory.of(measured)
 
 
+def measure_rungs(
+    workloads: list[Any],
+    device: Device,
+    *,
+    steps: int,
+    warmup: int,
+    progress: bool = False,
+    budget: float = 20.0,
+    precision: float = 0.03,
+) -> tuple[float, list[ExperimentResult]]:
+    """The first workload's device bound (steps/s) and each workload's pooled baseline, measured in one run as the
+    module docstring says: a discarded warm-up pass of each, then :data:`ROUNDS` rounds in rotated order."""
+
+    def measure(i: int, points: list[str], budget_s: float) -> dict[str, ExperimentResult]:
+        return measure_points(
+            workloads[i], device, points, steps=steps, warmup=warmup, progress=progress, budget=budget_s, precision=precision
+        )
+
+    for i in range(len(workloads)):  # warm-up: file cache, workers, compilation; discarded
+        measure(i, [BASELINE], min(WARMUP_BUDGET_S, budget))
+    bound = measure(0, [DEVICE], budget)[DEVICE].steps_per_s
+    runs: list[list[ExperimentResult]] = [[] for _ in workloads]
+    for r in range(ROUNDS):
+        for k in range(len(workloads)):
+            i = (r + k) % len(workloads)  # each round starts one variant later
+            runs[i].append(measure(i, [BASELINE], budget / ROUNDS)[BASELINE])
+    return bound, [_pooled(variant_runs, workloads[i]) for i, variant_runs in enumerate(runs)]
+
+
 def resolve_variants(specs: list[str]) -> list[tuple[str, str]]:
     """``["toy"]`` means the toy ladder; anything else is a list of SPECs, each its own rung."""
     if specs == ["toy"]:
@@ -323,20 +352,7 @@ def compare(
         for name, spec in variants:
             options = dict(toy_options or {}) if family_of(spec) is not None else {}
             workloads.append(load_workload(spec, device, **options))
-
-        def measure(i: int, points: list[str], budget_s: float) -> dict[str, ExperimentResult]:
-            return measure_points(
-                workloads[i], device, points, steps=steps, warmup=warmup, progress=progress, budget=budget_s, precision=precision
-            )
-
-        for i in range(len(variants)):  # warm-up: file cache, workers, compilation; discarded
-            measure(i, [BASELINE], min(WARMUP_BUDGET_S, budget))
-        bound = measure(0, [DEVICE], budget)[DEVICE].steps_per_s
-        runs: list[list[ExperimentResult]] = [[] for _ in variants]
-        for r in range(ROUNDS):
-            for k in range(len(variants)):
-                i = (r + k) % len(variants)  # each round starts one variant later
-                runs[i].append(measure(i, [BASELINE], budget / ROUNDS)[BASELINE])
+        bound, pooled = measure_rungs(workloads, device, steps=steps, warmup=warmup, progress=progress, budget=budget, precision=precision)
         memories = [rung_memory(workload, device, budget) if memory else None for workload in workloads]
     finally:
         for workload in workloads:
@@ -344,7 +360,7 @@ def compare(
             if close is not None:
                 close()
         rngs.restore()
-    results = [(name, spec, _pooled(variant_runs, workloads[i])) for i, ((name, spec), variant_runs) in enumerate(zip(variants, runs))]
+    results = [(name, spec, pooled[i]) for i, (name, spec) in enumerate(variants)]
     comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
     device_ms = 1000.0 / bound
     previous = None

@@ -16,7 +16,9 @@ from fastpipe.loading._protocols import (
     StageClocks,
     StagesOutsideWorkers,
     TimesOwnStages,
+    WrapsLoader,
 )
+from fastpipe.loading._unwrap import Unwrapped, unwrap_loader
 from fastpipe.loading.recycle import RecycledLoader, recycled, release, releasing
 
 __all__ = [
@@ -31,8 +33,11 @@ __all__ = [
     "StageClocks",
     "StagesOutsideWorkers",
     "TimesOwnStages",
+    "Unwrapped",
+    "WrapsLoader",
     "make_prefetcher",
     "recycled",
     "release",
     "releasing",
+    "unwrap_loader",
 ]

@@ -124,3 +124,20 @@ def batches_whole(loader: Any) -> str | None:
 def stages_outside_workers(loader: Any) -> str | None:
     """The reason a loader's stages cannot be cached per stage, or None for a loader whose stages run in workers."""
     return loader.unsupported_point_reason if isinstance(loader, StagesOutsideWorkers) else None
+
+
+@runtime_checkable
+class WrapsLoader(Protocol):
+    """A loader that wraps another and adds work on the device (a prefetcher that normalises after its copy, say).
+
+    fastpipe diagnoses the loader inside (it rebuilds it around cached datasets) and runs ``wrapped_device_transform``
+    after its own copy, so the model sees what the wrapper would have given it (see :mod:`fastpipe.loading._unwrap`).
+    """
+
+    @property
+    def wrapped_loader(self) -> Any:
+        """The loader this one iterates (a DataLoader, or another loader fastpipe can unwrap or rebuild)."""
+
+    @property
+    def wrapped_device_transform(self) -> Any:
+        """``batch -> batch`` the wrapper runs on the device after its copy, or None."""

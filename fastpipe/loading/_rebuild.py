@@ -50,7 +50,9 @@ def _extra_arguments(cls: type, loader: Any) -> dict[str, Any]:
     return extra
 
 
-def rebuild_loader(loader: Any, dataset: Any, *, share_sampler: bool = False, timeout: float | None = None, **overrides: Any) -> Any:
+def rebuild_loader(
+    loader: Any, dataset: Any, *, share_sampler: bool = False, timeout: float | None = None, plain: bool = False, **overrides: Any
+) -> Any:
     """A new loader over ``dataset`` with every setting of ``loader`` kept, except ``overrides`` (e.g. ``num_workers=3``).
 
     Args:
@@ -61,6 +63,8 @@ def rebuild_loader(loader: Any, dataset: Any, *, share_sampler: bool = False, ti
             copies, and iterating the new loader leaves the user's untouched. True
             (``fastpipe.recycled``): the user's own objects, so ``set_epoch`` and seeding apply to both.
         timeout: replaces the loader's own only when it has none and workers run, as a guard against hangs.
+        plain: build a plain DataLoader whatever the loader's class (timm's MultiEpochsDataLoader, whose workers never
+            end, is unwrapped this way).
         overrides: DataLoader arguments to change.
 
     The loader's class is kept when it can be rebuilt with the same arguments (a DataLoader
@@ -107,7 +111,7 @@ def rebuild_loader(loader: Any, dataset: Any, *, share_sampler: bool = False, ti
         kwargs["batch_sampler"] = own(setting("batch_sampler"))
     else:
         kwargs.update(batch_size=None, sampler=own(sampler))
-    cls = type(loader) if isinstance(loader, DataLoader) else DataLoader
+    cls = type(loader) if isinstance(loader, DataLoader) and not plain else DataLoader
     if cls is not DataLoader:
         try:
             return cls(dataset, **kwargs, **_extra_arguments(cls, loader))

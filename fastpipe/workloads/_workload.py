@@ -20,6 +20,7 @@ both of these arguments, by name:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -34,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from fastpipe.devices import Device, default_device_spec, parse_device
 from fastpipe.errors import ConfigError, FastpipeError
-from fastpipe.loading._protocols import RebuildsAroundDataset
+from fastpipe.loading._unwrap import chain, unwrap_loader
 
 #: Built-in workload families: the SPEC prefix, and the module whose ``make_workload(variant, device, **options)`` builds one.
 #: A family module may set ``DEFAULT_SIM_SPEC`` (e.g. ``"sim:222"``): the device its SPECs get when none is given and no GPU is present.
@@ -158,11 +159,29 @@ def as_workload(obj: Any, name: str) -> Workload:
         workload = Workload(loader=obj[0], step=obj[1], name=name)
     else:
         raise ConfigError(f"'{name}' must return (loader, step) or a fastpipe.Workload, not {type(obj).__name__}")
-    if not isinstance(workload.loader, (DataLoader, RebuildsAroundDataset)):
-        raise ConfigError(f"'{name}' returned a {type(workload.loader).__name__} where a torch.utils.data.DataLoader was expected")
+    workload = unwrapped_workload(workload, name)
     if not callable(workload.step):
         raise ConfigError(f"'{name}' returned a step that is not callable; pass a function step(batch)")
     return workload
+
+
+def unwrapped_workload(workload: Workload, name: str) -> Workload:
+    """``workload`` with its loader unwrapped to the DataLoader inside (timm's PrefetchLoader, accelerate's adapters,
+    fastpipe's prefetcher): the wrappers' device-side work runs first among its device transforms, a prefetching
+    wrapper's depth becomes the workload's when it set none, and the report says what was unwrapped."""
+    try:
+        found = unwrap_loader(workload.loader)
+    except ConfigError as exc:
+        raise ConfigError(f"'{name}' returned a loader fastpipe cannot use: {exc}") from exc
+    if not found.layers:
+        return workload
+    return dataclasses.replace(
+        workload,
+        loader=found.loader,
+        device_transform=chain(found.device_transform, workload.device_transform),
+        prefetch_depth=workload.prefetch_depth or (found.prefetch_depth or 0),
+        notes=[*workload.notes, *found.layers],
+    )
 
 
 def _cwd_first_on_path() -> None:

@@ -41,19 +41,21 @@ from fastpipe.diagnosis.stagecost._timing import (
 )
 from fastpipe.errors import ConfigError, FastpipeError, PipelineError
 from fastpipe.stages import RAW_STAGE
-from fastpipe.workloads._workload import Workload, loader_batch_size
+from fastpipe.workloads._workload import Workload, loader_batch_size, unwrapped_workload
 
 
 # ----- the pass -----------------------------------------------------------------------------
 def coerce_workload(source: "DataLoader | Workload", step: Callable[[Any], Any] | None = None, name: str | None = None) -> Workload:
     """A Workload from a Workload or a (DataLoader, step) pair, as :func:`fastpipe.diagnose` accepts them."""
     if isinstance(source, Workload):
-        return source if step is None else dataclasses.replace(source, step=step)
-    if not isinstance(source, DataLoader):
-        raise ConfigError(f"expected a torch.utils.data.DataLoader or a fastpipe.Workload, not {type(source).__name__}")
+        return unwrapped_workload(source if step is None else dataclasses.replace(source, step=step), source.name)
     if step is None or not callable(step):
         raise ConfigError("pass step, a function step(batch) that runs one training step (or a Workload)")
-    return Workload(loader=source, step=step, name=name or "workload")
+    # a wrapped loader (timm's PrefetchLoader, accelerate's, fastpipe's prefetcher) is unwrapped; anything else is refused
+    workload = unwrapped_workload(Workload(loader=source, step=step, name=name or "workload"), name or "the loader")
+    if not isinstance(workload.loader, DataLoader):
+        raise ConfigError(f"expected a torch.utils.data.DataLoader or a fastpipe.Workload, not {type(workload.loader).__name__}")
+    return workload
 
 
 class _Noop:

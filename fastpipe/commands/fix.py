@@ -1,0 +1,68 @@
+"""``fastpipe fix SPEC``: build the fixes that apply to the pipeline, check each gives the same input, measure them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
+
+
+def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
+    """``diagnose``'s flags for the fixes: ``--fix`` and its budget and JSON file."""
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="after the diagnosis, measure the fixes that apply against the original in one run, each input checked "
+        "(without it, the report says which fixes it would try and how long that would take)",
+    )
+    parser.add_argument(
+        "--fix-budget",
+        type=float,
+        default=None,
+        help="seconds of measuring per fix rung before it stops short of the precision target (default: --budget)",
+    )
+    parser.add_argument("--fix-json", type=Path, default=None, help="write the measured fixes as JSON here")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "fix", help="measure the fixes that apply to the pipeline against the original, each input checked, and rank them"
+    )
+    add_workload_arguments(parser)
+    add_step_arguments(parser, "fix rung")
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds of measuring per rung (default 20)")
+    parser.add_argument(
+        "--precision", type=float, default=0.03, help="target relative standard error of each rung's step time (default 0.03)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the measured fixes as JSON here")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the measured fixes as Markdown here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run, fix_budget=None)
+
+
+def run_fix(workload: Any, device: Any, args: argparse.Namespace, named: list[str] | None = None) -> Any:
+    """Run the fix engine with the command line's settings (shared with ``diagnose --fix``)."""
+    from fastpipe.experiments._fix import fix
+
+    budget = args.fix_budget if getattr(args, "fix_budget", None) is not None else args.budget
+    return fix(
+        workload,
+        device,
+        steps=args.steps,
+        warmup=args.warmup,
+        budget=budget,
+        precision=args.precision,
+        named=named,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output_paths(args)  # before any work: a bad path is one line now, not a traceback after minutes of measuring
+    device, workload = workload_from_args(args)
+    report = run_fix(workload, device, args)
+    write_outputs(report, args)
+    return 0

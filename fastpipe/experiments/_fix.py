@@ -1,0 +1,314 @@
+"""Measure before recommending: each candidate fix run as a rung of ``compare`` against the user's original.
+
+:func:`fix` builds the candidates that apply to the workload's pipeline (:mod:`fastpipe.experiments._fix_candidates`),
+checks that each gives the model the same input (:mod:`fastpipe.experiments._fix_checks`), then measures the original
+and every candidate that passed in one run on the same device, as ``fastpipe compare`` does: a discarded warm-up pass
+of each, then rounds in rotated order, pooled (:func:`fastpipe.experiments._compare.measure_rungs`). A candidate is
+faster when the time it saves per step exceeds two standard errors of the difference, ``drift`` of the original's
+time over the device step (the rule of a rung of ``compare``, but always against the original) and :data:`THRESHOLD`
+of the device step.
+
+The report lists only what it measured: the fixes that helped, ranked by measured gain, each with the code to apply
+and what its input check found; then the candidates tried and not helping; those whose input check failed (never
+recommended, however fast); and advice not tried, with why. :func:`plan` says, without measuring, which fixes would be
+tried and about how long that would take.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from fastpipe._render import render_table
+from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis.ladder._noise import difference_noise
+from fastpipe.diagnosis.runtime._snapshot import UserState
+from fastpipe.errors import ConfigError
+from fastpipe.experiments._compare import ROUNDS, WARMUP_BUDGET_S, measure_rungs
+from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit, view_of
+from fastpipe.experiments._fix_checks import InputCheck, check_input
+from fastpipe.loading._rebuild import discard_loader
+from fastpipe.workloads._workload import Workload, load_workload
+
+SCHEMA = "fastpipe.fix/1"
+THRESHOLD = 0.05
+"""The smallest saving that counts, as a fraction of the device step (``fastpipe diagnose``'s ``--threshold``): near the
+bound, where drift times the time over it is nearly nothing, a saving of a fraction of a millisecond is not a fix."""
+
+RECOMMENDED, NOT_HELPING, INPUT_CHANGED, NOT_TRIED, FAILED = "recommended", "tried, not helping", "input changed", "not tried", "failed"
+
+
+@dataclass
+class FixResult:
+    """One candidate's outcome; times are milliseconds per step, measured in the same run as the original's."""
+
+    name: str
+    status: str
+    code: str
+    addresses: list[str]
+    ms_per_step: float | None = None
+    original_ms: float | None = None
+    gain: float | None = None
+    """Throughput against the original, minus one (0.77 = 77% more steps per second)."""
+    noise_ms: float | None = None
+    check: str | None = None
+    why: str | None = None
+
+    def line(self) -> str:
+        if self.status == RECOMMENDED:
+            return (
+                f"fix: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step ({self.gain:+.0%}, beyond noise), "
+                f"input checked: {self.check}"
+            )
+        if self.status == NOT_HELPING and self.ms_per_step - self.original_ms > self.noise_ms:
+            return (
+                f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
+                f"({self.gain:+.0%}: slower beyond ±{self.noise_ms:.0f} ms of noise or drift)"
+            )
+        if self.status == NOT_HELPING:
+            return (
+                f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
+                f"({self.gain:+.0%}, within ±{self.noise_ms:.0f} ms of noise or drift)"
+            )
+        if self.status == INPUT_CHANGED:
+            return f"not recommended, the input changed: {self.name} — {self.check}"
+        if self.status == FAILED:
+            return f"tried, failed: {self.name} — {self.why}"
+        return f"not tried: {self.name}, because {self.why}"
+
+
+@dataclass
+class FixReport:
+    workload: str
+    device: str
+    device_step_ms: float | None
+    original_ms: float | None
+    original_noise: float | None
+    results: list[FixResult] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    named_stages: list[str] | None = None
+    elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """The workload's notes (e.g. which wrapper was unwrapped and what of it runs on the device)."""
+
+    @property
+    def recommended(self) -> list[FixResult]:
+        return [r for r in self.results if r.status == RECOMMENDED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def _title(self) -> str:
+        bound = "" if self.device_step_ms is None else f", device step {self.device_step_ms:.0f} ms"
+        original = "" if self.original_ms is None else f"; original {self.original_ms:.0f} ms a step ±{self.original_noise:.1%}"
+        return f"fastpipe fix {self.workload} on {self.device}{bound}{original} ({self.elapsed_s:.0f} s)"
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.original_ms is not None and not self.recommended:
+            out.append("No fix shortened the step beyond noise: nothing is recommended.")
+        elif self.original_ms is None:
+            out.append("No candidate could be measured: nothing is recommended.")
+        for result in self.results:
+            out.append(result.line())
+            if result.status == RECOMMENDED and result.code:
+                out.append(f"    apply: {result.code}")
+        return out + [f"Flag: {flag}" for flag in self.flags] + [f"Note: {note}" for note in self.notes]
+
+    def to_table(self) -> str:
+        rows = [
+            (
+                r.name,
+                r.status,
+                "" if r.ms_per_step is None else f"{r.ms_per_step:.0f}",
+                "" if r.gain is None else f"{r.gain:+.0%}",
+                r.check or r.why or "",
+            )
+            for r in self.results
+        ]
+        columns = [("fix", "left"), ("status", "left"), ("ms/step", "right"), ("throughput", "right"), ("input check / why", "left")]
+        return render_table(self._title(), columns, rows, self.lines())
+
+    def to_markdown(self) -> str:
+        out = [f"### {self._title()}", ""]
+        out += [f"- {line}" if not line.startswith("    ") else f"  `{line.strip()[7:]}`" for line in self.lines()]
+        return "\n".join(out) + "\n"
+
+    def __str__(self) -> str:
+        return self.to_table()
+
+
+@dataclass(frozen=True)
+class FixPlan:
+    """The fixes :func:`fix` would try, the advice it would not, and an estimate of the time it would take."""
+
+    tried: list[str]
+    not_tried: list[str]
+    typical_s: float
+    at_most_s: float
+
+    def lines(self, spec: str = "SPEC") -> list[str]:
+        if not self.tried:
+            return [
+                "fix: no candidate fix applies that fastpipe can measure" + (f" ({'; '.join(self.not_tried)})" if self.not_tried else "")
+            ]
+        head = (
+            f"fix: `fastpipe diagnose {spec} --fix` (or `fastpipe fix {spec}`) would measure {len(self.tried)} candidate fixes "
+            f"against the original, in about {self.typical_s:.0f} s (at most {self.at_most_s:.0f} s): {'; '.join(self.tried)}"
+        )
+        return [head] + [f"fix not tried: {line}" for line in self.not_tried]
+
+
+def _estimate(rungs: int, step_ms: float | None, steps: int, warmup: int, budget: float) -> tuple[float, float]:
+    """(typical, at most) seconds of measuring ``rungs`` rungs plus the device bound: each rung's warm-up pass and
+    :data:`ROUNDS` rounds, each round at least ``warmup + steps`` steps (worker start-up: about a second a round)."""
+    at_most = rungs * (min(WARMUP_BUDGET_S, budget) + budget) + budget
+    if step_ms is None:
+        return at_most / 2, at_most
+    per_round = (warmup + steps) * step_ms / 1000 + 1.0
+    typical = rungs * (min(WARMUP_BUDGET_S, budget) + ROUNDS * per_round) + per_round
+    return min(typical, at_most), at_most
+
+
+def plan(workload: Workload, *, step_ms: float | None = None, steps: int = 10, warmup: int = 3, budget: float = 20.0) -> FixPlan:
+    """Which fixes :func:`fix` would try on ``workload`` and how long it would take (nothing is measured)."""
+    candidates, _ = build_candidates(workload)
+    tried = [c.name for c in candidates if c.workload is not None and c.not_tried is None]
+    not_tried = [f"{c.name}, because {c.not_tried}" for c in candidates if c.not_tried is not None]
+    typical, at_most = _estimate(len(tried) + 1, step_ms, steps, warmup, budget)
+    _discard(candidates)
+    return FixPlan(tried, not_tried, typical, at_most)
+
+
+def _discard(candidates: Sequence[Candidate]) -> None:
+    for candidate in candidates:
+        if candidate.workload is not None:
+            loader = candidate.workload.loader
+            discard_loader(loader)
+            close = getattr(loader, "close", None)
+            if close is not None and not hasattr(loader, "with_dataset"):
+                close()
+
+
+def check_candidate(original: Workload, candidate: Candidate, unit: Any) -> InputCheck:
+    """The input check of one candidate against the original (see :mod:`fastpipe.experiments._fix_checks`)."""
+    assert candidate.workload is not None
+    return check_input(
+        original,
+        candidate.workload,
+        level_unit=unit,
+        compare_pixels=candidate.compare_pixels,
+        boxes=candidate.boxes,
+        direct=candidate.direct,
+    )
+
+
+def fix(
+    source: "Workload | str",
+    device: "str | Device | None" = None,
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    budget: float = 20.0,
+    precision: float = 0.03,
+    drift: float = 0.05,
+    named: Sequence[str] | None = None,
+    candidates: Sequence[Candidate] | None = None,
+    progress: bool = False,
+) -> FixReport:
+    """Build, check and measure the candidate fixes of ``source`` (a Workload or a SPEC); see the module docstring.
+
+    Args:
+        device: as for :func:`fastpipe.compare`; every rung runs on it, in the same run.
+        steps, warmup, budget, precision: each rung's measurement, as in ``compare``.
+        drift: a gain must also exceed this fraction of the original's time over the device step.
+        named: the stages a diagnosis named; the report says which fixes address them (all applicable ones are tried).
+        candidates: the candidates to try instead of :func:`build_candidates`' (tests plant a broken one this way).
+    """
+    MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
+    if not 0 <= drift < 1:
+        raise ConfigError(f"drift is a fraction of the original's time over the device step, e.g. 0.05; got {drift}")
+    device = parse_device(device)
+    workload = load_workload(source, device) if isinstance(source, str) else source
+    started = time.perf_counter()
+    if candidates is None:
+        candidates, view = build_candidates(workload)
+    else:
+        view, _ = view_of(workload)  # for the grey level's size in the model's input
+    unit = level_unit(workload, view.leaves if view is not None else [])
+    report = FixReport(
+        workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None, notes=list(workload.notes)
+    )
+    measured: list[Candidate] = []
+    outcomes: dict[int, FixResult] = {}
+    rngs = UserState()  # candidates are built and measured here: the user's generators are put back at the end
+    try:
+        for candidate in candidates:
+            result = FixResult(candidate.name, NOT_TRIED, candidate.code, list(candidate.addresses), why=candidate.not_tried)
+            outcomes[id(candidate)] = result
+            if candidate.not_tried is not None or candidate.workload is None:
+                result.why = result.why or "it could not be built"
+                continue
+            try:
+                checked = check_candidate(workload, candidate, unit)
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is reported, the others still run
+                result.status, result.why = FAILED, f"its pipeline raised {type(exc).__name__}: {exc}"
+                continue
+            result.check = checked.line()
+            if not checked.passed:
+                result.status = INPUT_CHANGED
+                continue
+            measured.append(candidate)
+        if measured:
+            bound, pooled = measure_rungs(
+                [workload, *(c.workload for c in measured)],
+                device,
+                steps=steps,
+                warmup=warmup,
+                progress=progress,
+                budget=budget,
+                precision=precision,
+            )
+            _judge(report, bound, pooled, measured, outcomes, drift)
+    finally:
+        _discard(candidates)
+        rngs.restore()
+    order = {RECOMMENDED: 0, NOT_HELPING: 1, INPUT_CHANGED: 2, FAILED: 3, NOT_TRIED: 4}
+    report.results = sorted(outcomes.values(), key=lambda r: (order[r.status], -(r.gain or 0.0)))
+    if named:
+        addressed = {stage for r in report.recommended for stage in r.addresses}
+        missed = [stage for stage in named if not any(stage == a or stage.startswith(a) or a in stage for a in addressed)]
+        if missed and report.recommended:
+            report.flags.append(f"no measured fix addresses {', '.join(missed)}, which the diagnosis named")
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _judge(
+    report: FixReport, bound: float, pooled: list[Any], measured: list[Candidate], outcomes: dict[int, FixResult], drift: float
+) -> None:
+    """Each measured candidate against the original (``pooled[0]``): saved time, gain, beyond noise or not."""
+    original = pooled[0]
+    original_ms = 1000.0 / original.steps_per_s
+    device_ms = 1000.0 / bound
+    report.device_step_ms, report.original_ms, report.original_noise = device_ms, original_ms, original.noise
+    over_bound = max(0.0, original_ms - device_ms)
+    if over_bound <= 0.05 * device_ms:
+        report.flags.append(
+            f"the original is already within 5% of the device step ({original_ms:.0f} against {device_ms:.0f} ms): "
+            "the input pipeline is not what limits the step"
+        )
+    for candidate, result in zip(measured, pooled[1:]):
+        ms = 1000.0 / result.steps_per_s
+        noise = difference_noise(ms, result.noise, original_ms, original.noise)
+        floor = max(drift * over_bound, THRESHOLD * device_ms)
+        outcome = outcomes[id(candidate)]
+        outcome.ms_per_step, outcome.original_ms = ms, original_ms
+        outcome.gain, outcome.noise_ms = original_ms / ms - 1, max(noise, floor)
+        outcome.status = RECOMMENDED if original_ms - ms > max(noise, floor) else NOT_HELPING
