@@ -344,6 +344,14 @@ def waiting_text(
     per_sample, waiting = sum(c.own_ms for c in costs.values()), sum(c.wait_ms for c in costs.values())
     needed, gain, now, then = projected_workers(costs, device_ms, batch, workers or 0, free)
     measured = f"At the measured {per_sample:.1f} ms per sample in a worker ({waiting:.1f} of it waiting)"
+    device_rate = 1000.0 * batch / device_ms
+    if workers is not None and needed <= max(1, workers) and then >= device_rate * (1 - 1e-9):
+        # by the in-worker costs the workers there are already keep up with the device: more would not help
+        return (
+            f"{text}. {measured}, about {needed} workers would keep up with the {device_ms:.0f} ms device step ({batch} "
+            f"samples a step), and the {workers} workers now already do by this projection, so more workers are projected "
+            f"to gain {max(0.0, gain):.0%}; what this stage adds to the step is not its waiting alone."
+        )
     if workers is not None and (needed <= max(1, workers) or gain < WORKER_GAIN):
         return (
             f"{text}. {measured}, more workers are projected to gain {max(0.0, gain):.0%}: the {free:.1f} free cores{shared} "
@@ -352,7 +360,7 @@ def waiting_text(
         )
     text += "; overlap the waits instead: more DataLoader workers, a deeper prefetch_factor, faster or local storage. "
     cores_needed = batch * sum(c.cpu_ms for c in costs.values()) / device_ms
-    pace = 1000.0 * batch / device_ms
+    pace = device_rate
     if cores_needed > free:  # the free cores cap what more workers reach, short of the device's pace
         text += (
             f"{measured}, about {needed} workers would reach the {then:,.0f} samples/s that the {free:.1f} free cores here"
