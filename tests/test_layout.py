@@ -57,8 +57,12 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
-def fastpipe_imports(path: pathlib.Path) -> list[tuple[int, str]]:
-    """(line, imported module) for each import of fastpipe in the file; ``from fastpipe import x`` counts as x."""
+def fastpipe_imports(path: pathlib.Path, *, modules: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for each import of fastpipe in the file; ``from fastpipe import x`` counts as x.
+
+    With ``modules``, ``from package import module`` names the module itself for every package (``from
+    fastpipe.diagnosis.runtime import _ddp`` imports ``fastpipe.diagnosis.runtime._ddp``), as a circle needs.
+    """
     found = []
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -70,7 +74,9 @@ def fastpipe_imports(path: pathlib.Path) -> list[tuple[int, str]]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             if base.split(".")[0] != "fastpipe":
                 continue
-            if base == "fastpipe":  # from fastpipe import x: x is a submodule or a public name of the top package
+            if modules:
+                found += [(node.lineno, f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base) for a in node.names]
+            elif base == "fastpipe":  # from fastpipe import x: x is a submodule or a public name of the top package
                 found += [(node.lineno, f"fastpipe.{a.name}" if _is_submodule(a.name) else "fastpipe") for a in node.names]
             else:
                 found.append((node.lineno, base))
@@ -161,23 +167,8 @@ def test_no_diagnosis_module_imports_a_later_phase():
 
 
 def resolved_imports(path: pathlib.Path) -> list[tuple[int, str]]:
-    """Like :func:`fastpipe_imports`, but ``from package import module`` names the module itself (``from
-    fastpipe.diagnosis.runtime import _ddp`` imports ``fastpipe.diagnosis.runtime._ddp``), as a circle needs."""
-    found = []
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "fastpipe"]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            if base.split(".")[0] != "fastpipe":
-                continue
-            for alias in node.names:
-                candidate = f"{base}.{alias.name}"
-                found.append((node.lineno, candidate if _is_module(candidate) else base))
-    return found
+    """Every fastpipe import of the file, ``from package import module`` naming the module (a circle's edges)."""
+    return fastpipe_imports(path, modules=True)
 
 
 def _is_module(dotted: str) -> bool:
