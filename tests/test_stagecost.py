@@ -17,6 +17,7 @@ from fastpipe import PipelineError
 from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.stagecost import (
     COLLATE_LABEL,
+    OVERHEAD_STAGE,
     RAW_LABEL,
     StageCost,
     StageCosts,
@@ -66,7 +67,9 @@ def test_planted_costs_are_ranked_and_sum_to_the_worker_time() -> None:
     assert costs.stage("Slow").cpu_ms_per_sample < 0.2 * SLOW_MS
     assert costs.samples >= costs.steps * 4
     # the timing's own CPU per sample, measured in-process: microseconds against milliseconds of stages
-    assert costs.timing_us_per_sample is not None and costs.timing_us_per_sample < 500
+    # (a ratio, not a machine's figure: under 2% of the stages' own time per sample, which is ~49 ms here)
+    own_ms = sum(s.ms_per_sample for s in costs.stages if s.name != OVERHEAD_STAGE)
+    assert costs.timing_us_per_sample is not None and costs.timing_us_per_sample / 1000 < 0.02 * own_ms
 
 
 @pytest.mark.slow
@@ -101,7 +104,8 @@ def test_workers_zero_runs_in_the_main_process() -> None:
 
 def test_dataset_without_transform_gets_raw_load_and_collate() -> None:
     costs = costs_of(DataLoader(NoTransformDataset(), batch_size=4, num_workers=1), steps=3, warmup=1)
-    assert [s.name for s in costs.stages] == ["raw load", "collate"]
+    # the worker-overhead row (time no stage's own, charged to none) shows only when there was such time to move
+    assert [s.name for s in costs.stages if s.name != OVERHEAD_STAGE] == ["raw load", "collate"]
     assert any("no transform stages" in note for note in costs.notes)
 
 
@@ -114,7 +118,8 @@ class SleepyStream(IterableDataset):
 
 def test_iterable_dataset_is_timed_whole() -> None:
     costs = costs_of(DataLoader(SleepyStream(), batch_size=4, num_workers=1), steps=3, warmup=1)
-    assert [s.name for s in costs.stages] == ["raw load", "collate"]
+    # the worker-overhead row (time no stage's own, charged to none) shows only when there was such time to move
+    assert [s.name for s in costs.stages if s.name != OVERHEAD_STAGE] == ["raw load", "collate"]
     assert costs.stage("raw load").ms_per_sample >= 5
     assert any("IterableDataset" in note for note in costs.notes)
 
