@@ -32,7 +32,11 @@ def test_waterfall_bars_are_labelled_by_stage_and_coloured_by_verdict(tmp_path) 
     report = small_report()
     bars = {label: colour for label, _, _, colour in report.waterfall()}
     named = {b.stage for b in report.bottlenecks}
-    assert named == {"Slow", "raw load"}, report.to_table()
+    # the two planted stages are named first; collate/IPC of these small batches can measure a few ms beyond noise
+    # at a device-bound point (a real cost, within 10% of the step): it is then named and painted as one too
+    largest = sorted(report.bottlenecks, key=lambda b: -b.added_ms)
+    assert {b.stage for b in largest[:2]} == {"Slow", "raw load"}, report.to_table()
+    assert all(b.share_of_baseline < 0.1 for b in largest[2:]), report.to_table()
     for stage in named:
         label = next(label for label in bars if label.lstrip("≥ ") == stage)
         assert bars[label] == COLORS["cost"]  # a stage named as a cost, labelled by the stage, not the point ("raw")

@@ -18,7 +18,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe import diagnose
-from fastpipe.diagnosis.stagecost._timing import BatchTimings, TimedDataset, _ledger
+from fastpipe.diagnosis.stagecost._timing import OVERHEAD_STAGE, BatchTimings, TimedDataset, _ledger
 from fastpipe.diagnosis.verdict._attribute import Attribution, worker_costs
 from fastpipe.diagnosis.verdict._report import Bottleneck
 from fastpipe.stages import RAW_STAGE
@@ -79,8 +79,12 @@ def test_each_stage_window_holds_its_own_cpu_and_run_queue_time() -> None:
     taken = _ledger().take()
     wall, cpu, runq = (taken.stages["Free"][i] / 100 for i in range(3))
     assert cpu <= wall + 5e-6 and runq <= wall + 5e-6, taken.stages
+    timed = [name for name in taken.stages if name != OVERHEAD_STAGE]
     for name, (w, c, q, *_) in taken.stages.items():  # no window holds more CPU and run queue than wall time
-        assert c + q <= w * 1.02 + 100 * 5e-6, (name, taken.stages)  # up to 5 µs a sample: the clocks are read in turn
+        # up to 5 µs a sample and window: the clocks are read in turn; the overhead row is the runner's window less
+        # each stage's, so it carries the reading error of all of them
+        windows = 1 + len(timed) if name == OVERHEAD_STAGE else 1
+        assert c + q <= w * 1.02 + windows * 100 * 5e-6, (name, taken.stages)
 
 
 def _record(stages: dict[str, list[float]], samples: int = 8) -> BatchTimings:
