@@ -146,9 +146,12 @@ class _Clocks:
         thread's time slice, and a thread whose slice is spent is preempted on the way back from that very call."""
         for _ in range(4):
             switches, runq = _switches(), self.runq()
-            cpu, process = time.thread_time(), time.process_time()
-            others = (process - cpu) + (self.others() if self.others is not None else 0.0)
-            wall = time.perf_counter()
+            others_waiting = self.others() if self.others is not None else 0.0
+            # the CPU and wall clocks last and back to back: the other threads' clocks are one read a thread, and
+            # that read's length varies with the thread count, so read between them it widened one window's CPU
+            # time beyond its wall time
+            cpu, process, wall = time.thread_time(), time.process_time(), time.perf_counter()
+            others = (process - cpu) + others_waiting
             if _switches() == switches:
                 break
         return (wall, cpu, runq, others, *switches)
