@@ -111,7 +111,9 @@ def test_dry_run_stops_the_script_with_its_model_as_it_was(tmp_path, capsys, cle
     assert "fastpipe diagnosis:" in out and "trained" not in out  # the report, then the script stopped mid-epoch
     assert not (tmp_path / "ckpt.pt").exists()  # its end-of-epoch checkpoint was never written
     saved = torch.load(tmp_path / "ladder.pt")
-    assert saved["step"] > 30  # the ladder's steps ran through the script's loop
+    # the ladder's steps ran through the script's loop: after its 5 real steps, at least the device point's and the
+    # baseline's windows (1 warm-up + 4 steps each; a pipeline this fast stops there, not at the budget)
+    assert saved["step"] >= 5 + 2 * (1 + 4)
     # what its finally block saved is the model after its 5 real steps: the ladder's training was undone
     assert _same_model(saved, _reference(tmp_path, "plain.pt", *args, "--stop-at", "5"))
     assert not _same_model(saved, _reference(tmp_path, "plain6.pt", *args, "--stop-at", "6"))

@@ -63,6 +63,7 @@ def test_hugging_face_set_transform_with_declared_batch_stages() -> None:
     named(report, "SleepBatch")
 
 
+@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_custom_getitem_with_declared_stages() -> None:
     report = diagnosed(loader(DeclaredStages(length=400, steps=[Fast(), Slow(SLOW_MS), Fast()])))
     named(report, "Slow")
@@ -78,6 +79,7 @@ def test_post_processing_dataset_loses_its_points_but_the_rest_is_measured() -> 
     assert span.kind == "span" and "compiled kernel" not in span.recommendation
 
 
+@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_two_view_transform_keeps_its_cost_on_the_transform() -> None:
     report = diagnosed(loader(TwoViews(transform=T.Compose([Fast(), Slow(SLOW_MS)]))))
     slow = named(report, "Slow", planted=2 * PLANTED)
@@ -93,6 +95,7 @@ def test_custom_batch_sampler_keeps_every_part_of_the_report() -> None:
     assert report.batch_size == BATCH, "the batch size is read from the batch sampler, so per-sample figures still work"
 
 
+@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_transform_exposed_through_a_property_leaks_no_internal_name() -> None:
     inner = PlantedDataset(transform=T.Compose([Fast(), Slow(SLOW_MS)]))
     report = diagnosed(loader(TransformProperty(inner)), stage_costs=True)

@@ -22,10 +22,9 @@ from fastpipe.devices import Device
 from fastpipe.diagnosis._handoff import Handoff
 from fastpipe.diagnosis.ladder._cachepoint import DEVICE
 from fastpipe.diagnosis.ladder._cpu import CpuMonitor
+from fastpipe.diagnosis.ladder._loader_stages import StageWindow
 from fastpipe.diagnosis.ladder._measure import Measurement
-from fastpipe.diagnosis.ladder._points import PointRunner, Repeat, as_pipeline_error, copy_ms
-from fastpipe.diagnosis.memory._section import child_pids
-from fastpipe.errors import PipelineError
+from fastpipe.diagnosis.ladder._points import PointRunner, Repeat
 
 
 class ScriptDevice(Device):
@@ -138,34 +137,19 @@ class WindowRunner(PointRunner):
         cycle = iter(Repeat(cached, False))
         return (lambda: next(cycle)), (lambda: None), None
 
-    def _measure_once(self, point: str, budget_s: float | None, agree: Any) -> tuple[Measurement, float]:
-        """One window of the script's loop on ``point``'s batches (``agree``, for DDP, is not used: one process)."""
-        close, dataset = None, None
-        try:
-            known = child_pids()
-            next_batch, close, dataset = self._batch_source(point)
-            close = self._memory_then(point, known, close)
-            window = self._stage_window(point)
-            measurement = measure_window(
-                next_batch,
-                self._run_step,
-                warmup=self.warmup,
-                min_steps=self.steps,
-                max_steps=self.window_cap(),
-                budget_s=self.budget_s if budget_s is None else budget_s,
-                target=self.target,
-                device=self.device,
-                round_size=self.round,
-                spoiled=lambda: self.handoff.last_spoiled,
-                on_step=None if window is None else window.and_then(lambda i: None),
-            )
-            if window is not None:
-                self.stage_windows.append(window.finish())
-        except (PipelineError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            raise as_pipeline_error(exc, point) from exc
-        finally:
-            if close is not None:
-                close()
-        return measurement, copy_ms(dataset, point)
+    def _measure_steps(self, next_batch: Callable[[], Any], budget_s: float, window: StageWindow | None, agree: Any) -> Measurement:
+        """One window of the script's loop (``agree``, for DDP, is not used: one process), capped at
+        :meth:`window_cap` steps, with the steps the handoff spoiled (an epoch's end, another loader) left out."""
+        return measure_window(
+            next_batch,
+            self._run_step,
+            warmup=self.warmup,
+            min_steps=self.steps,
+            max_steps=self.window_cap(),
+            budget_s=budget_s,
+            target=self.target,
+            device=self.device,
+            round_size=self.round,
+            spoiled=lambda: self.handoff.last_spoiled,
+            on_step=None if window is None else window.and_then(lambda i: None),
+        )

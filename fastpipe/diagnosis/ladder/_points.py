@@ -221,18 +221,7 @@ class PointRunner:
             next_batch, close, dataset = self._batch_source(point)
             close = self._memory_then(point, known, close)
             window = self._stage_window(point)
-            measurement = measure_until(
-                next_batch,
-                self._run_step,
-                warmup=self.warmup,
-                min_steps=self.steps,
-                budget_s=self.budget_s if budget_s is None else budget_s,
-                target=self.target,
-                device=self.device,
-                round_size=self.round,
-                on_step=self.progress.step if window is None else window.and_then(self.progress.step),
-                agree=agree,
-            )
+            measurement = self._measure_steps(next_batch, self.budget_s if budget_s is None else budget_s, window, agree)
             if window is not None:
                 self.stage_windows.append(window.finish())
         except (PipelineError, KeyboardInterrupt, _PeerFailed):
@@ -243,6 +232,28 @@ class PointRunner:
             if close is not None:
                 close()
         return measurement, copy_ms(dataset, point)
+
+    def _measure_steps(
+        self,
+        next_batch: Callable[[], Any],
+        budget_s: float,
+        window: StageWindow | None,
+        agree: Callable[[bool], bool] | None,
+    ) -> Measurement:
+        """Steps on ``next_batch``'s batches until precise or out of budget: the one part a runner whose step is not
+        its own (script mode's :class:`~fastpipe.diagnosis._windows.WindowRunner`) measures differently."""
+        return measure_until(
+            next_batch,
+            self._run_step,
+            warmup=self.warmup,
+            min_steps=self.steps,
+            budget_s=budget_s,
+            target=self.target,
+            device=self.device,
+            round_size=self.round,
+            on_step=self.progress.step if window is None else window.and_then(self.progress.step),
+            agree=agree,
+        )
 
     def _stage_window(self, point: str) -> StageWindow | None:
         """For the baseline of a loader that times its own stages (the ThreadLoader), its clocks' window, opened now
