@@ -9,6 +9,7 @@ with a projected gain from the free cores. The last tests diagnose planted pipel
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -163,6 +164,44 @@ def test_more_workers_are_advised_only_with_a_projected_gain_from_the_free_cores
     crowded = waiting_text(b, costs, 10.0, 4, 2, workers=2, free_cores=0.3)
     assert crowded is not None and "would keep up" not in crowded and "projected to gain 0%" in crowded, crowded
     assert "1.7 of the 2 cores were used by other processes" in crowded
+
+
+# ----- small stages apart from culprits (rule 7) ----------------------------------------------------
+def _named(stage: str, ms: float, *, at_least: bool = False, in_worker: float | None = None) -> Bottleneck:
+    return Bottleneck(stage, "transform", ms, 5.0, ms / 1000, ("after:" + stage, "raw"), False, at_least=at_least, in_worker_ms=in_worker)
+
+
+def test_a_stage_under_a_tenth_of_the_input_time_is_a_small_cost_listed_apart() -> None:
+    from fastpipe.diagnosis.verdict._attribute import mark_small_costs
+    from fastpipe.diagnosis.verdict._report import Report
+
+    # toy:naive beside two busy loops, in its proportions: 720 ms of input a step; ConvertColor crossed the threshold
+    named = [
+        _named(RAW_STAGE, 412.0),
+        _named("RandomMask", 137.0),
+        _named("ConvertColor", 31.0),
+        _named("PILToTensor", 20.0, at_least=True, in_worker=113.0),  # hidden under the step: its in-worker cost counts
+    ]
+    mark_small_costs(named, 720.0)
+    assert [b.minor for b in named] == [False, False, True, False]
+    report = Report("w", "sim:290", 2, 256, 4, 1, 1, 0.05, "linear", baseline_step_ms=1010.0, device_step_ms=290.0)
+    report.bottlenecks = named
+    text = report.to_table()
+    culprits, small = text.split("Stages that cost time per step", 1)[1].split("Smaller costs", 1)
+    assert "ConvertColor" in small and "ConvertColor" not in culprits, text
+    assert all(stage in culprits for stage in (RAW_STAGE, "RandomMask", "PILToTensor")), text
+    assert json.loads(report.to_json())["bottlenecks"][2]["minor"] is True
+
+
+def test_the_first_named_stage_is_never_a_small_cost() -> None:
+    from fastpipe.diagnosis.verdict._attribute import mark_small_costs
+
+    named = [_named("A", 30.0), _named("B", 20.0)]  # a pipeline that is hardly input-bound: 500 ms of input, 50 named
+    mark_small_costs(named, 500.0)
+    assert [b.minor for b in named] == [False, True]
+    alone = [_named("A", 30.0), _named("B", 20.0)]
+    mark_small_costs(alone, None)  # no baseline: nothing to compare with, nothing marked
+    assert not any(b.minor for b in alone)
 
 
 # ----- beside a real neighbour (slow: each diagnosis runs ~1 minute on 2 loaded cores) ------------------

@@ -32,7 +32,7 @@ from fastpipe.diagnosis.ladder._variable import variable_inputs
 from fastpipe.diagnosis.memory._section import finish_memory_section, start_memory_section
 from fastpipe.diagnosis.runtime import _ddp as ddp
 from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
-from fastpipe.diagnosis.verdict._attribute import LADDER, SATURATED_CPU, Attribution, verdict_for, worker_costs
+from fastpipe.diagnosis.verdict._attribute import LADDER, SATURATED_CPU, Attribution, mark_small_costs, verdict_for, worker_costs
 from fastpipe.diagnosis.verdict._caveats import (
     BUSY_MACHINE,
     CAVEATS,
@@ -325,6 +325,8 @@ class _Diagnosis:
             )
         self._advise_loader_stages()
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
+        if report.baseline_step_ms is not None and report.device_step_ms is not None:
+            mark_small_costs(report.bottlenecks, report.baseline_step_ms - report.device_step_ms)
         if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.verdict = TOO_NOISY
         spread = None

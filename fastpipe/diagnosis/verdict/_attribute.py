@@ -33,6 +33,12 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
    nothing but hand out a finished sample; else the host or device point). A loop limited by the main
    process keeps its step as measured.
 
+7. **Culprits and small costs.** A named stage whose time is under :data:`MINOR_SHARE` of the input time (the
+   baseline step less the device step) is a *small cost* (``Bottleneck.minor``), listed apart from the culprits: it is
+   real (beyond noise and threshold) but not where the time goes, and a busy neighbour, which raises every stage's CPU
+   time through shared caches and memory bandwidth, lifts such stages over the threshold first (beside two busy loops
+   toy:naive's ConvertColor was named third). The first named stage is never small.
+
 Where the in-worker timing could not run, rules 2-5 do not apply and the report says so (rule 1 alone).
 """
 
@@ -57,6 +63,8 @@ WAIT_SHARE = 0.2
 """A stage's waiting counts (rule 5) only when it is at least this share of the pipeline's wall time per sample."""
 SHARED_CPU = 0.25
 """Share of all cores other processes used at a point above which the machine counts as shared there (rule 2)."""
+MINOR_SHARE = 0.1
+"""A named stage under this share of the input time is a small cost, listed apart from the culprits (rule 7)."""
 WORKER_KINDS = ("transform", "raw load")
 """Kinds of component that run entirely inside the workers, where the in-worker timing sees all of their cost."""
 
@@ -90,6 +98,17 @@ def stderr_s(result: ExperimentResult) -> float:
 def difference_noise_s(a: ExperimentResult, b: ExperimentResult) -> float:
     """Two standard errors of the difference of two mean step times, in seconds (:func:`~fastpipe.diagnosis.ladder._noise.difference_noise`)."""
     return difference_noise(step_s(a), a.noise, step_s(b), b.noise)
+
+
+def mark_small_costs(named: list[Bottleneck], input_ms: float | None) -> None:
+    """Rule 7 on stages ranked largest first: each after the first whose time is under :data:`MINOR_SHARE` of
+    ``input_ms`` is marked ``minor``. A figure that is a lower bound (``at_least``: part of it hides under the device
+    step) counts at its in-worker cost where that is larger."""
+    if not input_ms or input_ms <= 0:
+        return
+    for b in named[1:]:
+        figure = max(b.added_ms, b.in_worker_ms or 0.0) if b.at_least else b.added_ms
+        b.minor = figure < MINOR_SHARE * input_ms
 
 
 def parts_of(stage: str) -> list[str]:

@@ -50,7 +50,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
                  "basis": "ladder" | "saturated split" | "in-worker cost",   # where added_ms comes from
                  "ladder_ms": float | null, "span": [str, str] | null,      # its own ladder step; the split span
                  "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
-                 "why": str | null}                                         # why the ladder could not decide it
+                 "why": str | null,                                         # why the ladder could not decide it
+                 "minor": bool}                        # under a tenth of the input time: a small cost, not a culprit
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class Bottleneck:
     """Whether most of its in-worker cost is waiting (I/O, sleeps, locks) rather than computing."""
     why: str | None = None
     """Why the ladder could not decide it, when it is named by its in-worker cost."""
+    minor: bool = False
+    """Named, but under a tenth of the input time: a small cost, listed apart from the culprits (see ``_attribute``)."""
 
     @property
     def added_text(self) -> str:
@@ -259,9 +262,14 @@ class Report:
         lines = [f"Verdict: {self.verdict}{gap}"]
         if self.interrupted:
             lines.append("Interrupted: this report is partial.")
-        if self.bottlenecks:
+        culprits = [b for b in self.bottlenecks if not b.minor]
+        small = [b for b in self.bottlenecks if b.minor]
+        if culprits:
             lines.append(f"Stages that cost time per step, largest first (by {self.ranked_by}):")
-            lines += [self._stage_line(b) for b in self.bottlenecks]
+            lines += [self._stage_line(b) for b in culprits]
+        if small:
+            lines.append("Smaller costs, each under a tenth of the input time (real, beyond noise; fix the stages above first):")
+            lines += [self._stage_line(b) for b in small]
         elif self.experiments and not self.unresolved:
             lines.append("No stage adds more than the threshold and the noise to the step.")
         if self.unresolved:
