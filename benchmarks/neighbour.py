@@ -73,10 +73,11 @@ class Free:
 
 
 class RandomImages(Dataset):
-    """A random uint8 image per sample (the raw load: ~0.2 ms of CPU), or a 12 ms sleep first with ``sleep_ms``."""
+    """A random uint8 image per sample (the raw load: ~0.2 ms of CPU at the default side), or a sleep first with
+    ``sleep_ms``. (``tests/test_neighbour.py`` plants its pipelines with these classes too.)"""
 
-    def __init__(self, transform: Any, sleep_ms: float = 0.0) -> None:
-        self.transform, self.sleep_ms = transform, sleep_ms
+    def __init__(self, transform: Any, sleep_ms: float = 0.0, side: int = 64) -> None:
+        self.transform, self.sleep_ms, self.side = transform, sleep_ms, side
 
     def __len__(self) -> int:
         return 1 << 20
@@ -84,7 +85,7 @@ class RandomImages(Dataset):
     def __getitem__(self, index: int) -> Any:
         if self.sleep_ms:
             time.sleep(self.sleep_ms / 1000)
-        return self.transform(torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)), index % 10
+        return self.transform(torch.randint(0, 256, (3, self.side, self.side), dtype=torch.uint8)), index % 10
 
 
 class Batches(Sampler):

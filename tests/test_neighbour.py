@@ -10,13 +10,10 @@ with a projected gain from the free cores. The last tests diagnose planted pipel
 from __future__ import annotations
 
 import json
-import time
-from typing import Any
 
 import pytest
-import torch
 import torchvision.transforms as T
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from fastpipe import diagnose
 from fastpipe.diagnosis.stagecost._timing import OVERHEAD_STAGE, BatchTimings, TimedDataset, _ledger
@@ -26,40 +23,8 @@ from fastpipe.stages import RAW_STAGE
 from tests.benchmark_scripts import load_benchmark
 from tests.test_attribution import _plan_and_results
 
-
-def burn(ms: float) -> None:
-    end = time.thread_time() + ms / 1000
-    while time.thread_time() < end:
-        pass
-
-
-class Burn:
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __call__(self, x: Any) -> Any:
-        burn(self.ms)
-        return x
-
-
-class Free:
-    def __call__(self, x: Any) -> Any:
-        return x
-
-
-class RandomImages(Dataset):
-    """A random uint8 image per sample (a raw load that costs ~0.1 ms), or a sleep first with ``sleep_ms``."""
-
-    def __init__(self, transform: Any, sleep_ms: float = 0.0, side: int = 64) -> None:
-        self.transform, self.sleep_ms, self.side = transform, sleep_ms, side
-
-    def __len__(self) -> int:
-        return 100_000
-
-    def __getitem__(self, index: int) -> Any:
-        if self.sleep_ms:
-            time.sleep(self.sleep_ms / 1000)
-        return self.transform(torch.randint(0, 256, (3, self.side, self.side), dtype=torch.uint8)), index % 10
+_PLANTED = load_benchmark("neighbour")  # the benchmark's planted parts: a CPU burn, a free stage, random images
+Burn, Free, RandomImages = _PLANTED.Burn, _PLANTED.Free, _PLANTED.RandomImages
 
 
 # ----- the timing: one window, all clocks ------------------------------------------------------
