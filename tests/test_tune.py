@@ -280,3 +280,13 @@ def test_budget_and_precision_reach_every_measurement(monkeypatch) -> None:
     assert len(seen) >= 2 and all(o["budget"] == 3.0 and o["precision"] == 0.05 for o in seen)
     with pytest.raises(ConfigError, match="budget"):
         tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, budget=0)
+
+
+def test_worker_counts_choose_the_counts_the_sweep_may_try(monkeypatch) -> None:
+    # a pipeline that scales with its workers, far from the bound: the sweep tries exactly the counts given
+    planted(monkeypatch, {w: 0.4 * w for w in range(1, 9)}, bound=10.0, noise=0.005)
+    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, worker_counts=[4, 1, 2], prefetch_factors=[2])
+    assert [t.num_workers for t in result.trials] == [1, 2, 4], result.to_table()
+    assert "worker sweep: tried 1, 2, 4" in result.stops and result.recommended.num_workers == 4
+    with pytest.raises(ConfigError, match="worker counts"):
+        tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, worker_counts=[0, 2])

@@ -1,9 +1,10 @@
 """Measure before recommending: each candidate fix run as a rung of ``compare`` against the user's original.
 
 :func:`fix` builds the candidates that apply to the workload's pipeline (:mod:`fastpipe.experiments._fix_candidates`),
-checks that each gives the model the same input (:mod:`fastpipe.experiments._fix_checks`), then measures the original
-and every candidate that passed in one run on the same device, as ``fastpipe compare`` does: a discarded warm-up pass
-of each, then rounds in rotated order, pooled (:func:`fastpipe.experiments._compare.measure_rungs`). A candidate is
+the loader settings among them from a short ``tune`` sweep (:func:`tune_candidate`), checks that each gives the model
+the same input (:mod:`fastpipe.experiments._fix_checks`), then measures the original and every candidate that passed
+in one run on the same device, as ``fastpipe compare`` does: a discarded warm-up pass of each, then rounds in rotated
+order, pooled (:func:`fastpipe.experiments._compare.measure_rungs`). A candidate is
 faster when the time it saves per step exceeds two standard errors of the difference, ``drift`` of the original's
 time over the device step (the rule of a rung of ``compare``, but always against the original) and :data:`THRESHOLD`
 of the device step.
@@ -21,15 +22,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from torch.utils.data import DataLoader
+
 from fastpipe._render import render_table
+from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis.ladder._noise import difference_noise
 from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.errors import ConfigError
 from fastpipe.experiments._compare import ROUNDS, WARMUP_BUDGET_S, measure_rungs
-from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit, view_of
+from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit, sweep_counts, tuned_settings, view_of
 from fastpipe.experiments._fix_checks import InputCheck, check_input
+from fastpipe.experiments._tune import tune
 from fastpipe.loading._rebuild import discard_loader
 from fastpipe.workloads._workload import Workload, load_workload
 
@@ -37,6 +42,9 @@ SCHEMA = "fastpipe.fix/1"
 THRESHOLD = 0.05
 """The smallest saving that counts, as a fraction of the device step (``fastpipe diagnose``'s ``--threshold``): near the
 bound, where drift times the time over it is nearly nothing, a saving of a fraction of a millisecond is not a fix."""
+
+SWEEP_PREFETCH = (2, 4)
+"""The prefetch factors the short ``tune`` sweep may try at the worker count it chose (``fastpipe tune``'s default)."""
 
 RECOMMENDED, NOT_HELPING, INPUT_CHANGED, NOT_TRIED, FAILED = "recommended", "tried, not helping", "input changed", "not tried", "failed"
 
@@ -165,15 +173,55 @@ class FixPlan:
         return [head] + [f"fix not tried: {line}" for line in self.not_tried]
 
 
-def _estimate(rungs: int, step_ms: float | None, steps: int, warmup: int, budget: float) -> tuple[float, float]:
+def _estimate(rungs: int, step_ms: float | None, steps: int, warmup: int, budget: float, sweep: int = 0) -> tuple[float, float]:
     """(typical, at most) seconds of measuring ``rungs`` rungs plus the device bound: each rung's warm-up pass and
-    :data:`ROUNDS` rounds, each round at least ``warmup + steps`` steps (worker start-up: about a second a round)."""
-    at_most = rungs * (min(WARMUP_BUDGET_S, budget) + budget) + budget
+    :data:`ROUNDS` rounds, each round at least ``warmup + steps`` steps (worker start-up: about a second a round);
+    and before them at most ``sweep`` measurements of the tune sweep, each one run of at most ``budget`` (typically
+    three: the bound and two settings, the sweep stopping at the first count that reaches it or gains too little)."""
+    at_most = rungs * (min(WARMUP_BUDGET_S, budget) + budget) + budget + sweep * budget
     if step_ms is None:
         return at_most / 2, at_most
     per_round = (warmup + steps) * step_ms / 1000 + 1.0
-    typical = rungs * (min(WARMUP_BUDGET_S, budget) + ROUNDS * per_round) + per_round
+    typical = rungs * (min(WARMUP_BUDGET_S, budget) + ROUNDS * per_round) + per_round + min(sweep, 3) * per_round
     return min(typical, at_most), at_most
+
+
+def _sweep_size(workload: Workload) -> int:
+    """How many measurements the short tune sweep takes at most: the bound, each count, each prefetch factor (0: none)."""
+    return 1 + len(sweep_counts(usable_cores())) + len(SWEEP_PREFETCH) if isinstance(workload.loader, DataLoader) else 0
+
+
+def tune_candidate(workload: Workload, device: Device, *, steps: int, warmup: int, budget: float, precision: float) -> Candidate | None:
+    """The loader settings a short ``tune`` sweep recommends, as a candidate; None when the loader is not a DataLoader.
+
+    The sweep is :func:`fastpipe.tune` itself, bounded: the worker counts of :func:`sweep_counts` (1, 2, 4, ... and
+    the usable cores), :data:`SWEEP_PREFETCH`, no extension runs, ``budget`` seconds a setting and :data:`THRESHOLD`
+    as its tolerance: the device bound and at most one measurement per count and factor (on 2 cores, 5 at most,
+    typically 3). Its figures only choose the setting; the candidate is then measured against the original in the
+    same run as every other candidate. A sweep that fails leaves a "not tried" candidate saying why; Ctrl-C stops fix.
+    """
+    if not isinstance(workload.loader, DataLoader):
+        return None
+    try:
+        result = tune(
+            workload,
+            device,
+            steps=steps,
+            warmup=warmup,
+            worker_counts=sweep_counts(usable_cores()),
+            prefetch_factors=SWEEP_PREFETCH,
+            tolerance=THRESHOLD,
+            extensions=0,
+            budget=budget,
+            precision=precision,
+        )
+    except Exception as exc:  # noqa: BLE001 - the other candidates still run; this one says why it was not tried
+        return Candidate(
+            "loader settings from tune", ("workers",), "", not_tried=f"the short tune sweep failed: {type(exc).__name__}: {exc}"
+        )
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return tuned_settings(workload, result)
 
 
 def plan(workload: Workload, *, step_ms: float | None = None, steps: int = 10, warmup: int = 3, budget: float = 20.0) -> FixPlan:
@@ -181,7 +229,10 @@ def plan(workload: Workload, *, step_ms: float | None = None, steps: int = 10, w
     candidates, _ = build_candidates(workload)
     tried = [c.name for c in candidates if c.workload is not None and c.not_tried is None]
     not_tried = [f"{c.name}, because {c.not_tried}" for c in candidates if c.not_tried is not None]
-    typical, at_most = _estimate(len(tried) + 1, step_ms, steps, warmup, budget)
+    sweep = _sweep_size(workload)
+    if sweep:
+        tried.append(f"the num_workers and prefetch_factor a short tune sweep picks (up to {sweep} measurements first)")
+    typical, at_most = _estimate(len(tried) + 1, step_ms, steps, warmup, budget, sweep)
     _discard(candidates)
     return FixPlan(tried, not_tried, typical, at_most)
 
@@ -229,7 +280,8 @@ def fix(
         steps, warmup, budget, precision: each rung's measurement, as in ``compare``.
         drift: a gain must also exceed this fraction of the original's time over the device step.
         named: the stages a diagnosis named; the report says which fixes address them (all applicable ones are tried).
-        candidates: the candidates to try instead of :func:`build_candidates`' (tests plant a broken one this way).
+        candidates: the candidates to try instead of :func:`build_candidates`' (tests plant a broken one this way);
+            given, no tune sweep runs.
     """
     MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
     if not 0 <= drift < 1:
@@ -237,14 +289,16 @@ def fix(
     device = parse_device(device)
     workload = load_workload(source, device) if isinstance(source, str) else source
     started = time.perf_counter()
+    notes = list(workload.notes)
     if candidates is None:
-        candidates, view = build_candidates(workload)
+        tuned = tune_candidate(workload, device, steps=steps, warmup=warmup, budget=budget, precision=precision)
+        if tuned is not None:
+            notes.append(f"the loader settings come from a short tune sweep, {time.perf_counter() - started:.0f} s before the compare run")
+        candidates, view = build_candidates(workload, tuned)
     else:
         view, _ = view_of(workload)  # for the grey level's size in the model's input
     unit = level_unit(workload, view.leaves if view is not None else [])
-    report = FixReport(
-        workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None, notes=list(workload.notes)
-    )
+    report = FixReport(workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None, notes=notes)
     measured: list[Candidate] = []
     outcomes: dict[int, FixResult] = {}
     rngs = UserState()  # candidates are built and measured here: the user's generators are put back at the end

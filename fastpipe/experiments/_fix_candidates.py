@@ -11,8 +11,9 @@ object that holds its stages in a ``transforms`` Compose (torchvision's ``Classi
   on the device after the copy (:class:`fastpipe.transforms.Normalize`, 4x fewer bytes over the copy); not when a
   transform follows Normalize (it would see uint8, or run per batch);
 * both together, and fastpipe's ThreadLoader over the result (batches decoded by native threads, one process);
-* **loader settings**: ``num_workers`` up to the usable cores (the top of ``fastpipe tune``'s sweep, which measures
-  every count in between), and recycled batch memory (:func:`fastpipe.recycled`) for a loader with workers;
+* **loader settings**: the ``num_workers`` and ``prefetch_factor`` a short ``tune`` sweep recommends (fix runs it over
+  1, 2, 4, ... workers and the usable cores: :func:`sweep_counts`; ``fastpipe tune`` measures every count), and
+  recycled batch memory (:func:`fastpipe.recycled`) for a loader with workers;
 * **a compiled kernel** for a transform of the user's own (the catalog's ``compile_helps``): advice only, never tried, since
   fastpipe does not write code that claims to be equivalent.
 
@@ -32,13 +33,13 @@ from typing import Any, Sequence
 
 from torch.utils.data import DataLoader
 
-from fastpipe._system import usable_cores
 from fastpipe.datasets.absorb import absorb
 from fastpipe.datasets.crop import crop_params
 from fastpipe.diagnosis.discovery._catalog import facts_for
 from fastpipe.diagnosis.discovery._holder import delegated_attribute, open_holder
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.experiments._fix_checks import BoxDraw
+from fastpipe.experiments._tune_result import TuneResult
 from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.loading._unwrap import TimmPrefetchTransform, chain
 from fastpipe.stages import split_transform
@@ -356,23 +357,65 @@ def _uint8(workload: Workload, view: PipelineView) -> tuple[Candidate, list[Any]
     return candidate, head, device_normalize
 
 
-def _loader_candidates(workload: Workload) -> list[Candidate]:
+def sweep_counts(cores: int) -> list[int]:
+    """The worker counts fix's short ``tune`` sweep may try: 1, 2, 4, ... doubling below the usable cores, then the
+    cores. About log2(cores) + 1 settings instead of ``fastpipe tune``'s cores + 2, so the sweep costs a few
+    measurements on any machine (2 on 2 cores, 7 on 48); ``fastpipe tune SPEC`` measures every count in between."""
+    counts, workers = [], 1
+    while workers < cores:
+        counts.append(workers)
+        workers *= 2
+    return counts + [max(1, cores)]
+
+
+def _prefetch_of(loader: DataLoader) -> int:
+    """The loader's prefetch_factor as tune starts from it: its own with workers, DataLoader's default 2 without."""
+    return loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
+
+
+def tuned_settings(workload: Workload, tuned: TuneResult) -> Candidate:
+    """The setting a ``tune`` sweep recommends, as a rewrite of the user's DataLoader call: "not tried" when the loader
+    already has it, or when the sweep recommended nothing.
+
+    ``prefetch_factor`` changes only where tune's rules changed it: it sweeps the queue depth only at a worker count
+    with workers (batches from N workers arrive in bursts a deeper queue can even out), only deeper while that count
+    is short of the device bound, and keeps the smaller queue unless the deeper one is shorter beyond noise.
+    """
     loader = workload.loader
-    out = []
+    name = "loader settings from tune"
+    measured = sorted({(t.num_workers, t.prefetch_factor) for t in tuned.trials if t.measured})
+    swept = "(num_workers, prefetch_factor) = " + ", ".join(f"({w}, {p})" for w, p in measured)
+    chosen = tuned.recommended
+    if chosen is None:
+        return Candidate(name, ("workers",), "", not_tried=f"the short tune sweep recommended nothing: {tuned.summary}")
+    workers, prefetch = chosen.num_workers, chosen.prefetch_factor
+    if (workers, prefetch) == (loader.num_workers, _prefetch_of(loader)):
+        return Candidate(
+            name,
+            ("workers",),
+            "",
+            not_tried=f"already at tune's choice, num_workers={workers} and prefetch_factor={prefetch} (a short sweep measured: {swept})",
+        )
+    changes = [f"num_workers {loader.num_workers} -> {workers}"] if workers != loader.num_workers else []
+    arguments = [f"num_workers={workers}"]
+    if prefetch != _prefetch_of(loader):
+        changes.append(f"prefetch_factor {_prefetch_of(loader)} -> {prefetch}")
+        arguments.append(f"prefetch_factor={prefetch}")
+    name = ", ".join(changes) + " (tune's choice)"
+    return Candidate(
+        name,
+        ("workers",),
+        f"DataLoader(..., {', '.join(arguments)})  # tune's choice from a short sweep of {swept}; `fastpipe tune SPEC` measures every count",
+        workload=_rewritten(workload, name, loader=rebuild_loader(loader, loader.dataset, num_workers=workers, prefetch_factor=prefetch)),
+        direct=True,
+    )
+
+
+def _loader_candidates(workload: Workload, tuned: Candidate | None) -> list[Candidate]:
+    loader = workload.loader
+    out = [] if tuned is None else [tuned]
     if not isinstance(loader, DataLoader):
         return out
-    cores = usable_cores()
-    if loader.num_workers < cores:
-        name = f"num_workers {loader.num_workers} -> {cores}"
-        out.append(
-            Candidate(
-                name,
-                ("workers",),
-                f"DataLoader(..., num_workers={cores})  # the usable cores; `fastpipe tune SPEC` measures every count up to them",
-                workload=_rewritten(workload, name, loader=rebuild_loader(loader, loader.dataset, num_workers=cores)),
-                direct=True,
-            )
-        )
     if loader.num_workers > 0:
         from fastpipe.loading.recycle import recycled
 
@@ -443,8 +486,11 @@ def _compile_advice(view: PipelineView) -> list[Candidate]:
     return out
 
 
-def build_candidates(workload: Workload) -> tuple[list[Candidate], PipelineView | None]:
-    """Every fix that applies to ``workload``'s pipeline (tried or not, with why), and the view it was read from."""
+def build_candidates(workload: Workload, tuned: Candidate | None = None) -> tuple[list[Candidate], PipelineView | None]:
+    """Every fix that applies to ``workload``'s pipeline (tried or not, with why), and the view it was read from.
+
+    ``tuned``: the loader settings a short ``tune`` sweep chose (:func:`tuned_settings`; ``fix`` runs the sweep, since
+    building candidates measures nothing); None leaves them out."""
     view, why = view_of(workload)
     candidates: list[Candidate] = []
     if view is None:
@@ -461,5 +507,5 @@ def build_candidates(workload: Workload) -> tuple[list[Candidate], PipelineView 
         if decoded.workload is not None:
             candidates.append(_thread_loader(workload, best))
         candidates += _compile_advice(view)
-    candidates += _loader_candidates(workload)
+    candidates += _loader_candidates(workload, tuned)
     return candidates, view

@@ -296,7 +296,8 @@ def _worker_sweep(sweep: _Sweep, counts: list[int], prefetch: int, stops: list[s
             )
             return
         best = trial  # the first, or better than the best beyond noise
-    stops.append(f"worker sweep: tried every count up to {counts[-1]}")
+    every = counts == list(range(1, counts[-1] + 1))
+    stops.append(f"worker sweep: tried every count up to {counts[-1]}" if every else f"worker sweep: tried {', '.join(map(str, counts))}")
 
 
 def _prefetch_sweep(sweep: _Sweep, workers: int, factors: list[int], stops: list[str]) -> None:
@@ -370,6 +371,7 @@ def tune(
     steps: int = 10,
     warmup: int = 3,
     max_workers: int | None = None,
+    worker_counts: Iterable[int] | None = None,
     prefetch_factors: Iterable[int] = (2, 4),
     tolerance: float = 0.05,
     extensions: int = 2,
@@ -387,6 +389,8 @@ def tune(
         device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS`` or a Device (default: cuda if present, else sim:290).
         steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
         max_workers: the largest count tried (default: usable cores + 2).
+        worker_counts: the counts the worker sweep may try, in rising order, instead of every count from 1 to
+            ``max_workers`` (``fix`` sweeps 1, 2, 4, ... and the usable cores, to bound its cost on many cores).
         prefetch_factors: the values the second sweep may try at the chosen worker count.
         tolerance: differences in time per step below this fraction of the device step count as noise when
             claiming a gain, and below this fraction of the longer step when choosing the cheapest setting as good
@@ -410,9 +414,12 @@ def tune(
     factors = sorted({int(f) for f in prefetch_factors})
     cores = usable_cores()
     top = cores + 2 if max_workers is None else max_workers
+    counts = list(range(1, top + 1)) if worker_counts is None else sorted({int(w) for w in worker_counts})
     MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision, worker_timeout=worker_timeout)  # validates
     if top < 1:
         raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
+    if not counts or counts[0] < 1:
+        raise ConfigError(f"worker counts must be whole numbers >= 1, e.g. 1,2,4; got {worker_counts}")
     if not factors or factors[0] < 1:
         raise ConfigError(f"prefetch factors must be whole numbers >= 1, e.g. 2,4; got {list(prefetch_factors)}")
     if not 0 < tolerance < 1:
@@ -440,7 +447,7 @@ def tune(
     try:
         with preserve_user_state(workload.model, workload.optimizer, loader, schedulers=workload.schedulers, scaler=workload.scaler):
             sweep.measure_bound()
-            _worker_sweep(sweep, list(range(1, top + 1)), base_prefetch, stops)
+            _worker_sweep(sweep, counts, base_prefetch, stops)
             chosen = sweep.recommend(sweep.measured())
             if chosen is not None:
                 _prefetch_sweep(sweep, chosen.num_workers, factors, stops)
