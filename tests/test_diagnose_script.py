@@ -266,3 +266,49 @@ def test_framework_script_names_the_planted_stage(script, needs, tmp_path, capsy
     named = [b["stage"] for b in report["bottlenecks"]]
     assert code == 0 and named and named[0] == "SlowFilter", named
     assert "done" not in out  # a dry run: fit/train never returned
+
+
+# ----- which loader is the training loader -------------------------------------------------------
+def test_a_validation_pass_first_does_not_take_the_ladder(capsys, clean) -> None:
+    # 6 validation batches, then 50 training batches: the validation loader delivers its 5 batches first
+    code, out, err = diagnose(capsys, *QUICK, script_args=[*MID, "--val-samples", "48", "--validate-first", "--stop-at", "12"])
+    assert code == 0 and "trained 12 steps" in out
+    announcement = next(line for line in err.splitlines() if "the cache ladder starts" in line)
+    assert "at batch 6 of DataLoader #2" in announcement, announcement  # the training loader, iterated second
+    assert "50 batches an epoch, the longest epoch of the script's 2 DataLoaders (DataLoader #1: 6)" in announcement
+    assert "--loader N picks the Nth the script iterates" in announcement
+
+
+def test_training_loader_chosen_across_alternating_train_and_validation_epochs(capsys, clean) -> None:
+    # 8 training batches an epoch, each followed by 6 validation batches, and a validation pass before the first
+    # (the ImageNet example's order with a baseline accuracy first): the whole ladder runs on the training loader
+    args = ["--samples", "64", "--val-samples", "48", "--validate-first", "--epochs", "3", "--slow-ms", "0", "--step-ms", "2"]
+    code, out, err = diagnose(capsys, *QUICK, "--budget", "20", script_args=args)
+    assert code == 0, out + err
+    assert "at batch 6 of DataLoader #2" in err and "the longest epoch" in err
+    assert "fastpipe diagnosis:" in out and "on DataLoader #2" in out
+    assert out.count("* Acc@1") == 1  # the dry run stopped the script in its first training epoch
+
+
+def test_loader_flag_still_picks_the_validation_loader(capsys, clean) -> None:
+    code, out, err = diagnose(
+        capsys, *QUICK, "--loader", "1", "--budget", "12", script_args=[*MID, "--val-samples", "48", "--validate-first"]
+    )
+    assert "at batch 6 of DataLoader #1" in err and "--loader 1" in err, err
+
+
+UNUSED_LONG = SCRIPT.parent / "train_unused_long.py"
+
+
+def test_a_longer_loader_never_iterated_gives_way_at_the_next_epoch(capsys, clean) -> None:
+    code = main(["diagnose", *QUICK, "--budget", "40", "--", "python", str(UNUSED_LONG), "3"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "fastpipe diagnosis:" in out, out + err
+    assert "DataLoader #1" in err and "began its next epoch while its longer DataLoaders (one not iterated yet: 100)" in err
+
+
+def test_waiting_for_a_longer_loader_that_never_comes_says_how_to_pick(capsys, clean) -> None:
+    code = main(["diagnose", *QUICK, "--", "python", str(UNUSED_LONG), "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "passed over for a longer DataLoader it holds (100 batches an epoch)" in err and "--loader 1" in err, err
