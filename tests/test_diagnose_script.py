@@ -312,3 +312,23 @@ def test_waiting_for_a_longer_loader_that_never_comes_says_how_to_pick(capsys, c
     err = capsys.readouterr().err
     assert code == 2
     assert "passed over for a longer DataLoader it holds (100 batches an epoch)" in err and "--loader 1" in err, err
+
+
+# ----- through timm's PrefetchLoader (create_loader with the prefetcher on, timm's default) -------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole ladder: 45-60 s at load 6 on 2 cores
+def test_timm_prefetch_loader_script_names_the_planted_stage(tmp_path, capsys, clean, one_thread) -> None:
+    pytest.importorskip("timm")
+    out_json = tmp_path / "report.json"
+    started = time.perf_counter()
+    code = main(
+        ["diagnose", "--no-memory", "--precision", "0.1", "--json", str(out_json), "--"]
+        + ["python", str(SCRIPT.parent / "train_timm.py"), "--slow-ms", "30"]
+    )
+    out, err = capsys.readouterr()
+    print(out, err, f"train_timm.py: {time.perf_counter() - started:.0f} s", sep="\n")
+    assert "loader: PrefetchLoader" in out  # the script iterated timm's prefetcher, not a DataLoader
+    report = json.loads(out_json.read_text())
+    named = [b["stage"] for b in report["bottlenecks"]]
+    assert code == 0 and named and named[0] == "SlowFilter", named
+    assert "done" not in out  # a dry run: its epoch never ended
