@@ -332,3 +332,37 @@ def test_timm_prefetch_loader_script_names_the_planted_stage(tmp_path, capsys, c
     named = [b["stage"] for b in report["bottlenecks"]]
     assert code == 0 and named and named[0] == "SlowFilter", named
     assert "done" not in out  # a dry run: its epoch never ended
+
+
+# ----- a loop with no DataLoader: what it reads its batches from is named ---------------------------------------
+NANOGPT = SCRIPT.parent / "train_nanogpt.py"
+
+
+def _line_of(text: str) -> int:
+    return next(i for i, line in enumerate(NANOGPT.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("command", ["diagnose", "watch"])
+def test_get_batch_loop_names_get_batch_and_its_declaration(command, tmp_path, capsys, clean) -> None:
+    flags = QUICK if command == "diagnose" else []
+    code = main([command, *flags, "--", "python", str(NANOGPT), "--data-dir", str(tmp_path), "--max-iters", "40"])
+    err = capsys.readouterr().err
+    assert code == (2 if command == "diagnose" else 0), err
+    prefetch = _line_of("# prefetch the next batch")
+    call_site = f"train_nanogpt.py:{prefetch}"
+    feeder = next(line for line in err.splitlines() if "whose results the loop passes on" in line)
+    assert feeder.lstrip().startswith("- get_batch (the function it calls") and call_site in feeder, err
+    assert f"train_nanogpt.py:{_line_of('def get_batch')}, called at" in feeder
+    assert "- step (the function it calls;" in err  # the model's step: named, not taken for the batches
+    assert "self.stages = fastpipe.Stages(source=<the raw items get_batch reads" in err
+    assert "iterate it in place of get_batch(...) at" in err and call_site in err.split("in place of")[-1]
+
+
+def test_generator_loop_names_the_generator(tmp_path, capsys, clean) -> None:
+    code = main(["diagnose", *QUICK, "--", "python", str(NANOGPT), "--data-dir", str(tmp_path), "--max-iters", "40", "--generator"])
+    err = capsys.readouterr().err
+    assert code == 2
+    feeder = next(line for line in err.splitlines() if "whose results the loop passes on" in line)
+    assert feeder.lstrip().startswith("- batches (the generator it iterates") and f":{_line_of('def batches')}," in feeder, err
+    assert "get_batch" not in feeder and "- get_batch" not in err  # inside the generator: part of it, not a second source
+    assert "in place of the loop over batches(...)" in err

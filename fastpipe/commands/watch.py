@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from fastpipe._render import render_table
 from fastpipe.commands.common import check_output_paths
 from fastpipe.errors import ConfigError
-from fastpipe.monitor import HINT_SHARE, Watch, band_for, tap_dataloaders
+from fastpipe.monitor import HINT_SHARE, LoopSampler, Watch, band_for, no_loader_text, tap_dataloaders
 
 EXIT_INTERRUPTED = 130
 
@@ -120,9 +120,13 @@ class Session:
     def __init__(self, *, every: int | None, stages: bool, echo: Callable[[str], None]) -> None:
         self.every, self.stages, self.echo = every, stages, echo
         self.watched: dict[int, _Watched] = {}
+        self.sampler: LoopSampler | None = None
+        """Where the script's main thread is, until it iterates a DataLoader (what its loop reads when it iterates none)."""
 
     def select(self, loader: DataLoader) -> Watch:
         entry = self.watched.get(id(loader))
+        if self.sampler is not None:
+            self.sampler.stop()
         if entry is None:
             label = f"DataLoader #{len(self.watched) + 1}"
             echo = lambda line, label=label: self.echo(line.replace("fastpipe.watch:", f"fastpipe.watch [{label}]:", 1))  # noqa: E731
@@ -197,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *script_args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
+    session.sampler = LoopSampler(target)
     try:
-        with tap_dataloaders(session.select, session.source):
+        with session.sampler, tap_dataloaders(session.select, session.source):
             if kind == "path":
                 runpy.run_path(target, run_name="__main__")
             else:
@@ -238,6 +243,9 @@ def report(session: Session, main: _Watched | None, script: str, interrupted: bo
     """The closing text: the share, the stage table, the next step."""
     ended = "interrupted (Ctrl-C)" if interrupted else "ended"
     if main is None:
+        found = no_loader_text(session.sampler.loop_calls() if session.sampler is not None else [])
+        if found:
+            return f"fastpipe watch: {script} {ended} without iterating a DataLoader;\n{found}\n"
         return f"fastpipe watch: {script} {ended} without iterating a DataLoader: nothing to report"
     info = main.watch.summary()
     share = info["input_bound_share"]

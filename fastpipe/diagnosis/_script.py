@@ -47,7 +47,7 @@ from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.diagnosis.verdict._report import Report
 from fastpipe.errors import ConfigError, FastpipeError
 from fastpipe.loading._pinning import shutdown_iterator
-from fastpipe.monitor import Watch, tap_dataloaders
+from fastpipe.monitor import LoopSampler, Watch, no_loader_text, tap_dataloaders
 from fastpipe.workloads._workload import Workload
 
 START_AFTER = 5
@@ -158,6 +158,8 @@ class ScriptLadder:
         self.options, self.script, self.echo, self.show = options, script, echo, show
         self.seen: dict[int, _Seen] = {}
         self.held_loaders = HeldLoaders()
+        self.sampler: LoopSampler | None = None
+        """Where the script's main thread is, until it iterates a DataLoader (what its loop reads when it iterates none)."""
         self.state = "before"  # then "ladder", then "after"
         self.trained: _Seen | None = None
         self.held: Iterator[Any] | None = None
@@ -178,6 +180,8 @@ class ScriptLadder:
         if threading.current_thread().name.startswith("fastpipe"):
             return None  # the engine's own loaders (each cache point's) are not the script's
         seen = self.seen.get(id(loader))
+        if self.sampler is not None:
+            self.sampler.stop()  # a DataLoader: the ladder's own measure from here on
         if seen is None:
             index = len(self.seen) + 1
             seen = _Seen(loader, f"DataLoader #{index}", index, Watch(loader, echo=False, memory=False, hint=False))
@@ -419,11 +423,17 @@ class ScriptLadder:
             return None
         o = self.options
         if not self.seen:
+            found = no_loader_text(self.sampler.loop_calls() if self.sampler is not None else [])
+            if found:
+                return (
+                    f"fastpipe diagnose: {self.script} ended without iterating a DataLoader, so there was no loader to run the "
+                    f"ladder in;\n{found}\n  then: fastpipe diagnose -- python {self.script} ..."
+                )
             return (
                 f"fastpipe diagnose: {self.script} ended without iterating a DataLoader, so there was no loop to run the ladder in. "
-                "If it reads batches some other way (a generator, a get_batch function), build a DataLoader over a dataset that "
-                "declares its stages, fastpipe.Stages(source=..., stages=[...]), and run the ladder with a factory: "
-                "fastpipe diagnose module:make_workload"
+                "If it reads batches some other way (a generator, a get_batch function), iterate a DataLoader over a dataset that "
+                "declares its stages, fastpipe.Stages(source=..., transforms=[...]) (see help(fastpipe.Stages)), then run "
+                f"fastpipe diagnose -- python {self.script} again"
             )
         counts = ", ".join(f"{s.label}: {s.most} batches" for s in self.seen.values())
         which = f"DataLoader #{o.loader}" if o.loader else "any of its DataLoaders"
@@ -451,8 +461,9 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
     sys.argv = [target, *args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
     code: int = 0
+    session.sampler = LoopSampler(target)
     try:
-        with tap_dataloaders(session.select, session.source):
+        with session.sampler, tap_dataloaders(session.select, session.source):
             try:
                 if kind == "path":
                     runpy.run_path(target, run_name="__main__")
