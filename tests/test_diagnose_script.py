@@ -366,3 +366,16 @@ def test_generator_loop_names_the_generator(tmp_path, capsys, clean) -> None:
     assert feeder.lstrip().startswith("- batches (the generator it iterates") and f":{_line_of('def batches')}," in feeder, err
     assert "get_batch" not in feeder and "- get_batch" not in err  # inside the generator: part of it, not a second source
     assert "in place of the loop over batches(...)" in err
+
+
+def test_the_printed_declaration_gives_the_ladder(tmp_path, capsys, clean, one_thread) -> None:
+    # the script's --declared loop is the declaration printed for get_batch, filled in: the ladder runs and names the
+    # planted wait (5 ms a sample) among the declared stages
+    out_json = tmp_path / "report.json"
+    args = ["--data-dir", str(tmp_path), "--declared", "--max-iters", "100000", "--slow-ms", "5"]
+    code = main(["diagnose", *QUICK, "--json", str(out_json), "--", "python", str(NANOGPT), *args])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    report = json.loads(out_json.read_text())
+    assert [b["stage"] for b in report["bottlenecks"]][:1] == ["SlowDisk"], out
+    assert "after read_window" in out  # the declared stages are cache points

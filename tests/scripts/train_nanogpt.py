@@ -2,7 +2,9 @@
 array (written to ``--data-dir`` first, as nanoGPT's prepare.py does), and ``get_batch`` cuts ``--batch-size``
 random windows of ``--block-size`` tokens from it on each call; the loop is top-level code, as in nanoGPT.
 ``--slow-ms`` plants a wait in ``get_batch`` (a slow disk, say). ``--generator`` makes the loop iterate a generator
-of batches instead (``for X, Y in batches('train')``). Nothing in it knows fastpipe.
+of batches instead (``for X, Y in batches('train')``). Nothing in it knows fastpipe, except ``--declared``: the loop
+iterates a DataLoader over the declaration fastpipe prints for ``get_batch`` (``fastpipe.Stages(source=...,
+transforms=[...])``: the raw items are the random offsets, the stages read a window and wait ``--slow-ms`` a sample).
 """
 
 import argparse
@@ -19,6 +21,8 @@ parser.add_argument("--block-size", default=32, type=int)
 parser.add_argument("--max-iters", default=60, type=int)
 parser.add_argument("--slow-ms", default=20.0, type=float)
 parser.add_argument("--generator", action="store_true")
+parser.add_argument("--declared", action="store_true")
+parser.add_argument("--workers", default=2, type=int)
 args = parser.parse_args()
 
 vocab = 64
@@ -43,6 +47,41 @@ def batches(split):
         yield get_batch(split)
 
 
+class Offsets:
+    """The raw items get_batch draws: random window starts, a new stream at each iter() (each worker seeds its own)."""
+
+    def __iter__(self):
+        data = np.memmap(os.path.join(args.data_dir, "train.bin"), dtype=np.uint16, mode="r")
+        while True:
+            yield int(torch.randint(len(data) - args.block_size, (1,)))
+
+
+def read_window(i):
+    data = np.memmap(os.path.join(args.data_dir, "train.bin"), dtype=np.uint16, mode="r")
+    return (
+        torch.from_numpy(data[i : i + args.block_size].astype(np.int64)),
+        torch.from_numpy(data[i + 1 : i + 1 + args.block_size].astype(np.int64)),
+    )
+
+
+class SlowDisk:
+    """The planted wait, per sample here (get_batch's is per batch)."""
+
+    def __call__(self, xy):
+        time.sleep(args.slow_ms / 1000)
+        return xy
+
+
+class GetBatchStream(torch.utils.data.IterableDataset):  # what get_batch makes, as a stream
+    def __init__(self):
+        import fastpipe
+
+        self.stages = fastpipe.Stages(source=Offsets(), transforms=[read_window, SlowDisk()])
+
+    def __iter__(self):
+        return iter(self.stages)
+
+
 model = torch.nn.Sequential(torch.nn.Embedding(vocab, 32), torch.nn.Linear(32, vocab))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -56,7 +95,13 @@ def step(X, Y):
     return loss
 
 
-if args.generator:
+if args.declared:
+    loader = torch.utils.data.DataLoader(GetBatchStream(), batch_size=args.batch_size, num_workers=args.workers)
+    for iter_num, (X, Y) in enumerate(loader):
+        loss = step(X, Y)
+        if iter_num + 1 >= args.max_iters:
+            break
+elif args.generator:
     for iter_num, (X, Y) in enumerate(batches("train")):
         loss = step(X, Y)
 else:
