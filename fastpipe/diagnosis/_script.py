@@ -223,7 +223,7 @@ class ScriptLadder:
             return seen.index == self.options.loader
         if seen.choice is None:  # once an epoch: a scan of the live objects
             labels = {key: s.label for key, s in self.seen.items()}
-            seen.choice = self.held_loaders.choose(seen.loader, label=seen.label, second_epoch=seen.second_epoch, labels=labels)
+            seen.choice = self.held_loaders.choose(seen.loader, second_epoch=seen.second_epoch, labels=labels)
             if not seen.choice.chosen:
                 seen.passed_over = {id(o): self._delivered(id(o)) for o in seen.choice.longer}
         return seen.choice.chosen

@@ -57,8 +57,8 @@ class HeldLoaders:
     def script_loaders(self) -> list[DataLoader]:
         return [loader for loader in _live_loaders() if loader not in self._before]
 
-    def choose(self, loader: DataLoader, *, label: str, second_epoch: bool, labels: dict[int, str]) -> Choice:
-        """Whether ``loader`` (``label``) is the training loader now; ``second_epoch``: it begins another epoch, having
+    def choose(self, loader: DataLoader, *, second_epoch: bool, labels: dict[int, str]) -> Choice:
+        """Whether ``loader`` is the training loader now; ``second_epoch``: it begins another epoch, having
         been passed over for a longer loader that delivered nothing since. ``labels`` names the loaders iterated so far."""
         length = epoch_length(loader)
         others = [other for other in self.script_loaders() if other is not loader]
