@@ -266,3 +266,116 @@ def test_framework_script_names_the_planted_stage(script, needs, tmp_path, capsy
     named = [b["stage"] for b in report["bottlenecks"]]
     assert code == 0 and named and named[0] == "SlowFilter", named
     assert "done" not in out  # a dry run: fit/train never returned
+
+
+# ----- which loader is the training loader -------------------------------------------------------
+def test_a_validation_pass_first_does_not_take_the_ladder(capsys, clean) -> None:
+    # 6 validation batches, then 50 training batches: the validation loader delivers its 5 batches first
+    code, out, err = diagnose(capsys, *QUICK, script_args=[*MID, "--val-samples", "48", "--validate-first", "--stop-at", "12"])
+    assert code == 0 and "trained 12 steps" in out
+    announcement = next(line for line in err.splitlines() if "the cache ladder starts" in line)
+    assert "at batch 6 of DataLoader #2" in announcement, announcement  # the training loader, iterated second
+    assert "50 batches an epoch, the longest epoch of the script's 2 DataLoaders (DataLoader #1: 6)" in announcement
+    assert "--loader N picks the Nth the script iterates" in announcement
+
+
+def test_training_loader_chosen_across_alternating_train_and_validation_epochs(capsys, clean) -> None:
+    # 8 training batches an epoch, each followed by 6 validation batches, and a validation pass before the first
+    # (the ImageNet example's order with a baseline accuracy first): the whole ladder runs on the training loader
+    args = ["--samples", "64", "--val-samples", "48", "--validate-first", "--epochs", "3", "--slow-ms", "0", "--step-ms", "2"]
+    code, out, err = diagnose(capsys, *QUICK, "--budget", "20", script_args=args)
+    assert code == 0, out + err
+    assert "at batch 6 of DataLoader #2" in err and "the longest epoch" in err
+    assert "fastpipe diagnosis:" in out and "on DataLoader #2" in out
+    assert out.count("* Acc@1") == 1  # the dry run stopped the script in its first training epoch
+
+
+def test_loader_flag_still_picks_the_validation_loader(capsys, clean) -> None:
+    code, out, err = diagnose(
+        capsys, *QUICK, "--loader", "1", "--budget", "12", script_args=[*MID, "--val-samples", "48", "--validate-first"]
+    )
+    assert "at batch 6 of DataLoader #1" in err and "--loader 1" in err, err
+
+
+UNUSED_LONG = SCRIPT.parent / "train_unused_long.py"
+
+
+def test_a_longer_loader_never_iterated_gives_way_at_the_next_epoch(capsys, clean) -> None:
+    code = main(["diagnose", *QUICK, "--budget", "40", "--", "python", str(UNUSED_LONG), "3"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "fastpipe diagnosis:" in out, out + err
+    assert "DataLoader #1" in err and "began its next epoch while its longer DataLoaders (one not iterated yet: 100)" in err
+
+
+def test_waiting_for_a_longer_loader_that_never_comes_says_how_to_pick(capsys, clean) -> None:
+    code = main(["diagnose", *QUICK, "--", "python", str(UNUSED_LONG), "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "passed over for a longer DataLoader it holds (100 batches an epoch)" in err and "--loader 1" in err, err
+
+
+# ----- through timm's PrefetchLoader (create_loader with the prefetcher on, timm's default) -------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole ladder: 45-60 s at load 6 on 2 cores
+def test_timm_prefetch_loader_script_names_the_planted_stage(tmp_path, capsys, clean, one_thread) -> None:
+    pytest.importorskip("timm")
+    out_json = tmp_path / "report.json"
+    started = time.perf_counter()
+    code = main(
+        ["diagnose", "--no-memory", "--precision", "0.1", "--json", str(out_json), "--"]
+        + ["python", str(SCRIPT.parent / "train_timm.py"), "--slow-ms", "30"]
+    )
+    out, err = capsys.readouterr()
+    print(out, err, f"train_timm.py: {time.perf_counter() - started:.0f} s", sep="\n")
+    assert "loader: PrefetchLoader" in out  # the script iterated timm's prefetcher, not a DataLoader
+    report = json.loads(out_json.read_text())
+    named = [b["stage"] for b in report["bottlenecks"]]
+    assert code == 0 and named and named[0] == "SlowFilter", named
+    assert "done" not in out  # a dry run: its epoch never ended
+
+
+# ----- a loop with no DataLoader: what it reads its batches from is named ---------------------------------------
+NANOGPT = SCRIPT.parent / "train_nanogpt.py"
+
+
+def _line_of(text: str) -> int:
+    return next(i for i, line in enumerate(NANOGPT.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("command", ["diagnose", "watch"])
+def test_get_batch_loop_names_get_batch_and_its_declaration(command, tmp_path, capsys, clean) -> None:
+    flags = QUICK if command == "diagnose" else []
+    code = main([command, *flags, "--", "python", str(NANOGPT), "--data-dir", str(tmp_path), "--max-iters", "40"])
+    err = capsys.readouterr().err
+    assert code == (2 if command == "diagnose" else 0), err
+    prefetch = _line_of("# prefetch the next batch")
+    call_site = f"train_nanogpt.py:{prefetch}"
+    feeder = next(line for line in err.splitlines() if "whose results the loop passes on" in line)
+    assert feeder.lstrip().startswith("- get_batch (the function it calls") and call_site in feeder, err
+    assert f"train_nanogpt.py:{_line_of('def get_batch')}, called at" in feeder
+    assert "- step (the function it calls;" in err  # the model's step: named, not taken for the batches
+    assert "self.stages = fastpipe.Stages(source=<the raw items get_batch reads" in err
+    assert "iterate it in place of get_batch(...) at" in err and call_site in err.split("in place of")[-1]
+
+
+def test_generator_loop_names_the_generator(tmp_path, capsys, clean) -> None:
+    code = main(["diagnose", *QUICK, "--", "python", str(NANOGPT), "--data-dir", str(tmp_path), "--max-iters", "40", "--generator"])
+    err = capsys.readouterr().err
+    assert code == 2
+    feeder = next(line for line in err.splitlines() if "whose results the loop passes on" in line)
+    assert feeder.lstrip().startswith("- batches (the generator it iterates") and f":{_line_of('def batches')}," in feeder, err
+    assert "get_batch" not in feeder and "- get_batch" not in err  # inside the generator: part of it, not a second source
+    assert "in place of the loop over batches(...)" in err
+
+
+def test_the_printed_declaration_gives_the_ladder(tmp_path, capsys, clean, one_thread) -> None:
+    # the script's --declared loop is the declaration printed for get_batch, filled in: the ladder runs and names the
+    # planted wait (5 ms a sample) among the declared stages
+    out_json = tmp_path / "report.json"
+    args = ["--data-dir", str(tmp_path), "--declared", "--max-iters", "100000", "--slow-ms", "5"]
+    code = main(["diagnose", *QUICK, "--json", str(out_json), "--", "python", str(NANOGPT), *args])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    report = json.loads(out_json.read_text())
+    assert [b["stage"] for b in report["bottlenecks"]][:1] == ["SlowDisk"], out
+    assert "after read_window" in out  # the declared stages are cache points

@@ -58,6 +58,8 @@ def test_planted_script_share(tmp_path, capsys, setting) -> None:
     assert summary["input_bound_share"] == pytest.approx(setting.truth, abs=TOLERANCE)
     assert "raw load" in summary["stages"] and "collate" in summary["stages"]
     assert ("write a factory" in captured.err) == (setting.truth >= 0.05)
+    ran = f"fastpipe diagnose -- python {script} {setting.loader_ms} {setting.step_ms} 20"
+    assert (ran in captured.err) == (setting.truth >= 0.05)
     assert DataLoader.__iter__.__qualname__ == "DataLoader.__iter__"
 
 

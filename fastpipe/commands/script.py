@@ -21,7 +21,8 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="the script's training DataLoader: the Nth it iterates, from 1 (default: the first to deliver 5 batches in an epoch)",
+        help="the script's training DataLoader: the Nth it iterates, from 1 (default: the one with the longest epoch among "
+        "those the script holds, taken at its 5th batch; a validation or warm-up loader iterated first is passed over)",
     )
     group.add_argument(
         "--then-continue",

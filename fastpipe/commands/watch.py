@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from fastpipe._render import render_table
 from fastpipe.commands.common import check_output_paths
 from fastpipe.errors import ConfigError
-from fastpipe.monitor import HINT_SHARE, Watch, band_for, tap_dataloaders
+from fastpipe.monitor import HINT_SHARE, LoopSampler, Watch, band_for, no_loader_text, tap_dataloaders
 
 EXIT_INTERRUPTED = 130
 
@@ -120,9 +120,13 @@ class Session:
     def __init__(self, *, every: int | None, stages: bool, echo: Callable[[str], None]) -> None:
         self.every, self.stages, self.echo = every, stages, echo
         self.watched: dict[int, _Watched] = {}
+        self.sampler: LoopSampler | None = None
+        """Where the script's main thread is, until it iterates a DataLoader (what its loop reads when it iterates none)."""
 
     def select(self, loader: DataLoader) -> Watch:
         entry = self.watched.get(id(loader))
+        if self.sampler is not None:
+            self.sampler.stop()
         if entry is None:
             label = f"DataLoader #{len(self.watched) + 1}"
             echo = lambda line, label=label: self.echo(line.replace("fastpipe.watch:", f"fastpipe.watch [{label}]:", 1))  # noqa: E731
@@ -197,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *script_args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
+    session.sampler = LoopSampler(target)
     try:
-        with tap_dataloaders(session.select, session.source):
+        with session.sampler, tap_dataloaders(session.select, session.source):
             if kind == "path":
                 runpy.run_path(target, run_name="__main__")
             else:
@@ -212,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     for entry in session.watched.values():
         entry.watch.close()
     main = session.main()
-    echo(report(session, main, target, interrupted))
+    echo(report(session, main, target, interrupted, command=_command_line(kind, target, script_args)))
     if args.json is not None and main is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary(main), indent=2))
@@ -234,10 +239,20 @@ def summary(entry: _Watched) -> dict[str, Any]:
     return out
 
 
-def report(session: Session, main: _Watched | None, script: str, interrupted: bool) -> str:
-    """The closing text: the share, the stage table, the next step."""
+def _command_line(kind: str, target: str, args: list[str]) -> str:
+    """``python SCRIPT ARGS`` as the user ran it, quoted for a shell."""
+    import shlex
+
+    return shlex.join(["python", *(["-m"] if kind == "module" else []), target, *args])
+
+
+def report(session: Session, main: _Watched | None, script: str, interrupted: bool, command: str | None = None) -> str:
+    """The closing text: the share, the stage table, the next step (``command``: how the script was run)."""
     ended = "interrupted (Ctrl-C)" if interrupted else "ended"
     if main is None:
+        found = no_loader_text(session.sampler.loop_calls() if session.sampler is not None else [])
+        if found:
+            return f"fastpipe watch: {script} {ended} without iterating a DataLoader;\n{found}\n"
         return f"fastpipe watch: {script} {ended} without iterating a DataLoader: nothing to report"
     info = main.watch.summary()
     share = info["input_bound_share"]
@@ -265,11 +280,11 @@ def report(session: Session, main: _Watched | None, script: str, interrupted: bo
         )
     elif main.notes:
         text += "".join(f"  note: {n}\n" for n in main.notes)
-    text += next_step(share, script, loader, main.framework)
+    text += next_step(share, script, loader, main.framework, command)
     return text
 
 
-def next_step(share: float, script: str, loader: DataLoader, framework: str | None) -> str:
+def next_step(share: float, script: str, loader: DataLoader, framework: str | None, command: str | None = None) -> str:
     """What to run next: nothing, or the integration, or the factory that gives the full ladder."""
     if share < HINT_SHARE:
         return (
@@ -287,7 +302,11 @@ def next_step(share: float, script: str, loader: DataLoader, framework: str | No
         how = f'    report = fastpipe.integrations.hf.diagnose(trainer, device="{device}"); print(report)\n'
     else:
         stem = Path(script).stem
-        where = "write a factory for the full ladder"
+        where = (
+            "run it inside the script's own loop, unchanged (a dry run: the script stops after the report):\n"
+            f"    fastpipe diagnose -- {command or f'python {script} ARGS'}\n"
+            "  or write a factory for the full ladder with a step of your own"
+        )
         how = (
             f"    # fastpipe_workload.py, next to {script}: build what {stem} builds, return the loader and one step\n"
             f"    def make_workload(device):\n"

@@ -3,8 +3,9 @@
 The script runs in this process as ``python train.py ARGS`` would (its ``sys.argv``, its folder first on
 ``sys.path``, ``__name__ == "__main__"``), with ``DataLoader.__iter__`` tapped (:mod:`fastpipe.monitor._tap`; the
 wrappers of Lightning, accelerate and timm iterate a DataLoader inside, so they are tapped too). Its loaders run
-untouched until one of them (``--loader N``, else the first) has delivered ``start_after`` batches in an epoch: that
-is the training loader. At its next ``next()`` the ladder takes over:
+untouched until the training loader has delivered ``start_after`` batches in an epoch: ``--loader N``, else the one
+with the longest epoch among those the script holds (:mod:`fastpipe.diagnosis._trainloader`: a validation or
+warm-up loader iterated first is passed over). At its next ``next()`` the ladder takes over:
 
 * the script's model, optimizers, LR schedulers and GradScalers are found among the live objects
   (:mod:`fastpipe.diagnosis._trainstate`) and snapshotted with the RNGs and the loader's generators;
@@ -39,13 +40,14 @@ from torch.utils.data import DataLoader
 
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._handoff import Handoff, ScriptGone, StepBudgetSpent
+from fastpipe.diagnosis._trainloader import Choice, HeldLoaders, epoch_length
 from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
 from fastpipe.diagnosis._windows import ScriptDevice, WindowRunner
 from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.diagnosis.verdict._report import Report
 from fastpipe.errors import ConfigError, FastpipeError
 from fastpipe.loading._pinning import shutdown_iterator
-from fastpipe.monitor import Watch, tap_dataloaders
+from fastpipe.monitor import LoopSampler, Watch, no_loader_text, tap_dataloaders
 from fastpipe.workloads._workload import Workload
 
 START_AFTER = 5
@@ -76,8 +78,8 @@ class ScriptOptions:
     """Script mode's settings; the ladder's own are the factory's (``fastpipe diagnose`` flags)."""
 
     loader: int | None = None
-    """Which DataLoader is the training one, 1 for the first the script iterated (None: the first to reach
-    ``start_after`` batches)."""
+    """Which DataLoader is the training one, 1 for the first the script iterated (None: the one with the longest epoch,
+    :mod:`fastpipe.diagnosis._trainloader`)."""
     start_after: int = START_AFTER
     budget_steps: int = DEFAULT_BUDGET_STEPS
     then_continue: bool = False
@@ -118,6 +120,14 @@ class _Seen:
     batches: int = 0
     most: int = 0
     """The most batches it delivered in one epoch."""
+    total: int = 0
+    """Batches it delivered in all."""
+    choice: Choice | None = None
+    """This epoch's answer to "is it the training loader?" (asked once an epoch, at its ``start_after``-th batch)."""
+    passed_over: dict[int, int] | None = None
+    """When it was passed over for longer loaders: their ids and the batches they had delivered then."""
+    second_epoch: bool = False
+    """It begins another epoch, passed over before, and the longer loaders delivered nothing since."""
 
 
 class _ScriptIterator(Iterator[Any]):
@@ -147,6 +157,9 @@ class ScriptLadder:
     def __init__(self, options: ScriptOptions, *, script: str, echo: Callable[[str], None], show: Callable[[Report], None]) -> None:
         self.options, self.script, self.echo, self.show = options, script, echo, show
         self.seen: dict[int, _Seen] = {}
+        self.held_loaders = HeldLoaders()
+        self.sampler: LoopSampler | None = None
+        """Where the script's main thread is, until it iterates a DataLoader (what its loop reads when it iterates none)."""
         self.state = "before"  # then "ladder", then "after"
         self.trained: _Seen | None = None
         self.held: Iterator[Any] | None = None
@@ -167,6 +180,8 @@ class ScriptLadder:
         if threading.current_thread().name.startswith("fastpipe"):
             return None  # the engine's own loaders (each cache point's) are not the script's
         seen = self.seen.get(id(loader))
+        if self.sampler is not None:
+            self.sampler.stop()  # a DataLoader: the ladder's own measure from here on
         if seen is None:
             index = len(self.seen) + 1
             seen = _Seen(loader, f"DataLoader #{index}", index, Watch(loader, echo=False, memory=False, hint=False))
@@ -178,6 +193,9 @@ class ScriptLadder:
     def source(self, loader: DataLoader, original: Callable[[DataLoader], Iterator[Any]]) -> Iterator[Any]:
         seen = self.seen[id(loader)]
         seen.batches = 0
+        if seen.choice is not None and not seen.choice.chosen and seen.passed_over is not None:
+            seen.second_epoch = all(self._delivered(i) == n for i, n in seen.passed_over.items())
+        seen.choice = None
         if seen is self.trained and self.state == "ladder":
             return _ScriptIterator(self, seen, None)  # a new epoch while the ladder runs: the ladder goes on
         return _ScriptIterator(self, seen, original(loader))
@@ -194,13 +212,25 @@ class ScriptLadder:
                 raise StopIteration
         batch = next(it.real)
         it.seen.batches += 1
+        it.seen.total += 1
         it.seen.most = max(it.seen.most, it.seen.batches)
         return batch
 
     def _due(self, seen: _Seen) -> bool:
         if seen.batches < self.options.start_after:
             return False
-        return self.options.loader is None or seen.index == self.options.loader
+        if self.options.loader is not None:
+            return seen.index == self.options.loader
+        if seen.choice is None:  # once an epoch: a scan of the live objects
+            labels = {key: s.label for key, s in self.seen.items()}
+            seen.choice = self.held_loaders.choose(seen.loader, second_epoch=seen.second_epoch, labels=labels)
+            if not seen.choice.chosen:
+                seen.passed_over = {id(o): self._delivered(id(o)) for o in seen.choice.longer}
+        return seen.choice.chosen
+
+    def _delivered(self, key: int) -> int:
+        seen = self.seen.get(key)
+        return 0 if seen is None else seen.total
 
     # ----- the handover ----------------------------------------------------------------------
     def _start(self, it: _ScriptIterator) -> None:
@@ -247,10 +277,14 @@ class ScriptLadder:
             if o.then_continue
             else "then the script is stopped (a dry run; --then-continue resumes its training on the real loader instead)"
         )
+        why = (
+            f"--loader {o.loader}"
+            if o.loader
+            else f"the training loader: {seen.choice.why if seen.choice else 'the first'}; --loader N picks the Nth the script iterates"
+        )
         return (
             f"fastpipe diagnose: the cache ladder starts in {self.script}'s loop at batch {seen.batches + 1} of "
-            f"{seen.label} (batch_size={seen.loader.batch_size}, num_workers={seen.loader.num_workers}"
-            f"{'' if o.loader else f', the first to deliver {o.start_after} batches; --loader N picks another'}). For at most "
+            f"{seen.label} (batch_size={seen.loader.batch_size}, num_workers={seen.loader.num_workers}; {why}). For at most "
             f"{o.budget_steps} steps (--budget) the script trains on replayed batches of each cache point, not on its data; "
             f"afterwards {self.found.describe() if self.found else 'its state'}, the RNGs and the loader's state are put back "
             f"as they are now; {stop}"
@@ -389,14 +423,30 @@ class ScriptLadder:
             return None
         o = self.options
         if not self.seen:
+            found = no_loader_text(self.sampler.loop_calls() if self.sampler is not None else [])
+            if found:
+                return (
+                    f"fastpipe diagnose: {self.script} ended without iterating a DataLoader, so there was no loader to run the "
+                    f"ladder in;\n{found}\n  then: fastpipe diagnose -- python {self.script} ..."
+                )
             return (
                 f"fastpipe diagnose: {self.script} ended without iterating a DataLoader, so there was no loop to run the ladder in. "
-                "If it reads batches some other way (a generator, a get_batch function), build a DataLoader over a dataset that "
-                "declares its stages, fastpipe.Stages(source=..., stages=[...]), and run the ladder with a factory: "
-                "fastpipe diagnose module:make_workload"
+                "If it reads batches some other way (a generator, a get_batch function), iterate a DataLoader over a dataset that "
+                "declares its stages, fastpipe.Stages(source=..., transforms=[...]) (see help(fastpipe.Stages)), then run "
+                f"fastpipe diagnose -- python {self.script} again"
             )
         counts = ", ".join(f"{s.label}: {s.most} batches" for s in self.seen.values())
         which = f"DataLoader #{o.loader}" if o.loader else "any of its DataLoaders"
+        waited = [s for s in self.seen.values() if s.choice is not None and not s.choice.chosen and not o.loader]
+        if waited:
+            s = waited[0]
+            lengths = ", ".join(str(epoch_length(x)) for x in s.choice.longer)  # type: ignore[union-attr]
+            return (
+                f"fastpipe diagnose: {self.script} ended before its training loader delivered {o.start_after} batches: "
+                f"{s.label} ({epoch_length(s.loader)} batches an epoch) was passed over for a longer DataLoader it holds "
+                f"({lengths} batches an epoch), which it never iterated that far ({counts}). If {s.label} is the one it "
+                f"trains on, pick it: --loader {s.index}"
+            )
         return (
             f"fastpipe diagnose: {self.script} ended before {which} delivered {o.start_after} batches in one epoch ({counts}), "
             "so the ladder never started: run it with enough data for a few more steps"
@@ -411,8 +461,9 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
     sys.argv = [target, *args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
     code: int = 0
+    session.sampler = LoopSampler(target)
     try:
-        with tap_dataloaders(session.select, session.source):
+        with session.sampler, tap_dataloaders(session.select, session.source):
             try:
                 if kind == "path":
                     runpy.run_path(target, run_name="__main__")

@@ -9,6 +9,7 @@ diagnosis build on it, never the reverse.
 from typing import Any, Callable, Iterable
 
 from fastpipe.monitor._ledger import BANDS, WaitLedger, Window, band_for
+from fastpipe.monitor._loopsampler import LoopCall, LoopSampler, no_loader_text
 from fastpipe.monitor._memory import MemorySnapshot, memory_snapshot
 from fastpipe.monitor._tap import close_tap, open_tap, open_taps, tap_dataloaders
 from fastpipe.monitor._watch import HINT_SHARE, SHARE_METRIC, WAIT_METRIC, Watch, WatchIterator, diagnose_hint
@@ -37,6 +38,8 @@ def watch(
 __all__ = [
     "BANDS",
     "HINT_SHARE",
+    "LoopCall",
+    "LoopSampler",
     "MemorySnapshot",
     "SHARE_METRIC",
     "WAIT_METRIC",
@@ -48,6 +51,7 @@ __all__ = [
     "close_tap",
     "diagnose_hint",
     "memory_snapshot",
+    "no_loader_text",
     "open_tap",
     "open_taps",
     "tap_dataloaders",

@@ -4,7 +4,9 @@ with a planted slow stage: ``SlowFilter`` sleeps ``--slow-ms`` per sample inside
 Nothing in it knows fastpipe. It has its own argparse, model, loss, SGD with a StepLR schedule, a plain loop with
 its own logging and a checkpoint written at the end of each epoch. Flags for the failure modes the tests plant:
 ``--crash-at N`` raises at global step N, ``--exit-at N`` calls ``sys.exit(message)`` there, ``--stop-at N``
-breaks out of training there (the loop ends early), ``--no-train`` never iterates a loader.
+breaks out of training there (the loop ends early), ``--no-train`` never iterates a loader. ``--val-samples N``
+adds a validation loader (no planted stage), evaluated after each epoch as the example does, and before training
+too with ``--validate-first`` (a baseline accuracy, as a resumed run checks its checkpoint).
 """
 
 import argparse
@@ -34,6 +36,8 @@ parser.add_argument("--stop-at", default=None, type=int)
 parser.add_argument("--interrupt-at", default=None, type=int, help="raise KeyboardInterrupt there, as Ctrl-C in a step does")
 parser.add_argument("--spawn", action="store_true", help="start the loader's workers with multiprocessing spawn")
 parser.add_argument("--no-train", action="store_true")
+parser.add_argument("--val-samples", default=0, type=int, help="a validation loader over this many images, after each epoch")
+parser.add_argument("--validate-first", action="store_true", help="evaluate on the validation loader before training")
 parser.add_argument("--seed", default=0, type=int)
 parser.add_argument("--save-on-exit", default=None, help="however the script ends, write its model's state and step count here")
 
@@ -73,6 +77,32 @@ def make_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader:
     )
 
 
+def make_val_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader:
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    dataset = datasets.FakeData(
+        args.val_samples,
+        (3, args.image_size, args.image_size),
+        10,
+        transforms.Compose([transforms.CenterCrop(args.crop), transforms.ToTensor(), normalize]),
+        random_offset=1,
+    )
+    return torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
+
+
+def validate(val_loader, model, criterion, device) -> float:
+    model.eval()
+    correct = seen = 0
+    with torch.no_grad():
+        for images, target in val_loader:
+            output = model(images.to(device))
+            correct += int((output.argmax(1) == target.to(device)).sum())
+            seen += len(target)
+    model.train()
+    acc = 100.0 * correct / max(1, seen)
+    print(f" * Acc@1 {acc:.3f}", flush=True)
+    return acc
+
+
 def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -85,15 +115,18 @@ def main() -> None:
     if args.no_train:
         print("nothing to train", flush=True)
         return
+    val_loader = make_val_loader(args) if args.val_samples else None
+    if val_loader is not None and args.validate_first:
+        validate(val_loader, model, criterion, device)
     progress = {"step": 0}
     try:
-        train(args, model, criterion, optimizer, scheduler, train_loader, device, progress)
+        train(args, model, criterion, optimizer, scheduler, train_loader, device, progress, val_loader)
     finally:
         if args.save_on_exit:
             torch.save({"step": progress["step"], "state_dict": model.state_dict()}, args.save_on_exit)
 
 
-def train(args, model, criterion, optimizer, scheduler, train_loader, device, progress) -> None:
+def train(args, model, criterion, optimizer, scheduler, train_loader, device, progress, val_loader=None) -> None:
     step = 0
     for epoch in range(args.epochs):
         model.train()
@@ -121,6 +154,8 @@ def train(args, model, criterion, optimizer, scheduler, train_loader, device, pr
             if args.stop_at is not None and step >= args.stop_at:
                 break
         scheduler.step()
+        if val_loader is not None:
+            validate(val_loader, model, criterion, device)
         if args.checkpoint:
             torch.save({"epoch": epoch + 1, "step": step, "state_dict": model.state_dict()}, args.checkpoint)
         if args.stop_at is not None and step >= args.stop_at:
