@@ -129,7 +129,7 @@ class Startup:
                 "fetch warm)"
             )
         if self.fixes:
-            out.append("  fixes, largest projected saving first (projected from the parts above):")
+            out.append("  fixes, largest saving first (projected from the parts above; persistent_workers' measured as above):")
             out += [f"    - {f.name}: saves {f.saves_s:.2f} s{' per epoch' if f.per_epoch else ''}. {f.how}" for f in self.fixes]
         later = ", then later epochs with and without persistent workers, in pairs" if self.restart_s is not None else ""
         out.append(f"  (this pass cost {self.seconds:.1f} s: a start of the loader{later}; each epoch a few batches)")
