@@ -7,8 +7,10 @@
 pickled; a worker_init_fn that takes 0.5 s; 2 non-persistent workers). The split is measured once; then each fix the split names is applied to a
 copy of the loader and the wait is timed side by side with the original, interleaved (original, fixed, original,
 fixed...), the median of ``--repeats`` pairs: the first batch of a fresh start, or for persistent_workers the wall
-time of a later epoch of 4 batches (its restart included) with and without persistent workers. The lighter
-dataset is applied only in the planted case, where the benchmark knows it (the same class without the list).
+time of a later epoch of 4 batches (its restart included) with and without persistent workers (the pass itself
+measures persistent_workers' saving from the first batches of later epochs with kept and fresh workers: this checks
+it over whole epochs, on loaders of the benchmark's own). The lighter dataset is applied only in the planted case,
+where the benchmark knows it (the same class without the list).
 """
 
 from __future__ import annotations

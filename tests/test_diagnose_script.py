@@ -186,6 +186,35 @@ def test_loader_with_spawned_workers(capsys, clean) -> None:
     assert code == 0 and "fastpipe diagnosis:" in out and "baseline" in out, out + err
 
 
+# ----- the loop's own work on each batch, before its model ------------------------------------
+LOOP = ["--samples", "400", "--slow-ms", "0", "--step-ms", "2", "--print-freq", "1000"]
+
+
+def _loop_stage(out_json: Path) -> tuple[list[str], dict | None]:
+    data = json.loads(out_json.read_text())
+    part = next((p for p in data["main_process"]["parts"] if p["name"] == "loop work before the model"), None)
+    return [b["stage"] for b in data["bottlenecks"]], part
+
+
+def test_the_loops_own_work_before_the_model_is_named_as_the_main_processs(tmp_path, capsys, clean, one_thread) -> None:
+    """10 ms of CPU on each batch in the script's loop, before its model: named as the loop's work, with its time. The
+    ladder alone cannot: the work is in every point's step, the device point's too (on 2 busy cores it may still name
+    the raw load, the workers competing with the CPU step for the cores, with or without the loop's work)."""
+    code, out, err = diagnose(capsys, *QUICK, "--json", str(tmp_path / "r.json"), script_args=[*LOOP, "--loop-ms", "10"])
+    assert code == 0, out + err
+    named, part = _loop_stage(tmp_path / "r.json")
+    assert "loop work before the model" in named, out
+    assert 9 <= part["ms_per_step"] < 30, part
+    assert "loop work before the model [main process]: costs" in out and "into the dataset's transforms" in out
+
+
+def test_without_loop_work_no_loop_stage_is_named(tmp_path, capsys, clean, one_thread) -> None:
+    code, out, err = diagnose(capsys, *QUICK, "--json", str(tmp_path / "r.json"), script_args=[*LOOP, "--loop-ms", "0"])
+    assert code == 0, out + err
+    named, part = _loop_stage(tmp_path / "r.json")
+    assert "loop work before the model" not in named and part is not None and part["ms_per_step"] < 1.0, (named, part)
+
+
 def test_script_mode_flags(capsys) -> None:
     assert main(["diagnose", "--device", "sim:50", "--", "python", str(SCRIPT)]) == 2
     assert "only where fastpipe owns the step" in capsys.readouterr().err

@@ -91,3 +91,42 @@ def test_command_parsing() -> None:
     with pytest.raises(ConfigError, match="no script 'missing.py'"):
         parse_command(["python", "missing.py"])
     assert main(["watch", "--", "python", "missing.py"]) == 2
+
+
+STREAM = textwrap.dedent("""
+    import sys
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    class Stream(IterableDataset):
+        def __init__(self, sharded):
+            self.sharded = sharded
+        def __iter__(self):
+            info = get_worker_info()
+            worker, workers = (0, 1) if info is None or not self.sharded else (info.id, info.num_workers)
+            for i in range(worker, 200, workers):
+                yield torch.full((4,), float(i))
+
+    if __name__ == "__main__":
+        steps = sum(1 for _ in DataLoader(Stream(sys.argv[1] == "sharded"), batch_size=4, num_workers=2))
+        print(f"trained {steps} steps", flush=True)
+""")
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
+def test_check_streams_reports_duplicates_of_an_unsharded_stream_and_none_of_a_sharded_one(tmp_path, capsys, sharded) -> None:
+    script = tmp_path / "stream.py"
+    script.write_text(STREAM)
+    out = tmp_path / "watch.json"
+    args = ["watch", "--no-stages", "--check-streams", "--json", str(out), "--", "python", str(script)]
+    code = main(args + ["sharded" if sharded else "plain"])
+    captured = capsys.readouterr()
+    streams = json.loads(out.read_text())["streams"]
+    assert code == 0 and f"trained {50 if sharded else 100} steps" in captured.out
+    assert streams["sources"] == ["worker 0", "worker 1"] and streams["drawn"] == 64
+    assert streams["duplicates"] is not sharded and not streams["uneven"]
+    if sharded:
+        assert "DataLoader #1: Streams: no duplicates across 2 sources and even shares" in captured.err
+    else:
+        assert "duplicates: 64 of 64 items drawn were also drawn by another worker" in captured.err
+        assert "get_worker_info()" in captured.err and "fix:" in captured.err

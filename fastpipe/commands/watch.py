@@ -8,8 +8,11 @@ come from a copy of it whose dataset and collate are timed inside the workers (t
 sees it). The copy keeps every setting (workers, batch size, collate, pinning, persistent workers) and iterates
 the script's own sampler (or batch sampler) and generator, not copies: ``sampler.set_epoch(epoch)``
 (DistributedSampler) and a seeded generator give the batches, in the order, the script gets without fastpipe.
-When the script ends, or on Ctrl-C, it prints the input-bound share of the loader iterated most (the training
-loader), its stages, and the next step. The script's exit status, and the message of ``sys.exit("message")``,
+With ``--check-streams``, each DataLoader over an ``IterableDataset`` is checked once, at its first ``iter()`` and
+before its workers start, for workers (and DDP ranks) that deliver the same items or uneven shares
+(:func:`fastpipe.diagnosis.unseen._streams.check_stream`, what ``fastpipe diagnose`` runs on a stream: a start of its
+workers and 32 items from each, outside the watched loop's time). When the script ends, or on Ctrl-C, it prints the
+input-bound share of the loader iterated most (the training loader), its stages, the stream checks, and the next step. The script's exit status, and the message of ``sys.exit("message")``,
 come through as they would from ``python SCRIPT``.
 """
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from fastpipe._render import render_table
 from fastpipe.commands.common import check_output_paths
@@ -39,7 +42,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "watch",
         help="run a training script unchanged; report how much of its loop waits for data, and its stages",
-        usage="fastpipe watch [--every N] [--no-stages] [--json PATH] -- python SCRIPT [ARGS ...]",
+        usage="fastpipe watch [--every N] [--no-stages] [--check-streams] [--json PATH] -- python SCRIPT [ARGS ...]",
         description="Run SCRIPT as `python SCRIPT ARGS` would, in this process, timing every DataLoader it iterates. "
         "At exit or Ctrl-C, print the input-bound share of the loader iterated most, its stages timed "
         "inside the workers, and the next step.",
@@ -47,6 +50,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--every", type=int, default=None, metavar="N", help="also print a line every N steps of each loader")
     parser.add_argument(
         "--no-stages", action="store_true", help="do not time stages inside the workers (iterate the script's own loaders, untouched)"
+    )
+    parser.add_argument(
+        "--check-streams",
+        action="store_true",
+        help="check each IterableDataset loader for workers (and ranks) that repeat each other's items or run out unevenly, "
+        "once, at its first iter() (a start of its workers and 32 items from each)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the summary (and stages) as JSON here")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="python SCRIPT [ARGS ...] (or -m MODULE [ARGS ...])")
@@ -85,6 +94,8 @@ class _Watched:
     framework: str | None = None
     samples: int = 0
     stages: dict[str, list[float]] = field(default_factory=dict)
+    streams: Any = None
+    """The stream check (a :class:`~fastpipe.diagnosis.unseen._streams.StreamCheck`), with ``--check-streams``."""
 
     def add(self, timings: Any) -> None:
         self.samples += timings.samples
@@ -117,13 +128,16 @@ class _Stripped(Iterator[Any]):
 class Session:
     """The loaders seen while the script runs (kept alive by reference, so ids are not reused)."""
 
-    def __init__(self, *, every: int | None, stages: bool, echo: Callable[[str], None]) -> None:
-        self.every, self.stages, self.echo = every, stages, echo
+    def __init__(self, *, every: int | None, stages: bool, echo: Callable[[str], None], check_streams: bool = False) -> None:
+        self.every, self.stages, self.echo, self.check_streams = every, stages, echo, check_streams
         self.watched: dict[int, _Watched] = {}
         self.sampler: LoopSampler | None = None
         """Where the script's main thread is, until it iterates a DataLoader (what its loop reads when it iterates none)."""
+        self._checking = False
 
-    def select(self, loader: DataLoader) -> Watch:
+    def select(self, loader: DataLoader) -> Watch | None:
+        if self._checking:
+            return None  # the stream check's own loader is not the script's
         entry = self.watched.get(id(loader))
         if self.sampler is not None:
             self.sampler.stop()
@@ -134,7 +148,23 @@ class Session:
                 loader, label, Watch(loader, every=self.every, echo=echo, memory=False, hint=False), framework=_calling_framework()
             )
             self.watched[id(loader)] = entry
+            if self.check_streams and isinstance(loader.dataset, IterableDataset):
+                self._check_stream(entry)
         return entry.watch
+
+    def _check_stream(self, entry: _Watched) -> None:
+        """The stream check, once per loader, before its first epoch (every DDP rank reaches it at the same ``iter()``)."""
+        from fastpipe.diagnosis import check_stream
+
+        self._checking = True
+        try:
+            entry.streams = check_stream(entry.loader)
+        except Exception as exc:  # the user's stream failing in a pass of its own: the script runs on
+            entry.notes.append(f"the stream check could not run ({type(exc).__name__}: {exc})")
+        finally:
+            self._checking = False
+        if entry.streams is None and not any("stream check" in n for n in entry.notes):
+            entry.notes.append("the stream check found one source only (num_workers=0 outside DDP): nothing to compare")
 
     def source(self, loader: DataLoader, original: Callable[[DataLoader], Iterator[Any]]) -> Iterator[Any]:
         entry = self.watched[id(loader)]
@@ -196,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
 
-    session = Session(every=args.every, stages=not args.no_stages, echo=echo)
+    session = Session(every=args.every, stages=not args.no_stages, echo=echo, check_streams=args.check_streams)
     code, interrupted = 0, False
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *script_args]
@@ -236,6 +266,8 @@ def summary(entry: _Watched) -> dict[str, Any]:
         else {}
     )
     out["stage_notes"] = list(entry.notes)
+    if entry.streams is not None:
+        out["streams"] = entry.streams.to_dict()
     return out
 
 
@@ -280,6 +312,9 @@ def report(session: Session, main: _Watched | None, script: str, interrupted: bo
         )
     elif main.notes:
         text += "".join(f"  note: {n}\n" for n in main.notes)
+    for entry in session.watched.values():
+        if entry.streams is not None:
+            text += f"{entry.label}: " + "\n".join(entry.streams.lines()) + "\n"
     text += next_step(share, script, loader, main.framework, command)
     return text
 

@@ -14,7 +14,10 @@ warm-up loader iterated first is passed over). At its next ``next()`` the ladder
   :class:`~fastpipe.diagnosis._handoff.Handoff`, so every ``next()`` of the script gets a batch of the point being
   measured and the script's real step (model, loss, amp, optimizer, schedulers, clipping, logging) is what is timed
   (:class:`~fastpipe.diagnosis._windows.WindowRunner`);
-* the script's iterator of the real loader is held where it was, its workers idle.
+* the script's iterator of the real loader is held where it was, its workers idle;
+* the loop's own work on each batch before its model runs is timed by a forward pre-hook on the models found
+  (:mod:`fastpipe.diagnosis.unseen._loop_work`), removed when the ladder ends, and added to the report's
+  main-process section (named as a stage when it costs the step).
 
 When the report is ready everything found is put back, the report is printed, and then either the script is stopped
 (the default, a dry run: :class:`StopScript`, a ``SystemExit(0)`` raised from its ``next()``, which unwinds it as
@@ -44,6 +47,8 @@ from fastpipe.diagnosis._trainloader import Choice, HeldLoaders, epoch_length
 from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
 from fastpipe.diagnosis._windows import ScriptDevice, WindowRunner
 from fastpipe.diagnosis.runtime._snapshot import UserState
+from fastpipe.diagnosis.unseen._loop_work import LoopTimer, LoopWork
+from fastpipe.diagnosis.verdict._main_process import add_loop_work
 from fastpipe.diagnosis.verdict._report import Report
 from fastpipe.errors import ConfigError, FastpipeError
 from fastpipe.loading._pinning import shutdown_iterator
@@ -166,6 +171,8 @@ class ScriptLadder:
         self.handoff: Handoff | None = None
         self.thread: threading.Thread | None = None
         self.found: TrainingState | None = None
+        self.loop: LoopTimer | None = None
+        self.loop_work: LoopWork | None = None
         self.epochs: list[tuple[Any, int]] = []
         self.device: Device | None = None
         self.before: Any = None
@@ -188,6 +195,8 @@ class ScriptLadder:
             self.seen[id(loader)] = seen
         if self.state == "ladder" and self.handoff is not None:
             self.handoff.elsewhere()  # a new epoch or another loader between two steps: that step holds more
+            if self.loop is not None:
+                self.loop.elsewhere()
         return seen.watch
 
     def source(self, loader: DataLoader, original: Callable[[DataLoader], Iterator[Any]]) -> Iterator[Any]:
@@ -242,6 +251,7 @@ class ScriptLadder:
         self.epochs = [(s, s.epoch) for s in samplers if isinstance(getattr(s, "epoch", None), int)]
         self.found = find_training_state()
         self.device = self._device(self.found)
+        self.loop = LoopTimer(self.found.modules, self.device.torch_device if self.device.kind == "cuda" else None)
         self.handoff = Handoff(options.budget_steps)
         optimizers, scalers = self.found.optimizers, self.found.scalers
         workload = Workload(
@@ -328,6 +338,8 @@ class ScriptLadder:
             self.code = EXIT_INTERRUPTED
             raise StopScript(EXIT_INTERRUPTED) from None
         if ok:
+            if self.loop is not None:
+                self.loop.arrived()
             return batch
         self.conclude(None)
         if not self.options.then_continue:
@@ -339,6 +351,12 @@ class ScriptLadder:
         batch = next(it.real)
         it.seen.batches += 1
         return batch
+
+    def close_loop(self) -> None:
+        """Remove the loop timer's hooks from the script's models (once), keeping what it timed."""
+        loop, self.loop = self.loop, None
+        if loop is not None:
+            self.loop_work = loop.close()
 
     def _release_held(self) -> None:
         held, self.held = self.held, None
@@ -354,6 +372,7 @@ class ScriptLadder:
             self.handoff.gone(f"the script {why}")
         outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S)
         self.state = "after"
+        self.close_loop()
         if outcome is None:
             self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
             return
@@ -398,6 +417,7 @@ class ScriptLadder:
             )
         if self.device is not None and self.device.kind == "cpu":
             report.caveats.insert(0, CPU_STEP_CAVEAT)
+        add_loop_work(report, self.loop_work)
         if isinstance(self.error, StepBudgetSpent) or (report.interrupted and why is None):
             report.notes.append(
                 f"the ladder stopped at its budget of {self.options.budget_steps} steps (--budget): raise it to measure every point"
@@ -487,6 +507,7 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         session.conclude("ended")
+        session.close_loop()
         session._release_held()
     if session.code is not None:
         return session.code

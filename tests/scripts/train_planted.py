@@ -3,10 +3,11 @@ with a planted slow stage: ``SlowFilter`` sleeps ``--slow-ms`` per sample inside
 
 Nothing in it knows fastpipe. It has its own argparse, model, loss, SGD with a StepLR schedule, a plain loop with
 its own logging and a checkpoint written at the end of each epoch. Flags for the failure modes the tests plant:
-``--crash-at N`` raises at global step N, ``--exit-at N`` calls ``sys.exit(message)`` there, ``--stop-at N``
-breaks out of training there (the loop ends early), ``--no-train`` never iterates a loader. ``--val-samples N``
-adds a validation loader (no planted stage), evaluated after each epoch as the example does, and before training
-too with ``--validate-first`` (a baseline accuracy, as a resumed run checks its checkpoint).
+``--loop-ms MS`` burns CPU on each batch before the model (the loop's own work), ``--crash-at N`` raises at global
+step N, ``--exit-at N`` calls ``sys.exit(message)`` there, ``--stop-at N`` breaks out of training there (the loop
+ends early), ``--no-train`` never iterates a loader. ``--val-samples N`` adds a validation loader (no planted
+stage), evaluated after each epoch as the example does, and before training too with ``--validate-first`` (a
+baseline accuracy, as a resumed run checks its checkpoint).
 """
 
 import argparse
@@ -28,6 +29,7 @@ parser.add_argument("--image-size", default=40, type=int)
 parser.add_argument("--crop", default=32, type=int)
 parser.add_argument("--slow-ms", default=4.0, type=float, help="the planted stage's sleep per sample")
 parser.add_argument("--step-ms", default=0.0, type=float, help="wait this long in each step, as a loop waits for its GPU")
+parser.add_argument("--loop-ms", default=0.0, type=float, help="the loop's own CPU work on each batch before its model (ms)")
 parser.add_argument("--print-freq", default=50, type=int)
 parser.add_argument("--checkpoint", default=None, help="write the model's state here at the end of each epoch")
 parser.add_argument("--crash-at", default=None, type=int)
@@ -51,6 +53,14 @@ class SlowFilter:
     def __call__(self, img):
         time.sleep(self.ms / 1000)
         return img
+
+
+def per_batch_work(images: torch.Tensor, ms: float) -> torch.Tensor:
+    """The loop's own work on a batch before its model (a per-batch transform in Python, say): ``ms`` of CPU."""
+    end = time.thread_time() + ms / 1000
+    while time.thread_time() < end:
+        pass
+    return images
 
 
 def tiny(num_classes: int) -> nn.Module:
@@ -134,6 +144,8 @@ def train(args, model, criterion, optimizer, scheduler, train_loader, device, pr
         for i, (images, target) in enumerate(train_loader):
             images = images.to(device, non_blocking=True)
             target = target.to(device, non_blocking=True)
+            if args.loop_ms:
+                images = per_batch_work(images, args.loop_ms)
             loss = criterion(model(images), target)
             optimizer.zero_grad()
             loss.backward()

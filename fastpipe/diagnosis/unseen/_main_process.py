@@ -12,8 +12,9 @@ calls collate/IPC. Each part is timed here on its own, in the training process, 
 * pinning, only where a device pins (CUDA): ``pin_memory`` of one collated batch, repeated; elsewhere the DataLoader
   does not pin (torch warns and skips it), so there is nothing to time and the part says so.
 
-The loop's own host work between ``next()`` and the step is the user's code, which the diagnosis does not run (it
-runs its own loop); ``fastpipe.watch`` sees it as the time between batches.
+The loop's own host work between ``next()`` and the step is the user's code: a factory's diagnosis runs its own loop
+and cannot time it; script mode times it in the script's loop (:mod:`._loop_work`) and adds it here as the part
+:data:`LOOP_WORK`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+LOOP_WORK = "loop work before the model"
+"""The part script mode adds: the script's loop's own work on each batch before its model runs (:mod:`._loop_work`)."""
 #: Seconds each part is timed for at most.
 SAMPLER_BUDGET_S = 0.5
 PART_BUDGET_S = 0.3
@@ -57,7 +60,7 @@ class MainPart:
     """One part of the loader's work in the training process."""
 
     name: str
-    """``"sampler"``, ``"collate"`` or ``"pinning"``."""
+    """``"sampler"``, ``"collate"``, ``"pinning"`` (the loader's), or :data:`LOOP_WORK` (the script's loop's)."""
     ms_per_step: float | None
     """Its time per batch (per step), None when it was not timed (``skipped`` says why)."""
     detail: str = ""
@@ -70,6 +73,14 @@ class MainPart:
                 "The sampler runs in the training process, on the loop's thread, for every index of every batch: compute "
                 "the epoch's order once in __iter__ (array operations, e.g. numpy choice or torch.multinomial over all "
                 "indices), then hand the indices out; per-index work on the samples belongs in the dataset (the workers)."
+            )
+        if self.name == LOOP_WORK:
+            return (
+                "The script's loop does this on every batch on the training thread, after next() and before its model, "
+                "where nothing overlaps it: move per-sample work into the dataset's transforms (the workers run it ahead of "
+                "the step, in parallel), whole-batch work (mixup, cutmix, normalisation) onto the device after the copy "
+                "(torchvision.transforms.v2 on the device tensor, or fastpipe's device transforms), and copy pinned batches "
+                "with .to(device, non_blocking=True) so the copy does not hold the loop."
             )
         if self.name == "collate":
             return (
@@ -92,7 +103,9 @@ class MainProcess:
     parts: list[MainPart] = field(default_factory=list)
     seconds: float = 0.0
     named: str | None = None
-    """The part the verdict named as a stage (:mod:`fastpipe.diagnosis.verdict._main_process`), if any."""
+    """The loader's part the verdict named as a stage (:mod:`fastpipe.diagnosis.verdict._main_process`), if any."""
+    loop_named: bool = False
+    """The loop's own work (:data:`LOOP_WORK`, script mode) was named as a stage."""
     device_step_ms: float | None = None
     """The device step, to size each part against (set with the verdict)."""
 
@@ -100,7 +113,8 @@ class MainProcess:
         return next((p for p in self.parts if p.name == name), None)
 
     def largest(self) -> MainPart | None:
-        timed = [p for p in self.parts if p.ms_per_step is not None]
+        """The largest of the loader's parts (the loop's own work is no part of the ladder's collate/IPC span)."""
+        timed = [p for p in self.parts if p.ms_per_step is not None and p.name != LOOP_WORK]
         return max(timed, key=lambda p: p.ms_per_step or 0.0, default=None)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,11 +129,14 @@ class MainProcess:
                 out.append(f"  - {p.name}: not timed ({p.skipped})")
                 continue
             share = f", {p.ms_per_step / device_step_ms:.0%} of the device step" if device_step_ms else ""
-            mark = " [named: it costs the step]" if p.name == named else ""
+            mark = " [named: it costs the step]" if p.name == named or (p.name == LOOP_WORK and self.loop_named) else ""
             out.append(f"  - {p.name}: {p.ms_per_step:.1f} ms per step{share}{'; ' + p.detail if p.detail else ''}{mark}")
-        out.append(
-            f"  (timed in {self.seconds:.1f} s; the loop's own host work between next() and the step is the user's code, not run here)"
+        loop = (
+            "the loop's own work timed in the script's steps"
+            if self.part(LOOP_WORK)
+            else "the loop's own host work between next() and the step is the user's code, not run here (script mode times it)"
         )
+        out.append(f"  (timed in {self.seconds:.1f} s; {loop})")
         return out
 
     def markdown_lines(self) -> list[str]:

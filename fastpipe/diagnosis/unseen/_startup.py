@@ -16,17 +16,23 @@ so the wait splits along its timeline, from ``iter(loader)`` to the batch in the
 The wait is ``max(worker 0 ready, every worker started) + first fetch + to the loop``, and each fix changes one term,
 which gives its projected saving (:meth:`Startup.fixes`): a lighter dataset object (the large attributes of
 :mod:`._transfer` left out of what is pickled), ``worker_init_fn`` made cheap, ``fork`` where the platform has it,
-fewer workers. A second epoch is started too, so the cost every epoch pays again without ``persistent_workers`` is
-measured: the old workers' shutdown and the new workers' first batch, of which persistent workers keep the first fetch only.
+fewer workers. Each start is a whole short epoch (the first batches of the loader's own order), read to its end as a
+run's epochs are. What ``persistent_workers`` saves is measured, not projected from the split: a later epoch without
+them waits for the old workers' shutdown (in the epoch's last ``next()``) and a fresh start's first batch, a later epoch
+with them for the kept workers' reset and their first batch. A fresh worker's first fetch is no warm fetch (a store
+opened lazily in each worker, the first decode's set-up, the first batch's shared-memory channel): persistent workers
+save that too, and the split's first fetch cannot tell how much of it is warm-up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import json
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -34,17 +40,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 import fastpipe.diagnosis.unseen._startup_stamps as _startup_stamps
 from fastpipe.diagnosis.unseen._transfer import Transfer, measure_transfer
 from fastpipe.loading._rebuild import rebuild_loader
 
-#: Batches taken after the first in each epoch of the pass (per worker), to see the steady state start.
+#: Batches after the first in each epoch of the pass, per worker: an epoch of the pass is ``workers * (1 + AFTER_FIRST)``
+#: batches, read to its end.
 AFTER_FIRST = 1
 TRANSFER = "dataset transfer to worker 0 (pickled, piped, unpickled)"
-#: The longest wait for a start's fetches in flight to finish before its workers are shut down (idle, as at an epoch's end).
-IDLE_WAIT_S = 10.0
+#: Pairs of later epochs (with and without persistent workers) at most, and how close two pairs' savings must be to stop.
+PAIRS = 3
+AGREE = 0.25
 #: A fix is listed when it saves at least this share of the wait (and 10 ms).
 WORTH = 0.05
 
@@ -80,8 +88,11 @@ class Startup:
     init_s: list[float] = field(default_factory=list)
     """Each worker's ``worker_init_fn``."""
     restart_s: float | None = None
-    """What a later epoch waits without persistent workers: the old workers' shutdown (idle, as at an epoch's end) and
-    the new workers' first batch."""
+    """What a later epoch waits without persistent workers: the old workers' shutdown (the last ``next()`` of an epoch)
+    and a fresh start's first batch."""
+    kept_s: float | None = None
+    """What a later epoch waits with persistent workers, measured: the last ``next()`` of an epoch and the first batch
+    of the next, from the kept workers (reset, then a fetch in a worker that has fetched before)."""
     transfer: Transfer | None = None
     fork_start_s: float | None = None
     """One ``fork`` of this process, timed (the platform allows fork and the loader does not use it)."""
@@ -112,10 +123,16 @@ class Startup:
                 f"  every later epoch waits {self.restart_s:.2f} s again (persistent_workers=False: the workers are shut down at "
                 "each epoch's end and started anew)"
             )
+        if self.restart_s is not None and self.kept_s is not None:
+            out.append(
+                f"  with persistent_workers=True a later epoch waits {self.kept_s:.2f} s (measured: the workers kept, their first "
+                "fetch warm)"
+            )
         if self.fixes:
-            out.append("  fixes, largest projected saving first (projected from the parts above):")
+            out.append("  fixes, largest saving first (projected from the parts above; persistent_workers' measured as above):")
             out += [f"    - {f.name}: saves {f.saves_s:.2f} s{' per epoch' if f.per_epoch else ''}. {f.how}" for f in self.fixes]
-        out.append(f"  (this pass cost {self.seconds:.1f} s: two starts of the loader)")
+        later = ", then later epochs with and without persistent workers, in pairs" if self.restart_s is not None else ""
+        out.append(f"  (this pass cost {self.seconds:.1f} s: a start of the loader{later}; each epoch a few batches)")
         return out
 
     def markdown_lines(self) -> list[str]:
@@ -177,37 +194,75 @@ def _stamps_module(method: str, folder: str) -> Iterator[Any]:
         sys.modules.pop(STANDALONE, None)
 
 
-def _epoch(loader: DataLoader, folder: Path) -> tuple[float, float, float, dict[int, dict[str, Any]]]:
-    """(iter seconds, first batch seconds, shutdown seconds, worker stamps) of one epoch's start. Its workers are shut
-    down once idle, as at an epoch's end: after the fetches in flight had the time they took at the start (at most
-    :data:`IDLE_WAIT_S`)."""
-    folder.mkdir()
-    loader.dataset.__dict__["_folder"] = str(folder)
+def _short_epochs(loader: DataLoader, dataset: Any, **overrides: Any) -> DataLoader:
+    """``loader`` rebuilt around ``dataset`` (every setting kept but ``overrides``), its epochs the first
+    ``workers * (1 + AFTER_FIRST)`` batches of its own order, drawn from a copy of its sampler (the user's is not moved).
+    A stream stops itself (:func:`._startup_stamps.stamped`'s ``limit``)."""
+    run = rebuild_loader(loader, dataset, **overrides)
+    if isinstance(dataset, IterableDataset):
+        return run
+    batches = run.num_workers * (1 + AFTER_FIRST)
+    if run.batch_size is not None:
+        return rebuild_loader(run, dataset, sampler=[i for batch in itertools.islice(run.batch_sampler, batches) for i in batch])
+    if run.batch_sampler is not None:
+        return rebuild_loader(run, dataset, batch_sampler=list(itertools.islice(run.batch_sampler, batches)))
+    return rebuild_loader(run, dataset, sampler=list(itertools.islice(run.sampler, batches)))
+
+
+def _epoch(loader: DataLoader, folder: Path | None) -> tuple[float, float, float, dict[int, dict[str, Any]]]:
+    """(iter seconds, first batch seconds, end seconds, worker stamps) of one epoch of ``loader``, read to its end. The
+    end is the last ``next()``: it shuts the workers down unless they persist. Stamps are written into ``folder`` by
+    workers that start in this epoch (kept workers write none); None: not written."""
+    if folder is not None:
+        folder.mkdir()
+    loader.dataset.__dict__["_folder"] = None if folder is None else str(folder)
     start = time.monotonic()
     iterator = iter(loader)
     started = time.monotonic()
     next(iterator)
-    first = time.monotonic()
-    for _ in range(AFTER_FIRST * max(1, loader.num_workers)):
-        if next(iterator, None) is None:
-            break
-    stamps = {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
-    fetch = max((s["fetch"][1] - s["fetch"][0] for s in stamps.values() if s.get("fetch")), default=0.0)
-    # every worker has up to prefetch_factor fetches in hand: all done (one more for a busy machine's slack), it idles
-    time.sleep(min(IDLE_WAIT_S, fetch * ((loader.prefetch_factor or 2) + 1) + 0.1))
-    began = time.monotonic()
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None and not loader.persistent_workers:
-        shutdown()
-    shutdown_s = time.monotonic() - began
-    del iterator
+    first = last = time.monotonic()
+    for _ in iterator:
+        last = time.monotonic()
+    end_s = time.monotonic() - last
+    stamps = {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")} if folder is not None else {}
     for stamp in stamps.values():
         stamp["t0"] = start
-    return started - start, first - start, shutdown_s, stamps
+    return started - start, first - start, end_s, stamps
+
+
+def _later_epochs(kept: DataLoader, fresh: DataLoader) -> tuple[float, float]:
+    """(without, with persistent workers): the median wait of a later epoch, each the last ``next()`` of an epoch and the
+    first batch of the next, measured in pairs (kept, fresh), :data:`PAIRS` at most; two pairs whose differences agree
+    within :data:`AGREE` suffice. One pair alone is the difference of two single first batches: on a busy machine their
+    fetches alone differ by more than a light start costs. One pair suffices where the kept workers' wait is under
+    :data:`AGREE` of the restart: the start dominates, and the fetches' noise cannot move the saving by that much (a
+    start of seconds is not repeated to learn it more precisely)."""
+    restarts: list[float] = []
+    kepts: list[float] = []
+    for _ in range(PAIRS):
+        _, first_s, end_s, _ = _epoch(kept, None)
+        kepts.append(end_s + first_s)
+        _, first_s, end_s, _ = _epoch(fresh, None)
+        restarts.append(end_s + first_s)
+        if len(restarts) == 1 and kepts[0] < AGREE * restarts[0]:
+            break
+        if len(restarts) == 2:
+            a, b = (r - k for r, k in zip(restarts, kepts))
+            if abs(a - b) <= max(0.010, AGREE * abs(a + b) / 2):
+                break
+    return statistics.median(restarts), statistics.median(kepts)
+
+
+def _close(loader: DataLoader) -> None:
+    """Shut down the workers a persistent loader keeps, as its garbage collection would."""
+    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
-    """Start ``loader`` twice (rebuilt, every setting kept) and split the wait for its first batch (module docstring).
+    """Start ``loader`` (rebuilt, every setting kept) and split the wait for its first batch (module docstring); without
+    persistent workers, measure a later epoch's wait with and without them.
 
     None for a loader that is no DataLoader or has no workers (its first batch is then its first fetch, in the steady
     state the ladder measures).
@@ -216,15 +271,20 @@ def measure_startup(loader: Any, *, timeout: float = 300.0) -> Startup | None:
         return None
     began = time.monotonic()
     method = _start_method(loader)
+    limit = (1 + AFTER_FIRST) * (loader.batch_size or 1)
     with tempfile.TemporaryDirectory(prefix="fastpipe-startup-") as tmp, _stamps_module(method, tmp) as stamps_module:
-        wrapper, init_fn, collate_fn = stamps_module.stamped(loader.dataset, loader.worker_init_fn, loader.collate_fn)
-        run = rebuild_loader(loader, wrapper, timeout=timeout, worker_init_fn=init_fn, collate_fn=collate_fn)
-        iter_s, first_s, shutdown_s, stamps = _epoch(run, Path(tmp) / "1")
-        _, again_s, _, _ = _epoch(run, Path(tmp) / "2")
-        del run, wrapper
+        wrapper, init_fn, collate_fn = stamps_module.stamped(loader.dataset, loader.worker_init_fn, loader.collate_fn, limit=limit)
+        stamped = dict(timeout=timeout, worker_init_fn=init_fn, collate_fn=collate_fn)
+        kept = _short_epochs(loader, wrapper, persistent_workers=True, **stamped)  # its first start is any loader's
+        iter_s, first_s, _, stamps = _epoch(kept, Path(tmp) / "1")
+        restart_s = kept_s = None
+        if not loader.persistent_workers:
+            restart_s, kept_s = _later_epochs(kept, rebuild_loader(kept, wrapper, persistent_workers=False))  # the same batches
+        _close(kept)
+        del kept, wrapper
     transfer = measure_transfer(loader.dataset) if method in ("spawn", "forkserver") else None
     startup = _split(method, loader, iter_s, first_s, stamps, 0.0 if transfer is None else transfer.pickle_s)
-    startup.restart_s = None if loader.persistent_workers else shutdown_s + again_s
+    startup.restart_s, startup.kept_s = restart_s, kept_s
     startup.transfer = transfer
     if method != "fork":
         startup.fork_start_s = _time_fork()
@@ -266,12 +326,11 @@ def fixes(s: Startup, dataset_name: str) -> list[Fix]:
     """Each fix's projected saving, from the split (module docstring); those worth it, largest first."""
     now = s.project()
     found: list[Fix] = []
-    if s.restart_s is not None:
-        saves = s.restart_s - (s.first_fetch_s + s.to_loop_s)
+    if s.restart_s is not None and s.kept_s is not None:
         found.append(
             Fix(
                 "persistent_workers=True",
-                saves,
+                s.restart_s - s.kept_s,
                 "DataLoader(..., persistent_workers=True): the workers, and the dataset they hold, are kept from one epoch to the next.",
                 per_epoch=True,
             )

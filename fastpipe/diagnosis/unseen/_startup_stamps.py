@@ -5,11 +5,13 @@ wrapper is pickled as ``(marker, dataset, marker)``: each marker unpickles as th
 two stamp the dataset's own unpickling inside the worker. The first collate in a worker writes the worker's stamps
 to ``<folder>/<worker id>.json`` (the folder is set on the wrapper before each epoch's start). The user's dataset,
 ``worker_init_fn`` and ``collate_fn`` run as they are; attributes a ``worker_init_fn`` reads or sets on
-``get_worker_info().dataset`` go to the user's dataset.
+``get_worker_info().dataset`` go to the user's dataset. A stream is read to at most ``limit`` items a worker and
+epoch, so that the pass's epochs end as a run's do (a map-style dataset's are ended by the loader's short sampler).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -17,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-_OWN = ("_dataset", "_folder", "_unpickled", "_init", "_fetch", "_written")
+_OWN = ("_dataset", "_folder", "_limit", "_unpickled", "_init", "_fetch", "_written")
 
 
 class _Now:
@@ -27,18 +29,18 @@ class _Now:
         return time.monotonic, ()
 
 
-def _rebuild(cls: type, start: float, dataset: Any, end: float, folder: str | None) -> Any:
-    wrapper = cls(dataset)
+def _rebuild(cls: type, start: float, dataset: Any, end: float, folder: str | None, limit: int | None) -> Any:
+    wrapper = cls(dataset, limit)
     wrapper.__dict__.update(_folder=folder, _unpickled=(start, end))
     return wrapper
 
 
 class _Stamped:
-    def __init__(self, dataset: Any) -> None:
-        self.__dict__.update(_dataset=dataset, _folder=None, _unpickled=None, _init=None, _fetch=None, _written=False)
+    def __init__(self, dataset: Any, limit: int | None = None) -> None:
+        self.__dict__.update(_dataset=dataset, _folder=None, _limit=limit, _unpickled=None, _init=None, _fetch=None, _written=False)
 
     def __reduce__(self) -> Any:
-        return _rebuild, (type(self), _Now(), self._dataset, _Now(), self._folder)
+        return _rebuild, (type(self), _Now(), self._dataset, _Now(), self._folder, self._limit)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in _OWN:
@@ -83,7 +85,7 @@ class StampedIterable(_Stamped, IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         source = iter(self._dataset)
         self._fetching()
-        yield from source
+        yield from source if self._limit is None else itertools.islice(source, self._limit)
 
 
 class StampedInit:
@@ -115,8 +117,9 @@ class StampedCollate:
 
 
 def stamped(
-    dataset: Any, init_fn: Callable[[int], Any] | None, collate_fn: Callable[[Any], Any]
+    dataset: Any, init_fn: Callable[[int], Any] | None, collate_fn: Callable[[Any], Any], *, limit: int | None = None
 ) -> tuple[Any, StampedInit, StampedCollate]:
-    """(wrapped dataset, worker_init_fn, collate_fn) that stamp a worker's start (module docstring)."""
-    wrapper = StampedIterable(dataset) if isinstance(dataset, IterableDataset) else StampedDataset(dataset)
+    """(wrapped dataset, worker_init_fn, collate_fn) that stamp a worker's start (module docstring); a stream stops after
+    ``limit`` items a worker."""
+    wrapper = StampedIterable(dataset, limit) if isinstance(dataset, IterableDataset) else StampedDataset(dataset)
     return wrapper, StampedInit(init_fn), StampedCollate(collate_fn)

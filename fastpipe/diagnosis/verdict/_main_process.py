@@ -13,11 +13,17 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from fastpipe.diagnosis.ladder._cachepoint import DEVICE
 from fastpipe.diagnosis.ladder._plan import COLLATE
-from fastpipe.diagnosis.unseen._main_process import SAMPLER_FIX, MainProcess
+from fastpipe.diagnosis.unseen._loop_work import LoopWork
+from fastpipe.diagnosis.unseen._main_process import LOOP_WORK, SAMPLER_FIX, MainProcess
+from fastpipe.diagnosis.verdict._report import Bottleneck
 
 if TYPE_CHECKING:
     from fastpipe.diagnosis.verdict._report import Report
+
+LOOP_BASIS = "loop timing"
+"""The basis of the loop-work stage's figure: timed in the script's loop, not a difference of two cache points."""
 
 #: A main-process part is named from this share of the collate/IPC span's added time on.
 MAIN_SHARE = 0.5
@@ -51,3 +57,36 @@ def name_main_process(report: Report, main: MainProcess | None) -> str | None:
         main.named = part.name
         return part.name
     return None
+
+
+def add_loop_work(report: Report, work: LoopWork | None) -> bool:
+    """Add script mode's timing of the loop's own work (:mod:`fastpipe.diagnosis.unseen._loop_work`) to the report's
+    main-process section, and name it as a stage when it costs the step: above the threshold (a share of the device
+    point's step, which holds it, as every point's does) and its noise. Whether it was named."""
+    if work is None:
+        return False
+    if report.main_process is None:
+        report.main_process = MainProcess(workers=report.num_workers, batch_size=report.batch_size)
+    main = report.main_process
+    main.device_step_ms = report.device_step_ms
+    part = work.part()
+    main.parts.append(part)
+    step_ms = report.device_step_ms
+    if not step_ms or work.ms_per_step < report.threshold * step_ms or work.ms_per_step <= work.noise_ms:
+        return False
+    report.bottlenecks.append(
+        Bottleneck(
+            stage=LOOP_WORK,
+            kind=MAIN_PROCESS,
+            added_ms=work.ms_per_step,
+            noise_ms=work.noise_ms,
+            share_of_baseline=work.ms_per_step / report.baseline_step_ms if report.baseline_step_ms else 0.0,
+            between=(DEVICE, DEVICE),
+            cpu_saturated=False,
+            recommendation=f"Timed {part.detail}. " + part.advice(main.workers),
+            basis=LOOP_BASIS,  # its CPU share is in the recommendation's timing
+        )
+    )
+    report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
+    main.loop_named = True
+    return True

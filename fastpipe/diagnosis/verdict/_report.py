@@ -97,7 +97,9 @@ class Bottleneck:
     calls_per_sample: float | None = None
     basis: str = "ladder"
     """Where ``added_ms`` comes from: ``"ladder"`` (its own ladder step), ``"saturated split"`` (its share, by
-    in-worker cost, of a span's ladder total) or ``"in-worker cost"`` (the ladder could not decide; see ``why``)."""
+    in-worker cost, of a span's ladder total), ``"in-worker cost"`` (the ladder could not decide; see ``why``) or
+    ``"loop timing"`` (script mode's loop work before the model, timed in the script's loop; ``between`` is the device
+    point, whose step holds it)."""
     ladder_ms: float | None = None
     """Its own ladder step (``t_lower - t_upper``), whatever ``basis`` says."""
     span: tuple[str, str] | None = None
@@ -241,7 +243,12 @@ class Report:
         ratio = f" (CPU {b.cpu_ratio:.0%} of its wall time: it {'waits' if b.waits else 'computes'})" if b.cpu_ratio is not None else ""
         hidden = " (its upper point ran at the device bound, so part of it may hide under the device step)" if b.at_least else ""
         label = b.stage if b.kind == b.stage else f"{b.stage} [{b.kind}]"
-        if b.basis == "in-worker cost":
+        if b.basis == "loop timing":
+            figure = (
+                f"costs {b.added_ms:.0f} ms per step (±{b.noise_ms:.0f}), timed in the script's loop: inside every point's "
+                f"step, the device point's too, {share}"
+            )
+        elif b.basis == "in-worker cost":
             figure = f"costs {b.added_ms:.0f} ms per step by in-worker cost (not the ladder: {b.why})"
         elif b.basis == "saturated split":
             figure = (
