@@ -35,7 +35,7 @@ def run(dataset, device: str, **kwargs):
     return diagnose(loader, lambda batch: None, device, progress=False, **kwargs)
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_two_expensive_stages_are_both_named_with_their_time() -> None:
     # device step 10 ms; raw load and one transform each add 20 device steps (200 ms) to every step.
     # In steps/s the raw load's drop is 1/210 - 1/410 steps/s, ~0.2% of the bound: invisible as a throughput
@@ -83,7 +83,7 @@ class AddOneInPlace:
         return x.add_(1)  # in place, through the crop's view, into the cached raw tensor: the cache must copy it
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_a_cheap_stage_after_a_large_cached_tensor_is_not_named() -> None:
     # The raw point caches the 12 MB raw tensor and, since AddOneInPlace writes through the crop's view into it,
     # copies it for every sample: ~5 ms a sample, 8 samples over 2 workers, some 20 ms a step on top of the

@@ -152,7 +152,7 @@ def test_dict_samples(need: float) -> None:
     assert_named_first(report, "Expensive", FREE)
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_dict_samples_with_a_custom_batch_sampler() -> None:
     report = diagnosed(Planted(three_stages(1, 10.0), as_dict=True), device_for(10.0, 1.3), batch_sampler=Batches())
     assert report.batch_size == BATCH, "the batch size is read from the delivered batches (the loader has none)"
@@ -167,7 +167,7 @@ def test_custom_batch_sampler(need: float) -> None:
     assert_named_first(report, "Expensive", FREE)
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_a_v2_pipeline_that_converts_first_has_no_inverted_pair_and_the_flip_is_not_named() -> None:
     import torchvision.transforms.v2 as v2
 

@@ -45,6 +45,7 @@ def test_toy_means_the_ladder() -> None:
     assert all(spec.partition(":")[2] in VARIANTS for _, spec in TOY_LADDER)
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_cli_compare_pair_writes_outputs(tmp_path, capsys) -> None:
     argv = [
         "compare",

@@ -71,7 +71,7 @@ def test_fast_pipeline_is_not_input_bound_and_stops_early() -> None:
     assert any("not measured" in note for note in report.notes)
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_bisect_finds_the_same_culprit_with_fewer_experiments() -> None:
     transform = T.Compose([Fast(), Fast(), Fast(), Slow(PLANTED_MS), Fast(), Fast()])
     report = run(loader_for(PlantedDataset(transform=transform)), strategy="bisect")
@@ -102,7 +102,7 @@ def test_pool_cycles_through_distinct_samples() -> None:
     assert labels == [0, 1, 2] * 3
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_dataset_without_transform_reports_unavailable_points() -> None:
     report = run(loader_for(NoTransformDataset()), threshold=0.0)
     points = [e.cache_point for e in report.experiments]
@@ -286,6 +286,7 @@ def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
         assert fraction < 0.70  # 40 / (40 + 25) = 0.62
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
     from fastpipe.cli import main
 
@@ -390,7 +391,7 @@ def test_cli_run_rejects_zero_steps(capsys) -> None:
     assert "--steps" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_a_point_that_fails_when_remeasured_is_dropped_as_in_the_first_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     from fastpipe.diagnosis import _diagnose
     from fastpipe.diagnosis.ladder._points import PointRunner

@@ -140,7 +140,7 @@ def test_stats_text_is_parsed_per_operator() -> None:
 
 
 # ----- on the shared cluster -------------------------------------------------------------
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_ray_samples_match_the_local_pipeline(shared_ray: None) -> None:
     local_loader = toy_loader()
     ray_loader = RayLoader.from_dataloader(local_loader, num_cpus=2)
@@ -161,6 +161,7 @@ def test_ray_samples_match_the_local_pipeline(shared_ray: None) -> None:
     assert len({tuple(row[:64].tolist()) for row in flat}) == 32, "every sample is different: tasks are seeded per batch"
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_epochs_differ_but_a_torch_seed_repeats_them(shared_ray: None) -> None:
     loader = RayLoader.from_dataloader(toy_loader(), num_cpus=2)
 
@@ -289,7 +290,7 @@ def test_ctrl_c_in_the_training_loop_shuts_down_the_cluster_fastpipe_started(no_
     assert signal.getsignal(signal.SIGINT) is original
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_leaving_the_with_block_shuts_down_the_cluster_fastpipe_started(no_ray: None) -> None:
     with pytest.raises(KeyboardInterrupt):
         with RayLoader(Indexed(8), batch_size=4, num_cpus=1, object_store_memory=128 * 1024**2) as loader:

@@ -28,7 +28,7 @@ def small_report(device: str = "sim:10", **kwargs) -> Report:
     )
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_waterfall_bars_are_labelled_by_stage_and_coloured_by_verdict(tmp_path) -> None:
     report = small_report()
     bars = {label: colour for label, _, _, colour in report.waterfall()}
@@ -79,13 +79,13 @@ def test_cuda_index_is_named_as_asked() -> None:
         parse_device("cuda:1")
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_a_cpu_run_says_why_its_bound_is_low() -> None:
     report = small_report("cpu", raw_ms=5, slow_ms=5)
     assert any("share the same cores" in c for c in report.caveats), report.caveats
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_a_sim_run_says_the_step_was_not_run_and_how_to_check_it() -> None:
     report = small_report()
     assert any("not run" in n and "--check-step" in n for n in report.notes), report.notes

@@ -40,7 +40,7 @@ def fuzz(corpus: Path, cases: int, seed: int) -> None:
     assert tally.images > cases // 10 and tally.clear_errors > cases // 10, tally.line()
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_fuzz_500_cases(corpus: Path) -> None:
     fuzz(corpus, cases=500, seed=0)
 

@@ -153,7 +153,7 @@ def test_huge_box_is_an_error_not_a_crash() -> None:
     assert all(line.startswith("RuntimeError") and "is not inside the 48x64 image" in line for line in lines[1:]), lines
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 @requires_op
 def test_bombs_cost_under_20_mb_of_resident_memory(tmp_path: Path) -> None:
     """benchmarks/jpeg_bomb_rss.py in child processes: every reader refuses both bombs, each call growing the

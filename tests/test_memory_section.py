@@ -94,6 +94,7 @@ def _run(loader: DataLoader, **kwargs):
     return diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, progress=False, stage_costs=False, **kwargs)
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_report_has_each_points_memory_in_every_rendering(tmp_path) -> None:
     report = _run(DataLoader(PlantedDataset(length=64), batch_size=4, num_workers=2))
     memory = report.memory

@@ -50,6 +50,7 @@ def named(report, stage: str, planted: float = PLANTED):
     return stages[stage]
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_concat_dataset_of_two_sources() -> None:
     parts = [PlantedDataset(length=200, transform=T.Compose([Fast(), Slow(SLOW_MS)])) for _ in range(2)]
     report = diagnosed(loader(ConcatDataset(parts)))
@@ -57,18 +58,20 @@ def test_concat_dataset_of_two_sources() -> None:
     assert [b.stage for b in report.bottlenecks] == ["Slow"]
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_hugging_face_set_transform_with_declared_batch_stages() -> None:
     dataset = hf_dataset(length=400, transform=Stages(transforms=[ToTensorColumn(), SleepBatch(SLOW_MS)]))
     report = diagnosed(loader(dataset))
     named(report, "SleepBatch")
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_custom_getitem_with_declared_stages() -> None:
     report = diagnosed(loader(DeclaredStages(length=400, steps=[Fast(), Slow(SLOW_MS), Fast()])))
     named(report, "Slow")
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_post_processing_dataset_loses_its_points_but_the_rest_is_measured() -> None:
     report = diagnosed(loader(PostProcessed(transform=T.Compose([Fast(), Slow(SLOW_MS)]))))
     unavailable = {u.cache_point for u in report.unavailable}
@@ -79,7 +82,7 @@ def test_post_processing_dataset_loses_its_points_but_the_rest_is_measured() -> 
     assert span.kind == "span" and "compiled kernel" not in span.recommendation
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_two_view_transform_keeps_its_cost_on_the_transform() -> None:
     report = diagnosed(loader(TwoViews(transform=T.Compose([Fast(), Slow(SLOW_MS)]))))
     slow = named(report, "Slow", planted=2 * PLANTED)
@@ -87,6 +90,7 @@ def test_two_view_transform_keeps_its_cost_on_the_transform() -> None:
     assert "raw load" not in {b.stage for b in report.bottlenecks}
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_custom_batch_sampler_keeps_every_part_of_the_report() -> None:
     dataset = PlantedDataset(transform=T.Compose([Fast(), Slow(SLOW_MS)]))
     sampler = BatchSampler(SequentialSampler(dataset), batch_size=BATCH, drop_last=False)
@@ -95,7 +99,7 @@ def test_custom_batch_sampler_keeps_every_part_of_the_report() -> None:
     assert report.batch_size == BATCH, "the batch size is read from the batch sampler, so per-sample figures still work"
 
 
-@pytest.mark.slow  # 6-18 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_transform_exposed_through_a_property_leaks_no_internal_name() -> None:
     inner = PlantedDataset(transform=T.Compose([Fast(), Slow(SLOW_MS)]))
     report = diagnosed(loader(TransformProperty(inner)), stage_costs=True)
@@ -105,6 +109,7 @@ def test_transform_exposed_through_a_property_leaks_no_internal_name() -> None:
     assert isinstance(inner.transform, T.Compose)  # the user's dataset is untouched
 
 
+@pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
 def test_stateful_dataloader_is_diagnosed() -> None:
     stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     dataset = PlantedDataset(transform=T.Compose([Fast(), Slow(SLOW_MS)]))
