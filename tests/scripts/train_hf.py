@@ -3,10 +3,10 @@ trained on images whose transforms hold a planted slow stage (``SlowFilter`` sle
 
 import argparse
 import tempfile
-import time
 
 import torchvision.datasets as datasets
 import torchvision.transforms as T
+from planted import SlowFilter
 from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification
 
 parser = argparse.ArgumentParser()
@@ -16,15 +16,6 @@ parser.add_argument("-j", "--workers", default=2, type=int)
 parser.add_argument("--epochs", default=3, type=int)
 parser.add_argument("--slow-ms", default=30.0, type=float)
 parser.add_argument("--output-dir", default=None)
-
-
-class SlowFilter:
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __call__(self, img):
-        time.sleep(self.ms / 1000)
-        return img
 
 
 class Images(datasets.FakeData):

@@ -8,6 +8,7 @@ import lightning.pytorch as L
 import torch
 import torchvision.datasets as datasets
 import torchvision.transforms as T
+from planted import SlowFilter
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--samples", default=4000, type=int)
@@ -16,15 +17,6 @@ parser.add_argument("-j", "--workers", default=2, type=int)
 parser.add_argument("--epochs", default=3, type=int)
 parser.add_argument("--slow-ms", default=30.0, type=float)
 parser.add_argument("--step-ms", default=5.0, type=float, help="wait this long in each step, as a loop waits for its GPU")
-
-
-class SlowFilter:
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __call__(self, img):
-        time.sleep(self.ms / 1000)
-        return img
 
 
 class Classifier(L.LightningModule):

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torchvision.datasets as datasets
 import torchvision.transforms as transforms
+from planted import SlowFilter
 
 parser = argparse.ArgumentParser(description="PyTorch ImageNet-like training (small, with a planted slow stage)")
 parser.add_argument("-j", "--workers", default=2, type=int, help="data loading workers")
@@ -42,17 +43,6 @@ parser.add_argument("--val-samples", default=0, type=int, help="a validation loa
 parser.add_argument("--validate-first", action="store_true", help="evaluate on the validation loader before training")
 parser.add_argument("--seed", default=0, type=int)
 parser.add_argument("--save-on-exit", default=None, help="however the script ends, write its model's state and step count here")
-
-
-class SlowFilter:
-    """The planted stage: costs ``ms`` of waiting per sample (a slow filter reading a remote file, say)."""
-
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __call__(self, img):
-        time.sleep(self.ms / 1000)
-        return img
 
 
 def per_batch_work(images: torch.Tensor, ms: float) -> torch.Tensor:

@@ -15,6 +15,7 @@ import timm.optim
 import timm.scheduler
 import torch
 import torchvision.datasets as datasets
+from planted import SlowFilter
 
 parser = argparse.ArgumentParser(description="timm-style training (small, with a planted slow stage)")
 parser.add_argument("--model", default="test_resnet")
@@ -29,17 +30,6 @@ parser.add_argument("--no-prefetcher", action="store_true", default=False)
 parser.add_argument("--device", default="cpu")
 parser.add_argument("--log-interval", default=50, type=int)
 parser.add_argument("--seed", default=42, type=int)
-
-
-class SlowFilter:
-    """The planted stage: ``ms`` of waiting per sample."""
-
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-
-    def __call__(self, img):
-        time.sleep(self.ms / 1000)
-        return img
 
 
 def main() -> None:
