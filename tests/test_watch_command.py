@@ -130,3 +130,49 @@ def test_check_streams_reports_duplicates_of_an_unsharded_stream_and_none_of_a_s
     else:
         assert "duplicates: 64 of 64 items drawn were also drawn by another worker" in captured.err
         assert "get_worker_info()" in captured.err and "fix:" in captured.err
+
+
+SLOW_INIT = textwrap.dedent("""
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Squares(Dataset):
+        def __len__(self):
+            return 16
+        def __getitem__(self, i):
+            return torch.full((4,), float(i * i))
+
+    def slow_init(worker_id):
+        time.sleep(0.3)
+
+    if __name__ == "__main__":
+        loader = DataLoader(Squares(), batch_size=4, num_workers=2, worker_init_fn=slow_init, multiprocessing_context="fork")
+        steps = sum(1 for epoch in range(2) for _ in loader)
+        print(f"trained {steps} steps", flush=True)
+""")
+
+
+def test_startup_splits_the_training_loaders_first_batch_after_the_script(tmp_path, capsys) -> None:
+    # issue 34 item 1: watch has the first batch and the restarts; --startup adds the split and the fixes' savings
+    script = tmp_path / "slow_init.py"
+    script.write_text(SLOW_INIT)
+    out = tmp_path / "watch.json"
+    code = main(["watch", "--no-stages", "--startup", "--json", str(out), "--", "python", str(script)])
+    captured = capsys.readouterr()
+    assert code == 0 and "trained 8 steps" in captured.out
+    assert "Start-up (2 workers, fork, persistent_workers=False)" in captured.err, captured.err
+    assert "worker_init_fn" in captured.err and "persistent_workers=True: saves" in captured.err
+    startup = json.loads(out.read_text())["startup"]
+    parts = dict(startup["parts"])
+    assert parts["worker_init_fn"] == pytest.approx(0.3, abs=0.25)  # worker 0's own 0.3 s sleep, on its timeline
+    assert startup["restart_s"] > startup["kept_s"] + 0.2  # a fresh start pays the init again; kept workers do not
+    # the script's own run is reported first and untouched by the pass, which starts the loader's workers afterwards
+    assert captured.err.index("fastpipe watch:") < captured.err.index("Start-up (")
+
+
+def test_startup_is_not_measured_without_the_flag(tmp_path, capsys) -> None:
+    script = tmp_path / "slow_init.py"
+    script.write_text(SLOW_INIT)
+    assert main(["watch", "--no-stages", "--", "python", str(script)]) == 0
+    assert "Start-up (" not in capsys.readouterr().err

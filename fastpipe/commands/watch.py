@@ -8,7 +8,8 @@ come from a copy of it whose dataset and collate are timed inside the workers (t
 sees it). The copy keeps every setting (workers, batch size, collate, pinning, persistent workers) and iterates
 the script's own sampler (or batch sampler) and generator, not copies: ``sampler.set_epoch(epoch)``
 (DistributedSampler) and a seeded generator give the batches, in the order, the script gets without fastpipe.
-With ``--check-streams``, each DataLoader over an ``IterableDataset`` is checked once, at its first ``iter()`` and
+With ``--startup``, the training loader's first-batch wait is split once the script has ended (the diagnosis's
+start-up pass, :mod:`fastpipe.diagnosis.unseen._startup`). With ``--check-streams``, each DataLoader over an ``IterableDataset`` is checked once, at its first ``iter()`` and
 before its workers start, for workers (and DDP ranks) that deliver the same items or uneven shares
 (:func:`fastpipe.diagnosis.unseen._streams.check_stream`, what ``fastpipe diagnose`` runs on a stream: a start of its
 workers and 32 items from each, outside the watched loop's time). When the script ends, or on Ctrl-C, it prints the
@@ -42,7 +43,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "watch",
         help="run a training script unchanged; report how much of its loop waits for data, and its stages",
-        usage="fastpipe watch [--every N] [--no-stages] [--check-streams] [--json PATH] -- python SCRIPT [ARGS ...]",
+        usage="fastpipe watch [--every N] [--no-stages] [--check-streams] [--startup] [--json PATH] -- python SCRIPT [ARGS ...]",
         description="Run SCRIPT as `python SCRIPT ARGS` would, in this process, timing every DataLoader it iterates. "
         "At exit or Ctrl-C, print the input-bound share of the loader iterated most, its stages timed "
         "inside the workers, and the next step.",
@@ -56,6 +57,13 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="check each IterableDataset loader for workers (and ranks) that repeat each other's items or run out unevenly, "
         "once, at its first iter() (a start of its workers and 32 items from each)",
+    )
+    parser.add_argument(
+        "--startup",
+        action="store_true",
+        help="after the script ends, split its training loader's first-batch wait (worker start, the dataset's transfer, "
+        "worker_init_fn, first fetch) and measure each epoch's restart, with the fixes' savings: the diagnosis's start-up "
+        "section (a few more starts of the loader's workers, after the script, outside the watched time)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the summary (and stages) as JSON here")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="python SCRIPT [ARGS ...] (or -m MODULE [ARGS ...])")
@@ -248,10 +256,34 @@ def run(args: argparse.Namespace) -> int:
         entry.watch.close()
     main = session.main()
     echo(report(session, main, target, interrupted, command=_command_line(kind, target, script_args)))
+    startup = _startup(main, echo) if args.startup and not interrupted else None
     if args.json is not None and main is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary(main), indent=2))
+        out = summary(main)
+        if startup is not None:
+            out["startup"] = startup.to_dict()
+        args.json.write_text(json.dumps(out, indent=2))
     return code
+
+
+def _startup(main: _Watched | None, echo: Callable[[str], None]) -> Any:
+    """``--startup``: the diagnosis's start-up pass on the training loader, once the script has ended (its workers,
+    started anew on a rebuilt loader with every setting kept, are no part of the watched time); its lines echoed."""
+    from fastpipe.diagnosis.unseen._startup import measure_startup
+
+    if main is None:
+        return None
+    if main.loader.num_workers == 0:
+        echo("Start-up: not measured (num_workers=0: the first batch is the first fetch, with no workers to start)")
+        return None
+    try:
+        startup = measure_startup(main.loader)
+    except Exception as exc:  # noqa: BLE001 - the watch's own report stands; say why the pass could not run
+        echo(f"Start-up: not measured ({type(exc).__name__}: {exc})")
+        return None
+    if startup is not None:
+        echo("\n".join(startup.lines()))
+    return startup
 
 
 def summary(entry: _Watched) -> dict[str, Any]:
