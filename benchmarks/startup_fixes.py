@@ -32,6 +32,7 @@ from fastpipe.loading._rebuild import rebuild_loader  # noqa: E402
 
 
 def first_batch_s(loader: DataLoader) -> float:
+    """The plain wait for the first batch of a fresh epoch, timed from outside (the check of a projection)."""
     start = time.monotonic()
     iterator = iter(loader)
     next(iterator)

@@ -12,6 +12,8 @@ import time
 import pytest
 from torch.utils.data import DataLoader
 
+from benchmarks.startup_fixes import first_batch_s, later_epoch_s  # the benchmark's own clocks: the same checks
+from benchmarks.startup_planted import Carries
 from fastpipe.diagnosis.unseen._startup import TRANSFER, measure_startup
 from fastpipe.diagnosis.unseen._transfer import large_attributes, measure_transfer
 from fastpipe.diagnosis.verdict._report import Report
@@ -24,35 +26,6 @@ TOLERANCE = 0.30
 
 def slow_init(worker_id: int) -> None:
     time.sleep(INIT_S)
-
-
-class Carries(PlantedDataset):
-    """A dataset object that carries a large list (an index of records kept in Python)."""
-
-    def __init__(self, records: int = 150_000, length: int = 64) -> None:
-        super().__init__(length=length)
-        self.records = [b"r" * 1000 + i.to_bytes(4, "little") for i in range(records)] if records else []
-
-
-def first_batch_s(loader: DataLoader) -> float:
-    """The plain wait for the first batch of a fresh epoch, timed from outside (the check of a projection)."""
-    start = time.monotonic()
-    iterator = iter(loader)
-    next(iterator)
-    wait = time.monotonic() - start
-    iterator._shutdown_workers()
-    return wait
-
-
-def later_epoch_s(loader: DataLoader, epochs: int = 3) -> float:
-    """The mean wall time of the epochs after the first, each read to its end."""
-    times = []
-    for _ in range(epochs):
-        start = time.monotonic()
-        for _ in loader:
-            pass
-        times.append(time.monotonic() - start)
-    return statistics.mean(times[1:])
 
 
 class OpensLazily(PlantedDataset):
@@ -129,7 +102,7 @@ def test_persistent_workers_save_a_fresh_workers_first_fetch_warm_up_too() -> No
 
 
 def test_the_large_attribute_is_found_by_the_attribute_walk_with_its_pickled_size() -> None:
-    dataset = Carries(records=20_000)
+    dataset = Carries(records=20_000, length=64)
     (found,) = large_attributes(dataset)
     assert found.path == "Carries.records" and 20e6 < found.nbytes < 21e6 and found.kind == "list of 20,000 bytes"
     transfer = measure_transfer(dataset)
@@ -158,7 +131,7 @@ def test_a_dataset_that_carries_a_large_list_under_forkserver_is_named_and_its_l
     multiprocessing.set_forkserver_preload(["__main__", "torch", "tests.fakes", __name__])  # the server imports once, as a real job's would
 
     def make(records: int):
-        return DataLoader(Carries(records), batch_size=8, num_workers=2, multiprocessing_context="forkserver")
+        return DataLoader(Carries(records, length=64), batch_size=8, num_workers=2, multiprocessing_context="forkserver")
 
     first_batch_s(make(0))  # the fork server started
     startup = measure_startup(make(150_000))
