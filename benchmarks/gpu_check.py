@@ -180,7 +180,7 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 def status_of(returncode: int, cut: bool, limit_s: float) -> str:
     if cut:
-        return f"cut at {limit_s:.0f} s (partial output kept)"
+        return f"cut: SIGINT at {limit_s - grace_for(limit_s):.0f} s of its {limit_s:.0f}"
     return "ok" if returncode == 0 else f"failed (exit {returncode})"
 
 
@@ -215,6 +215,9 @@ def run_phases(
         if phase.figure is not None:
             try:
                 run.figure = phase.figure(results)
+            except FileNotFoundError as exc:
+                written = "before the cut" if cut else "by the command"
+                run.figure = f"no {Path(exc.filename or '?').name} written {written}; what it printed is in {phase.key}.log"
             except Exception as exc:  # a figure that cannot be read is said, not fatal: the table must print
                 run.figure = f"(no figure: {type(exc).__name__}: {exc})"
         runs.append(run)
@@ -236,7 +239,7 @@ def format_table(runs: list[PhaseRun], machine: str, device: str, budget_s: floa
     for row in [header, tuple("-" * w for w in widths) + ("------",), *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, [*widths, 0])).rstrip())
     failed = [r.title for r in runs if r.failed]
-    cut = [r.title for r in runs if r.status.startswith("cut")]
+    cut = [r.title for r in runs if r.status.startswith("cut")]  # a cut phase kept what it printed (its log)
     skipped = [r.title for r in runs if r.status.startswith("skipped: no time")]
     lines.append(
         ("no phase failed" if not failed else f"FAILED: {', '.join(failed)}")
@@ -274,15 +277,27 @@ def compare_figure(path: Path) -> str:
 
 
 def diagnosis_figure(path: Path) -> str:
+    """Each measured point's share of the bound (a partial report has only some), the verdict and the stages named."""
     data = json.loads(path.read_text())
-    row = gpu_table.summarize(data.get("workload", "?"), data, None)
+    points = [
+        f"{e.get('cache_point') or 'baseline'} {100 * e['fraction_of_bound']:.0f}%"
+        for e in data.get("experiments") or []
+        if gpu_table._number(e.get("fraction_of_bound")) is not None
+    ]
     named = ", ".join(b.get("stage", "?") for b in (data.get("bottlenecks") or [])[:3])
-    pct = "n/a" if row["pct_of_bound"] is None else f"{row['pct_of_bound']:.0f}%"
-    partial = " (partial: interrupted)" if data.get("interrupted") else ""
-    return f"baseline {pct} of the bound; {data.get('verdict')}" + (f"; names {named}" if named else "") + partial
+    partial = "partial report (interrupted): " if data.get("interrupted") else ""
+    return f"{partial}{', '.join(points) or 'no point measured'} of the bound; {data.get('verdict')}" + (
+        f"; names {named}" if named else ""
+    )
 
 
 def article_figure(path: Path) -> str:
+    if not path.exists():  # cut short: the rows it printed as it measured them
+        log = path.parent.parent / "article.log"
+        rows = [line.strip() for line in log.read_text().splitlines() if line.endswith(" steps/s")] if log.exists() else []
+        if not rows:
+            raise FileNotFoundError(2, "no such file", str(path))
+        return f"partial, {len(rows)} of 8 rows: " + "; ".join(rows)
     data = json.loads(path.read_text())
     rows = data.get("rows") or []
     cells = [f"{r['cache_point']} {100 * r['fraction_of_bound']:.0f}% (A10G {100 * r['article_fraction_of_bound']:.0f}%)" for r in rows[:5]]

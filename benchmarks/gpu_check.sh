@@ -13,7 +13,7 @@
 #   FASTPIPE_GPU_CHECK_RESULTS_ROOT  results go in gpu_check_<machine>[_dryrun] here (default benchmarks/results)
 #   FASTPIPE_GPU_CHECK_STEPS         measured steps per rung / article row (default 6)
 #   FASTPIPE_GPU_CHECK_WARMUP        warm-up steps (default 2)
-#   FASTPIPE_GPU_CHECK_EXTRA         more options for compare toy (default on a dry run: small sizes, 2 workers)
+#   FASTPIPE_GPU_CHECK_EXTRA         more options for compare toy (default on a dry run: small sizes, 2 workers, --no-memory)
 #   FASTPIPE_GPU_CHECK_EXTRA_JPEG    more options for compare jpeg (default on a dry run: batch 16, 2 workers)
 #   FASTPIPE_GPU_CHECK_ONLY          comma-separated phase keys to run (default: all)
 #   PYTHON                           interpreter (default python3)
@@ -33,7 +33,7 @@ BUDGET="${FASTPIPE_GPU_CHECK_BUDGET_S:-400}"
 START=$SECONDS
 case "$DEVICE" in
   cuda|cuda:*) DRY_EXTRA=""; DRY_EXTRA_JPEG="" ;;
-  *) DRY_EXTRA="--batch-size 16 --raw-size 128 --img-size 64 --num-workers 2"; DRY_EXTRA_JPEG="--batch-size 16 --num-workers 2" ;;
+  *) DRY_EXTRA="--batch-size 16 --raw-size 128 --img-size 64 --num-workers 2 --no-memory"; DRY_EXTRA_JPEG="--batch-size 16 --num-workers 2" ;;
 esac
 EXTRA="${FASTPIPE_GPU_CHECK_EXTRA-$DRY_EXTRA}"
 EXTRA_JPEG="${FASTPIPE_GPU_CHECK_EXTRA_JPEG-$DRY_EXTRA_JPEG}"

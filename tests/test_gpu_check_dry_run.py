@@ -63,7 +63,7 @@ def test_the_phases_share_the_budget_and_the_table_always_fits(check: ModuleType
     took = {"tests": 20, "compare": 500, "article": 10, "demo": 500}
     runs = check.run_phases(phases, 400, tmp_path, cuda=True, clock=clock, runner=fake_runner(clock, took, seen), tail_s=10)
     assert seen == {"tests": 90, "compare": 90, "article": 70, "demo": 400 - 20 - 90 - 10 - 10}
-    assert [r.status for r in runs] == ["ok", "cut at 90 s (partial output kept)", "ok", "cut at 270 s (partial output kept)"]
+    assert [r.status for r in runs] == ["ok", "cut: SIGINT at 76 s of its 90", "ok", "cut: SIGINT at 250 s of its 270"]
     assert clock.now <= 400 - 10, "the table's tail is left"
 
 
@@ -147,7 +147,7 @@ def test_figures_read_what_the_phases_write(check: ModuleType, tmp_path: Path) -
     }
     (tmp_path / "d.json").write_text(json.dumps(report))
     assert check.diagnosis_figure(tmp_path / "d.json") == (
-        "baseline 23% of the bound; highly input-bound; names raw load, RandomMask (partial: interrupted)"
+        "partial report (interrupted): baseline 23% of the bound; highly input-bound; names raw load, RandomMask"
     )
 
 
@@ -161,3 +161,11 @@ def test_the_gpu_tests_phase_lists_the_files_with_gpu_tests(check: ModuleType) -
     files = check.gpu_test_files()
     assert "tests/test_measure_gpu.py" in files and "tests/test_prefetch_gpu.py" in files and "tests/test_ops.py" in files
     assert "tests/test_gpu_check_dry_run.py" not in files
+
+
+def test_a_phase_cut_before_writing_its_result_says_so(check: ModuleType, tmp_path: Path) -> None:
+    cut = check.Phase("compare_toy", "compare toy", ["true"], 90, 30, figure=check._reads("compare_toy.json", check.compare_figure))
+    clock, seen = FakeClock(), {}
+    runs = check.run_phases([cut], 200, tmp_path, cuda=True, clock=clock, runner=fake_runner(clock, {"compare_toy": 500}, seen), tail_s=10)
+    assert runs[0].status.startswith("cut: SIGINT at")
+    assert runs[0].figure == "no compare_toy.json written before the cut; what it printed is in compare_toy.log"
