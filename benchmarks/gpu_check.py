@@ -450,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated phase keys to run (the others are left out)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    # every phase runs this checkout, installed or not (a benchmark run as a file has benchmarks/ on its path, not the root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     machine = describe_machine(args.python)
     cuda = bool(machine.get("cuda")) and args.device.startswith("cuda")
     results = args.results_root / f"gpu_check_{machine_slug(machine)}{'' if cuda else '_dryrun'}"

@@ -18,8 +18,8 @@
 #   FASTPIPE_GPU_CHECK_ONLY          comma-separated phase keys to run (default: all)
 #   PYTHON                           interpreter (default python3)
 #
-# It downloads nothing. If fastpipe is not importable it is installed from this checkout with
-# pip --no-index --no-deps --no-build-isolation, and failing that it runs from the source tree.
+# It downloads nothing and installs nothing: it runs this checkout (PYTHONPATH), C++ extensions as built in place
+# (benchmarks/gpu_oneshot.sh builds them first when missing).
 # Exit status: 0 when no phase failed (cut or skipped phases are in the table), 1 when one failed,
 # 3 when fastpipe cannot be imported, 4 when the device is cuda and there is no GPU.
 set -euo pipefail
@@ -38,13 +38,8 @@ esac
 EXTRA="${FASTPIPE_GPU_CHECK_EXTRA-$DRY_EXTRA}"
 EXTRA_JPEG="${FASTPIPE_GPU_CHECK_EXTRA_JPEG-$DRY_EXTRA_JPEG}"
 
-if ! "$PY" -c "import fastpipe" 2>/dev/null; then
-  echo "fastpipe is not importable: installing this checkout (no downloads)"
-  if ! timeout -k 10 60 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/tmp/fastpipe_gpu_check_pip.log 2>&1; then
-    echo "pip install failed (/tmp/fastpipe_gpu_check_pip.log); running from the source tree"
-    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-  fi
-fi
+# This checkout first, installed or not: the benchmark scripts run as files, whose folder is not the root.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import fastpipe"; then
   echo "fastpipe cannot be imported (above). It needs torch, torchvision, numpy, scipy, pillow, numba, psutil and rich." >&2
   exit 3
