@@ -1,7 +1,8 @@
 """``fastpipe diagnose [OPTIONS] -- python SCRIPT ARGS``: the cache ladder inside an unmodified training script.
 
 The flags are ``fastpipe diagnose``'s (``--budget`` too: seconds of measuring per cache point, as with a factory), with
-two of script mode's own (``--loader``, ``--then-continue``); the work is :mod:`fastpipe.diagnosis._script`'s.
+three of script mode's own (``--loader``, ``--then-continue``, and ``--budget-steps``, a cap on the script's steps the
+whole ladder may take: what ``--budget`` meant here before); the work is :mod:`fastpipe.diagnosis._script`'s.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
         help="after the report, put the script's state back and let it train on with its real loader "
         "(default: a dry run, the script is stopped after the report, exit 0)",
     )
+    group.add_argument(
+        "--budget-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most steps of the script's loop the whole ladder may take (default: no cap; each point has its --budget "
+        "seconds); a ladder that reaches it stops at its budget and reports the points it measured",
+    )
     group.add_argument("script", nargs="*", metavar="-- python SCRIPT ARGS", help=argparse.SUPPRESS)
 
 
@@ -49,8 +58,10 @@ def check_no_script_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             "fastpipe diagnose needs a SPEC (toy:naive, module:make_workload) or a script: fastpipe diagnose -- python train.py ARGS"
         )
-    if args.loader is not None or args.then_continue:
-        raise ConfigError("--loader and --then-continue apply to a script: fastpipe diagnose [OPTIONS] -- python train.py ARGS")
+    if args.loader is not None or args.then_continue or args.budget_steps is not None:
+        raise ConfigError(
+            "--loader, --then-continue and --budget-steps apply to a script: fastpipe diagnose [OPTIONS] -- python train.py ARGS"
+        )
 
 
 def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
@@ -75,6 +86,7 @@ def run_script(args: argparse.Namespace) -> int:
     options = ScriptOptions(
         loader=args.loader,
         budget_s=budget,
+        budget_steps=args.budget_steps,
         progress=not args.no_progress,
         then_continue=args.then_continue,
         device=args.device,
@@ -96,8 +108,8 @@ def run_script(args: argparse.Namespace) -> int:
     if budget >= OLD_BUDGET_HINT and float(budget).is_integer():
         echo(
             f"fastpipe diagnose: note: --budget {budget:g} gives each cache point up to {budget:g} s of measuring, as with a "
-            "factory; it no longer counts the script's steps (it did before, 600 by default). The announcement says how "
-            f"long the ladder may take; the default is {DEFAULT_BUDGET_S:g} s a point"
+            "factory; it no longer counts the script's steps (it did before, 600 by default: --budget-steps N caps them "
+            f"now). The announcement says how long the ladder may take; the default is {DEFAULT_BUDGET_S:g} s a point"
         )
 
     def show(report: Any) -> None:

@@ -30,9 +30,9 @@ class ScriptGone(KeyboardInterrupt):
 
 
 class StepBudgetSpent(KeyboardInterrupt):
-    """The ladder used the most steps it was allowed to take from the script (``budget_steps``, an API-only cap; script
-    mode's ``--budget`` is seconds per cache point). The engine stops as on Ctrl-C and reports what it has; script mode
-    then words it as a budget stop, not an interruption (:attr:`Handoff.spent`)."""
+    """The ladder used the most steps it was allowed to take from the script (``--budget-steps``; ``--budget`` is seconds
+    per cache point). The engine stops as on Ctrl-C and reports what it has; script mode then words it as a budget
+    stop, not an interruption (:attr:`Handoff.spent`)."""
 
 
 class Handoff:

@@ -91,7 +91,7 @@ class ScriptOptions:
     budget_s: float = DEFAULT_BUDGET_S
     """Seconds of measuring per cache point before it stops short of the precision target (``--budget``, as a factory's)."""
     budget_steps: int | None = None
-    """The most steps of the script's loop the whole ladder may take (an API-only cap; None: none, each point's
+    """The most steps of the script's loop the whole ladder may take (``--budget-steps``; None: no cap, each point's
     ``budget_s`` bounds the ladder). A ladder that reaches it stops at its budget: the report says so, not "interrupted"."""
     progress: bool = True
     """Progress lines on stderr as each point starts (``--no-progress`` turns them off)."""
@@ -114,7 +114,7 @@ class ScriptOptions:
             )
         if self.budget_steps is not None and self.budget_steps < 1:
             raise ConfigError(
-                f"budget_steps is the most steps of the script the ladder may take, a positive number. Got {self.budget_steps}."
+                f"--budget-steps is the most steps of the script the ladder may take, a positive number. Got {self.budget_steps}."
             )
         if self.loader is not None and self.loader < 1:
             raise ConfigError(f"--loader counts the script's DataLoaders from 1, in the order it first iterates them. Got {self.loader}.")
@@ -318,7 +318,7 @@ class ScriptLadder:
             stage_costs=o.stage_costs,
             memory_pass=o.loader_memory,
         )
-        cap = f" (and at most {o.budget_steps} steps in all)" if o.budget_steps is not None else ""
+        cap = f" (and at most {o.budget_steps} steps in all, --budget-steps)" if o.budget_steps is not None else ""
         return (
             f"fastpipe diagnose: the cache ladder starts in {self.script}'s loop at batch {seen.batches + 1} of "
             f"{seen.label} (batch_size={seen.loader.batch_size}, num_workers={seen.loader.num_workers}; {why}). At each cache "
@@ -470,7 +470,7 @@ class ScriptLadder:
             report.notes.append(
                 f"the ladder stopped at its budget of {self.options.budget_steps} steps of the script's loop"
                 + (f" before it measured {', '.join(missing)}" if missing else "")
-                + f"; without that cap each point has its --budget of {self.options.budget_s:g} s"
+                + f" (--budget-steps); without that cap each point has its --budget of {self.options.budget_s:g} s"
             )
         elif why is not None:
             report.notes.append(

@@ -7,7 +7,9 @@ which the real loop has just shown before the ladder takes over (``before``: its
 start-up every cache point's loader pays again, and the steps after it):
 
 * each point: its loader's start-up, the warm-up steps, then at least its fewest steps and at most its budget
-  (rounded up to a whole round of workers, as the stopping rule checks at round ends);
+  (rounded up to a whole round of workers, as the stopping rule checks at round ends). At the fewest, a point steps
+  no faster than the script's own work a step (the loop's time less its waits for batches: the device point's pace);
+  at the most, no slower than the loop's whole step (the baseline's pace);
 * after the points: the in-worker timing (one more loader start and ``warmup + steps`` steps, when a stage is
   there to split) and the memory pass (at most the budget, at least :data:`~fastpipe.diagnosis.memory._section.MIN_PASS_S`);
 * a pair of points that is borderline or inverted is measured again, each at half its budget: that is the one part
@@ -41,7 +43,9 @@ class LadderEstimate:
 
     points: int
     step_s: float
-    """The script's real loop: seconds a step, its first batch's wait left out."""
+    """The script's real loop: seconds a step, its first batch's wait left out (the slowest points' pace)."""
+    own_s: float
+    """The script's real loop: seconds a step of its own work, its waits for batches left out (the device point's pace)."""
     startup_s: float
     """The script's real loop: its first batch's wait (worker start-up), which each point's new loader pays again."""
     budget_s: float
@@ -75,10 +79,13 @@ class LadderEstimate:
         taken = int(getattr(before, "steps", 0) or 0)
         first = float(getattr(before, "first_wait_s", 0.0) or 0.0)
         elapsed = float(getattr(before, "elapsed_s", 0.0) or 0.0)
+        waits = float(getattr(before, "wait_s", 0.0) or 0.0)
         step_s = max(0.0, elapsed - first) / taken if taken else 0.0
+        own_s = min(step_s, max(0.0, elapsed - waits) / taken) if taken else 0.0
         return cls(
             points=len(plan.points),
             step_s=step_s,
+            own_s=own_s,
             startup_s=first,
             budget_s=budget_s,
             warmup=warmup,
@@ -91,7 +98,7 @@ class LadderEstimate:
     # ----- one point -----------------------------------------------------------------------
     def point_fewest_s(self) -> float:
         """A point that reaches its precision target at its fewest steps."""
-        return self.startup_s + (self.warmup + self.steps) * self.step_s
+        return self.startup_s + (self.warmup + self.steps) * self.own_s
 
     def point_at_most_s(self, budget_s: float | None = None) -> float:
         """A point that uses its whole budget (then ends its round of workers)."""
@@ -124,7 +131,8 @@ class LadderEstimate:
         after = [what for what, on in (("the in-worker timing", self.in_worker), ("the memory pass", self.memory_pass)) if on]
         tail = f", then {' and '.join(after)}" if after else ""
         return (
-            f"From the script's {1000 * self.step_s:.1f} ms a step and {self.startup_s:.1f} s to start its workers, the ladder's "
+            f"From the script's {1000 * self.step_s:.1f} ms a step ({1000 * self.own_s:.1f} of it its own work, the rest waiting "
+            f"for batches) and {self.startup_s:.1f} s to start its workers, the ladder's "
             f"{self.points} points{tail} take between about {duration(self.fewest_s())} (each point within its {precision:.0%} "
             f"target after its {self.warmup} warm-up and {self.steps} steps) and {duration(self.at_most_s())} (each using its "
             f"{self.budget_s:g} s budget, --budget), plus up to {duration(self.pair_at_most_s())} for each borderline pair it "
@@ -155,16 +163,18 @@ class LadderProgress:
         """Seconds each point's first measurement took (the re-estimate's per-point time)."""
         self._current: tuple[str, float] | None = None
 
-    def point(self, point: str, label: str, *, run: int, total: int, budget_s: float, step_s: float | None = None) -> None:
+    def point(self, point: str, label: str, *, run: int, total: int, budget_s: float, measured: tuple[float, float] | None = None) -> None:
         """A line as ``point`` starts its ``run``-th measurement (1: the first; more: a borderline pair's remeasurement).
 
-        ``step_s``, the slowest step measured so far, replaces the real loop's first steps (which hold the script's own
-        warm-up) in what is left; each point takes at least its fewest steps at that pace and at most its budget, and
-        the points so far took what they took (their mean, kept within those two)."""
+        ``measured``, the fastest and slowest step of the points so far, replaces the real loop's first steps (which
+        hold the script's own warm-up) in what is left: each point takes at least its fewest steps and at most its
+        budget, and the points so far took what they took (their mean, kept within those two)."""
         now = self.clock()
         self._end_current(now)
         self._current = (point, now) if run == 1 else None
-        e = self.estimate if step_s is None else dataclasses.replace(self.estimate, step_s=step_s)
+        e = self.estimate
+        if measured is not None:
+            e = dataclasses.replace(e, own_s=measured[0], step_s=max(measured))
         done = len(self.first_done)
         so_far = now - self.started
         tail = e.tail_s()

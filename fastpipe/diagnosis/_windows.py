@@ -13,7 +13,7 @@ What differs from a factory's :class:`~fastpipe.diagnosis.ladder._points.PointRu
   script's output shares the terminal, so lines rather than the factory's live bar.
 
 Everything else (warm-up, whole rounds of workers, the time budget per point, the precision target and the noise
-rule of :mod:`fastpipe.diagnosis.ladder._noise`, pooling, memory) is the factory's. An API caller can still cap the
+rule of :mod:`fastpipe.diagnosis.ladder._noise`, pooling, memory) is the factory's. ``--budget-steps`` still caps the
 steps the ladder takes in all (``Handoff(budget_steps)``); windows then share what is left of it, the in-worker
 timing never cut short: the cap is lifted once the points are measured.
 """
@@ -98,10 +98,10 @@ def measure_window(
         taken += 1
         if on_step is not None:
             on_step(i)
-    marks = [device.timeline_mark()]
     kept: list[bool] = []
     host_times: list[float] = []
     with CpuMonitor() as monitor:
+        marks = [device.timeline_mark()]  # after the monitor's start, which the first step would otherwise hold
         started = last = time.perf_counter()
         while True:
             run_step(next_batch())
@@ -145,9 +145,10 @@ class WindowRunner(PointRunner):
         """The factory's measurement of ``point``, after its progress line."""
         if self.lines is not None:
             budget = self.budget_s if budget_s is None else budget_s
-            slowest = max((1 / r.steps_per_s for r in self.results.values() if r.steps_per_s > 0), default=None)
+            paces = [1 / r.steps_per_s for r in self.results.values() if r.steps_per_s > 0]
             run = len(self.runs.get(point, [])) + 1
-            self.lines.point(point, point_label(point), run=run, total=len(self.plan.points), budget_s=budget, step_s=slowest)
+            measured = (min(paces), max(paces)) if paces else None
+            self.lines.point(point, point_label(point), run=run, total=len(self.plan.points), budget_s=budget, measured=measured)
         return super().measure(point, budget_s=budget_s)
 
     def close(self) -> None:

@@ -1,0 +1,281 @@
+"""Script mode's budget in time (issue 38 item 4): each cache point measured until its precision target or its
+``--budget`` seconds, the ladder's time estimated before it starts, progress lines with the time left, and a stop
+at a step cap worded as a budget stop, never as an interruption.
+
+The script is ``tests/scripts/train_sim_epochs.py``: a step that sleeps like a GPU step, 16-batch epochs and a
+validation pass each epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torchvision.datasets as datasets
+import torchvision.transforms as transforms
+from torch.utils.data import DataLoader
+
+from fastpipe.cli import main
+from fastpipe.devices import parse_device
+from fastpipe.diagnosis._handoff import Handoff, StepBudgetSpent
+from fastpipe.diagnosis._script import ScriptLadder, ScriptOptions, run_script
+from fastpipe.diagnosis._script_budget import LadderEstimate, LadderProgress, bar, duration, ordinal
+from fastpipe.diagnosis._windows import WindowRunner, measure_window
+from fastpipe.diagnosis.ladder._noise import rel_stderr
+from fastpipe.diagnosis.ladder._points import loader_plan
+from fastpipe.diagnosis.memory._section import MIN_PASS_S
+from fastpipe.errors import PipelineError
+from fastpipe.monitor._ledger import Window
+
+SIM = Path(__file__).resolve().parent / "scripts" / "train_sim_epochs.py"
+PLANTED = Path(__file__).resolve().parent / "scripts" / "train_planted.py"
+
+
+class _Wait:
+    """A stage with a name the plan lists (its own stage between raw load and ToTensor)."""
+
+    def __call__(self, img):
+        return img
+
+
+def _loader(workers: int = 2) -> DataLoader:
+    dataset = datasets.FakeData(32, (3, 8, 8), 10, transforms.Compose([_Wait(), transforms.ToTensor()]))
+    return DataLoader(dataset, batch_size=4, num_workers=workers)
+
+
+# ----- the estimate ---------------------------------------------------------------------------
+def test_the_estimate_follows_from_the_real_loops_steps_and_each_points_budget() -> None:
+    loader = _loader(workers=2)
+    # 5 steps in 1.1 s, 0.1 s of it the first batch's wait (worker start-up) and 0.35 s waiting in all
+    before = Window(steps=5, wait_s=0.35, elapsed_s=1.1, first_wait_s=0.1)
+    e = LadderEstimate.from_loop(loader, before, budget_s=20.0, warmup=3, steps=9, stage_costs=True, memory_pass=True)
+    assert e.points == len(loader_plan(loader)[1].points)
+    assert e.step_s == pytest.approx((1.1 - 0.1) / 5) and e.own_s == pytest.approx((1.1 - 0.35) / 5)
+    assert e.steps == 10 and e.round_size == 2  # 9 steps round up to whole rounds of 2 workers
+    fewest = 0.1 + (3 + 10) * e.own_s
+    at_most = 0.1 + 3 * e.step_s + 20.0 + 2 * e.step_s
+    tail = (0.1 + (3 + 10) * e.step_s + 1.0) + (0.1 + max(20.0, MIN_PASS_S))
+    assert e.point_fewest_s() == pytest.approx(fewest) and e.point_at_most_s() == pytest.approx(at_most)
+    assert e.fewest_s() == pytest.approx(e.points * fewest + tail) and e.at_most_s() == pytest.approx(e.points * at_most + tail)
+    text = e.text(0.03)
+    assert f"between about {duration(e.fewest_s())}" in text and f"and {duration(e.at_most_s())}" in text
+    assert "the in-worker timing and the memory pass" in text and f"{e.points} points" in text
+
+
+def test_a_slow_step_needs_its_fewest_steps_whatever_the_budget() -> None:
+    """A 2 s step (a CPU resnet): 10 steps take 20 s, so a point takes them even with a 5 s budget."""
+    before = Window(steps=5, wait_s=0.0, elapsed_s=10.0, first_wait_s=0.0)
+    e = LadderEstimate.from_loop(_loader(workers=0), before, budget_s=5.0, warmup=3, steps=10, stage_costs=True, memory_pass=False)
+    assert not e.in_worker and e.tail_s() == 0.0  # no workers: no in-worker timing
+    assert e.point_at_most_s() == pytest.approx(3 * 2.0 + 10 * 2.0 + 1 * 2.0)
+
+
+def test_durations_read_as_a_person_reads_them() -> None:
+    assert [duration(s) for s in (0.4, 45, 89.4, 89.6, 130, 3725)] == ["0 s", "45 s", "89 s", "1 min 30 s", "2 min 10 s", "1 h 02 min"]
+    assert [ordinal(n) for n in (2, 3, 4, 11, 12, 21)] == ["2nd", "3rd", "4th", "11th", "12th", "21st"]
+    assert bar(0, 4) == "[" + "." * 20 + "]" and bar(1, 4) == "[" + "#" * 5 + "." * 15 + "]" and bar(4, 4) == "[" + "#" * 20 + "]"
+
+
+def test_progress_lines_name_the_point_and_count_the_time_left_down() -> None:
+    e = LadderEstimate(
+        points=4,
+        step_s=0.05,
+        own_s=0.03,
+        startup_s=0.5,
+        budget_s=20.0,
+        warmup=3,
+        steps=10,
+        round_size=2,
+        in_worker=False,
+        memory_pass=False,
+    )
+    now = [100.0]
+    lines: list[str] = []
+    progress = LadderProgress(lines.append, e, 0.03, clock=lambda: now[0])
+    progress.point("device", "device (bound)", run=1, total=4, budget_s=20.0)
+    now[0] += 2.0  # the device point took 2 s
+    progress.point("baseline", "baseline", run=1, total=4, budget_s=20.0, measured=(0.03, 0.05))
+    now[0] += 4.0
+    progress.point("host", "host", run=1, total=4, budget_s=20.0, measured=(0.03, 0.05))
+    now[0] += 1.0
+    progress.point("host", "host", run=2, total=4, budget_s=10.0, measured=(0.03, 0.05))
+    progress.points_done()
+    assert "point 1 of 4, 'device (bound)' (until ±3% or 20 s); 0 s in" in lines[0]
+    assert f"about {duration(4 * e.point_fewest_s())} left (at most {duration(4 * e.point_at_most_s())})" in lines[0]
+    # after the first point, what is left is re-estimated from the time the points took (2 s, then 3 s a point)
+    assert (
+        "point 2 of 4, 'baseline'" in lines[1]
+        and f"about {duration(3 * 2.0)} left (at most {duration(3 * e.point_at_most_s())})" in lines[1]
+    )
+    assert f"about {duration(2 * 3.0)} left" in lines[2] and lines[2].startswith("fastpipe diagnose: [" + "#" * 10)
+    assert "measuring 'host' a 2nd time (a borderline pair, until ±3% or 10 s); 7 s in" in lines[3]
+    assert "the points took 7 s" in lines[4] and "in-worker" not in lines[4]  # nothing follows: no workers, no memory pass
+
+
+# ----- one window of the script's loop ---------------------------------------------------------
+def _window(step, *, budget_s: float, target: float, spoiled=lambda: False, min_steps: int = 4):
+    batches = iter(range(10**6))
+    return measure_window(
+        lambda: next(batches),
+        step,
+        warmup=1,
+        min_steps=min_steps,
+        max_steps=None,
+        budget_s=budget_s,
+        target=target,
+        device=parse_device("cpu"),
+        round_size=1,
+        spoiled=spoiled,
+    )
+
+
+def test_a_noisy_point_stops_at_its_time_budget_not_at_a_step_count() -> None:
+    rng = random.Random(0)
+    started = time.perf_counter()
+    m = _window(lambda b: time.sleep(rng.uniform(0.001, 0.009)), budget_s=0.4, target=0.001)
+    took = time.perf_counter() - started
+    assert 0.4 <= took < 2.0, took
+    assert len(m.step_times) > 4 and m.rel_stderr > 0.001  # short of its target: the budget ended it
+
+
+def test_a_steady_point_stops_at_its_precision_target_before_its_budget() -> None:
+    started = time.perf_counter()
+    m = _window(lambda b: time.sleep(0.003), budget_s=30.0, target=0.05)
+    # the returned step times are the ones the stopping rule read (the first one no longer holds the CPU monitor's start)
+    assert time.perf_counter() - started < 5.0 and rel_stderr(m.step_times, 1) <= 0.05, m.step_times
+
+
+def test_a_window_of_nothing_but_spoiled_steps_gives_up_with_an_error() -> None:
+    started = time.perf_counter()
+    with pytest.raises(PipelineError, match="spanned other work of the script"):
+        _window(lambda b: time.sleep(0.002), budget_s=0.05, target=0.03, spoiled=lambda: True)
+    assert time.perf_counter() - started < 2.0
+
+
+def test_no_step_cap_by_default_and_a_cap_is_shared_then_lifted() -> None:
+    free = Handoff()
+    stub = SimpleNamespace(handoff=free, warmup=3, steps=10, plan=SimpleNamespace(points=["device", "baseline"]), results={})
+    assert free.budget_steps is None and WindowRunner.window_cap(stub) is None
+    capped = Handoff(budget_steps=120)
+    stub.handoff = capped
+    assert WindowRunner.window_cap(stub) == 120 // (2 + 2)  # two points to measure and two remeasurements
+    capped.steps = 110
+    assert WindowRunner.window_cap(stub) == 3 + 10  # never under the warm-up and the fewest steps
+
+
+def test_a_spent_cap_is_recorded_as_a_budget_stop() -> None:
+    handoff = Handoff(budget_steps=0)
+    with pytest.raises(StepBudgetSpent):
+        handoff.step("batch")
+    assert handoff.spent
+
+
+# ----- the script ---------------------------------------------------------------------------------
+QUICK = ["--no-memory", "--no-stage-costs", "--steps", "4", "--warmup", "1", "--precision", "0.2"]
+FAST_SCRIPT = ["--step-ms", "5", "--slow-ms", "1", "--epochs", "40"]
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)  # the script sets one intra-op thread in this process
+
+
+def test_the_announcement_estimates_and_progress_lines_count_down(capsys, one_thread) -> None:
+    started = time.perf_counter()
+    code = main(["diagnose", *QUICK, "--", "python", str(SIM), *FAST_SCRIPT])
+    took = time.perf_counter() - started
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    announced = re.search(r"take between about (.+?) \(each point within its 20% target.+?\) and (.+?) \(each using its 20 s budget", err)
+    assert announced, err
+    assert "until the point's step time is within 20% (--precision) or 20 s pass (--budget)" in err
+    points = re.findall(r"\] point (\d+) of (\d+), '([^']+)' \(until ±20% or 20 s\); \S+ s in, about .+ left \(at most .+\)", err)
+    assert points and points[0][0] == "1" and points[0][2] == "device (bound)", err
+    assert [int(p[0]) for p in points] == list(range(1, len(points) + 1))
+    assert "the points took" in err
+    assert "Interrupted" not in out and "stopped at its budget" not in out
+    note = re.search(r"Note: the ladder took (.+?) from its first step to its report; the announcement estimated between", out)
+    assert note, out
+    print(f"took {took:.1f} s; announced {announced.groups()}; {note.group(0)}")
+
+
+def test_no_progress_turns_the_lines_off(capsys, one_thread) -> None:
+    # no planted stage: the baseline runs at the device bound, so the ladder stops after those two points
+    code = main(["diagnose", *QUICK, "--no-progress", "--", "python", str(SIM), *FAST_SCRIPT, "--slow-ms", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "take between about" in err and "] point 1 of" not in err, out + err
+
+
+def test_a_step_cap_stop_reads_as_a_budget_stop_not_an_interruption(one_thread) -> None:
+    options = ScriptOptions(budget_steps=8, steps=4, warmup=1, precision=0.2, stage_costs=False, loader_memory=False)
+    said, reports = [], []
+    session = ScriptLadder(options, script=str(SIM), echo=said.append, show=reports.append)
+    code = run_script("path", str(SIM), FAST_SCRIPT, session)
+    assert code == 0 and len(reports) == 1, said
+    report = reports[0]
+    assert not report.interrupted and "Interrupted" not in str(report)
+    assert any(n.startswith("the ladder stopped at its budget of 8 steps of the script's loop before it measured") for n in report.notes), (
+        report.notes
+    )
+    assert "at most 8 steps in all" in said[0]
+
+
+def test_budget_flag_is_seconds_per_point(capsys) -> None:
+    assert main(["diagnose", "--budget", "0", "--", "python", str(PLANTED)]) == 2
+    assert "seconds of measuring each cache point" in capsys.readouterr().err
+    # a whole number this large was most likely meant as steps (the old unit): said, then run as seconds
+    assert main(["diagnose", *QUICK, "--budget", "600", "--", "python", str(PLANTED), "--no-train", "--samples", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "--budget 600 gives each cache point up to 600 s of measuring" in err and "no longer counts the script's steps" in err
+    assert "--budget-steps N caps them" in err
+    assert main(["diagnose", "--budget-steps", "0", "--", "python", str(PLANTED)]) == 2
+    assert "--budget-steps is the most steps of the script" in capsys.readouterr().err
+    assert main(["diagnose", "--budget-steps", "40", "toy:naive"]) == 2
+    assert "apply to a script" in capsys.readouterr().err
+
+
+# ----- the must-show: every point precise, a monotone ladder, the time against the estimate -----------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sim_30_script_every_point_precise_monotone_and_within_its_estimate(tmp_path, capsys, one_thread) -> None:
+    out_json = tmp_path / "r.json"
+    started = time.perf_counter()
+    code = main(["diagnose", "--json", str(out_json), "--", "python", str(SIM)])
+    took = time.perf_counter() - started
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    report = json.loads(out_json.read_text())
+    points = report["experiments"]
+    assert len(points) >= 4 and "Interrupted" not in out, out
+    for p in points:
+        assert p["noise"] <= report["precision_target"], (p["name"], p["noise"])
+    ms = [1000 / p["steps_per_s"] for p in points]
+    for (upper, a), (lower, b) in zip(zip(points, ms), zip(points[1:], ms[1:])):
+        noise = (a * upper["noise"]) ** 2 + (b * lower["noise"]) ** 2
+        assert b >= a - 2 * noise**0.5, (upper["name"], a, lower["name"], b)  # no inversion beyond noise
+    fewest, at_most, pair = _estimate_seconds(err)
+    again = sum(1 for line in err.splitlines() if " a 2nd time " in line)
+    assert took <= at_most + again * pair + 30, (took, at_most, again, pair)  # 30 s: the script's start and its 5 real steps
+    print(f"{took:.0f} s; estimate {fewest:.0f}-{at_most:.0f} s (+{pair:.0f} s a pair, {again} pairs); ms/step {[round(x, 1) for x in ms]}")
+
+
+def _estimate_seconds(err: str) -> tuple[float, float, float]:
+    """(fewest, at most, a pair) from the announcement's durations."""
+    found = re.search(r"take between about (.+?) \(each point.+?\) and (.+?) \(each using.+?plus up to (.+?) for each borderline pair", err)
+    assert found, err
+    return tuple(_seconds(x) for x in found.groups())  # type: ignore[return-value]
+
+
+def _seconds(text: str) -> float:
+    h = re.search(r"(\d+) h", text)
+    m = re.search(r"(\d+) min", text)
+    s = re.search(r"(\d+) s", text)
+    return sum(int(x.group(1)) * k for x, k in ((h, 3600), (m, 60), (s, 1)) if x)
