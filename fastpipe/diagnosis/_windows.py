@@ -30,6 +30,7 @@ from fastpipe.diagnosis.ladder._cachepoint import DEVICE
 from fastpipe.diagnosis.ladder._cpu import CpuMonitor
 from fastpipe.diagnosis.ladder._loader_stages import StageWindow
 from fastpipe.diagnosis.ladder._measure import Measurement
+from fastpipe.diagnosis.ladder._noise import rel_stderr
 from fastpipe.diagnosis.ladder._plan import point_label
 from fastpipe.diagnosis.ladder._points import PointRunner, Repeat
 from fastpipe.errors import PipelineError
@@ -86,11 +87,16 @@ def measure_window(
     round_size: int,
     spoiled: Callable[[], bool],
     on_step: Callable[[int], None] | None = None,
+    earlier: list[float] | None = None,
 ) -> Measurement:
     """:func:`~fastpipe.diagnosis.ladder._measure.measure_until` over the script's loop, without the steps ``spoiled()``
     flags (taken partly elsewhere): until the kept steps' mean is within ``target`` or ``budget_s`` has passed (at least
     ``min_steps`` kept), and never more than ``max_steps`` steps in all (warm-up and dropped ones included; None: no
-    cap). With no step kept after :data:`SPOILED_BUDGETS` budgets it raises :class:`PipelineError`."""
+    cap). With no step kept after :data:`SPOILED_BUDGETS` budgets it raises :class:`PipelineError`.
+
+    ``earlier``: the point's step times from its earlier windows. The report pools every run of a point, drift between
+    them included, so a point measured again also goes on until the pooled figure is within ``target`` (or the budget
+    is spent): otherwise a remeasured point can end short of its target though each of its windows reached it."""
     size = max(1, round_size)
     taken = 0
     for i in range(warmup):
@@ -126,6 +132,8 @@ def measure_window(
                 )
             if count >= min_steps and count % size == 0:
                 precise = Measurement(host_times, 0.0, 0.0, round_size=size).rel_stderr <= target and count // size >= 3
+                if precise and earlier:
+                    precise = rel_stderr(earlier + host_times, size) <= target
                 if precise or now - started >= budget_s:
                     break
         device.synchronize()
@@ -140,6 +148,7 @@ class WindowRunner(PointRunner):
         super().__init__(workload, device, **options)
         self.handoff = handoff
         self.lines = lines
+        self._point: str | None = None
 
     def measure(self, point: str, *, budget_s: float | None = None) -> Any:
         """The factory's measurement of ``point``, after its progress line."""
@@ -149,6 +158,7 @@ class WindowRunner(PointRunner):
             run = len(self.runs.get(point, [])) + 1
             measured = (min(paces), max(paces)) if paces else None
             self.lines.point(point, point_label(point), run=run, total=len(self.plan.points), budget_s=budget, measured=measured)
+        self._point = point
         return super().measure(point, budget_s=budget_s)
 
     def close(self) -> None:
@@ -193,5 +203,6 @@ class WindowRunner(PointRunner):
             device=self.device,
             round_size=self.round,
             spoiled=lambda: self.handoff.last_spoiled,
+            earlier=[t for run in self.runs.get(self._point or "", []) for t in run.step_times],
             on_step=None if window is None else window.and_then(lambda i: None),
         )

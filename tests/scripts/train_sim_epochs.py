@@ -8,9 +8,9 @@ batch and 2 workers, 40 ms a batch against the 30 ms step, so the loop is input-
 runs a tiny model (well under a millisecond of CPU) on one thread (``--threads``: a GPU step's host side is one
 thread launching kernels; torch's default of a thread per core wakes them all after each sleep, which on a small shared
 CPU costs more than the model), then sleeps ``--step-ms``, as a loop waits for its GPU.
-After each epoch it evaluates on ``--val-batches`` batches and prints one line. It runs ``--epochs`` epochs (60 by
-default: enough for a whole ladder when the ladder keeps the script's epochs; ``fastpipe diagnose`` stops it after
-its report).
+After each epoch it evaluates on ``--val-batches`` batches and prints one line. It runs ``--epochs`` epochs (200 by
+default: enough for a whole ladder when the ladder keeps the script's epochs, even a slow one of 800 steps on a loaded
+machine; ``fastpipe diagnose`` stops it after its report).
 """
 
 import argparse
@@ -25,7 +25,7 @@ from planted import SlowFilter
 parser = argparse.ArgumentParser(description="short epochs, a validation pass each, and a step that sleeps like a GPU step")
 parser.add_argument("-j", "--workers", default=2, type=int)
 parser.add_argument("-b", "--batch-size", default=8, type=int)
-parser.add_argument("--epochs", default=60, type=int)
+parser.add_argument("--epochs", default=200, type=int)
 parser.add_argument("--batches", default=16, type=int, help="batches in each training epoch")
 parser.add_argument("--val-batches", default=4, type=int, help="batches in each validation pass")
 parser.add_argument("--step-ms", default=30.0, type=float, help="the step's sleep: a GPU step that uses no CPU")
