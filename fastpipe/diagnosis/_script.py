@@ -458,10 +458,9 @@ class ScriptLadder:
         if self.estimate is not None:
             e, again = self.estimate, sum(len(r) > 1 for r in runs.values())
             report.notes.append(
-                f"the ladder took {duration(time.perf_counter() - self.started_at)} from its first step to its report; the "
-                f"announcement estimated between {duration(e.fewest_s())} and {duration(e.at_most_s())}, plus up to "
-                f"{duration(e.pair_at_most_s())} for each pair measured again ({again} point{'s' if again != 1 else ''} "
-                f"{'were' if again != 1 else 'was'})"
+                f"the ladder took {duration(time.perf_counter() - self.started_at)} from its first step to its report, with "
+                f"{len(runs)} point{'s' if len(runs) != 1 else ''} measured and {again} measured again; the announcement "
+                f"estimated {e.summary()}"
             )
         if isinstance(self.error, StepBudgetSpent) or h.spent:
             report.interrupted = False  # a budget stop, not an interruption: what was measured is complete as far as it goes

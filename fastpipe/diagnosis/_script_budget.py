@@ -15,8 +15,9 @@ start-up every cache point's loader pays again, and the steps after it):
 * a pair of points that is borderline or inverted is measured again, each at half its budget: that is the one part
   the estimate cannot know in advance, so it is stated per pair.
 
-So the announcement says between how long (every point precise after its fewest steps) and how long at most
-(every point using its whole budget), and :class:`LadderProgress` prints a line on stderr as each point starts,
+So the announcement says how long at most (every point using its whole budget), how long with every point precise
+after its fewest steps, and how long when the baseline runs at the device bound (the ladder then measures only those
+two points); and :class:`LadderProgress` prints a line on stderr as each point starts,
 with the point, a bar of the points done, the time so far and the time left (re-estimated from the points done).
 The script's stdout stays the script's.
 """
@@ -120,10 +121,16 @@ class LadderEstimate:
         return tail
 
     # ----- the whole ladder -------------------------------------------------------------------
+    def shortest_s(self) -> float:
+        """The baseline runs at the device bound: those two points alone are measured, each at its fewest steps."""
+        return min(2, self.points) * self.point_fewest_s() + self.tail_s()
+
     def fewest_s(self) -> float:
+        """Every point measured, each precise after its fewest steps."""
         return self.points * self.point_fewest_s() + self.tail_s()
 
     def at_most_s(self) -> float:
+        """Every point measured, each using its whole budget (a remeasured pair adds :meth:`pair_at_most_s`)."""
         return self.points * self.point_at_most_s() + self.tail_s()
 
     def text(self, precision: float) -> str:
@@ -132,11 +139,20 @@ class LadderEstimate:
         tail = f", then {' and '.join(after)}" if after else ""
         return (
             f"From the script's {1000 * self.step_s:.1f} ms a step ({1000 * self.own_s:.1f} of it its own work, the rest waiting "
-            f"for batches) and {self.startup_s:.1f} s to start its workers, the ladder's "
-            f"{self.points} points{tail} take between about {duration(self.fewest_s())} (each point within its {precision:.0%} "
-            f"target after its {self.warmup} warm-up and {self.steps} steps) and {duration(self.at_most_s())} (each using its "
-            f"{self.budget_s:g} s budget, --budget), plus up to {duration(self.pair_at_most_s())} for each borderline pair it "
-            "measures again"
+            f"for batches) and {self.startup_s:.1f} s to start its workers, the ladder takes at most about "
+            f"{duration(self.at_most_s())}: its {self.points} points each until ±{precision:.0%} or its {self.budget_s:g} s "
+            f"budget{tail}; about {duration(self.fewest_s())} if each point is precise after its {self.warmup} warm-up and "
+            f"{self.steps} steps, about {duration(self.shortest_s())} if the baseline runs at the device bound (then only those "
+            f"two are measured); a borderline pair measured again adds up to {duration(self.pair_at_most_s())}. The first steps "
+            "of a script are often its slowest, so these tend high; the progress lines re-estimate from the points measured"
+        )
+
+    def summary(self) -> str:
+        """The estimate again, for the report's note."""
+        return (
+            f"at most about {duration(self.at_most_s())}, about {duration(self.fewest_s())} with every point precise at its "
+            f"fewest steps, about {duration(self.shortest_s())} with two points, plus up to {duration(self.pair_at_most_s())} "
+            "for each pair measured again"
         )
 
 
