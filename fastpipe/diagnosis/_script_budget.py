@@ -69,9 +69,13 @@ class LadderEstimate:
         steps: int,
         stage_costs: bool,
         memory_pass: bool,
+        last_own_s: float | None = None,
     ) -> "LadderEstimate":
         """The estimate for ``loader``'s ladder, from ``before`` (the real loop's
-        :class:`~fastpipe.monitor._ledger.Window` up to the handover)."""
+        :class:`~fastpipe.monitor._ledger.Window` up to the handover) and ``last_own_s``, the loop's own work on its last
+        whole step (:attr:`~fastpipe.monitor._ledger.WaitLedger.last_step_own_s`). A script's first steps are often its slowest (lazy set-up, the
+        first backward pass, autotuning), so the last step, past them, sets the pace when it is quicker than the mean;
+        the loop's waits after its first batch are added back for the slowest points' pace."""
         from fastpipe.diagnosis.ladder._points import loader_plan
 
         _, plan = loader_plan(loader)
@@ -83,6 +87,9 @@ class LadderEstimate:
         waits = float(getattr(before, "wait_s", 0.0) or 0.0)
         step_s = max(0.0, elapsed - first) / taken if taken else 0.0
         own_s = min(step_s, max(0.0, elapsed - waits) / taken) if taken else 0.0
+        if last_own_s is not None and 0.0 < last_own_s < own_s:
+            steady_wait = max(0.0, waits - first) / (taken - 1) if taken > 1 else 0.0
+            own_s, step_s = last_own_s, min(step_s, last_own_s + steady_wait)
         return cls(
             points=len(plan.points),
             step_s=step_s,
@@ -138,13 +145,13 @@ class LadderEstimate:
         after = [what for what, on in (("the in-worker timing", self.in_worker), ("the memory pass", self.memory_pass)) if on]
         tail = f", then {' and '.join(after)}" if after else ""
         return (
-            f"From the script's {1000 * self.step_s:.1f} ms a step ({1000 * self.own_s:.1f} of it its own work, the rest waiting "
-            f"for batches) and {self.startup_s:.1f} s to start its workers, the ladder takes at most about "
+            f"From the script's steps before it ({1000 * self.own_s:.1f} ms of its own work a step, {1000 * self.step_s:.1f} ms "
+            f"with its waits for batches) and {self.startup_s:.1f} s to start its workers, the ladder takes at most about "
             f"{duration(self.at_most_s())}: its {self.points} points each until ±{precision:.0%} or its {self.budget_s:g} s "
             f"budget{tail}; about {duration(self.fewest_s())} if each point is precise after its {self.warmup} warm-up and "
             f"{self.steps} steps, about {duration(self.shortest_s())} if the baseline runs at the device bound (then only those "
-            f"two are measured); a borderline pair measured again adds up to {duration(self.pair_at_most_s())}. The first steps "
-            "of a script are often its slowest, so these tend high; the progress lines re-estimate from the points measured"
+            f"two are measured); a borderline pair measured again adds up to {duration(self.pair_at_most_s())}. The progress "
+            "lines re-estimate from the points measured"
         )
 
     def summary(self) -> str:

@@ -72,6 +72,7 @@ class WaitLedger:
         self._open: Window | None = None
         self._epoch_start = 0.0
         self._last_batch = 0.0
+        self._last_own: float | None = None
         self._since = Window()
         self._since_start = 0.0
         self._recent = array("d")
@@ -80,6 +81,13 @@ class WaitLedger:
     @property
     def in_epoch(self) -> bool:
         return self._open is not None
+
+    @property
+    def last_step_own_s(self) -> float | None:
+        """The loop's own work on its last whole step in this epoch: from the batch before last to the last batch, less
+        the wait for the last (None before two batches). Script mode's estimate reads it: past a script's first, slowest
+        steps."""
+        return self._last_own
 
     def start_epoch(self, now: float) -> None:
         """A new iterator: an epoch left open (a loop that broke out early) is closed at its last batch.
@@ -90,6 +98,7 @@ class WaitLedger:
         self.close_unfinished()
         self._paused_at = None
         self._open, self._epoch_start, self._last_batch = Window(), now, now
+        self._last_own = None
         if not self._since.steps and not self._since.elapsed_s:
             self._since_start = now
 
@@ -108,6 +117,7 @@ class WaitLedger:
         self._since.steps += 1
         self._since.wait_s += wait_s
         self._recent.append(wait_s)
+        self._last_own = None if epoch.steps < 2 else max(0.0, now - self._last_batch - wait_s)
         self._last_batch = now
 
     def close_unfinished(self) -> Window | None:
