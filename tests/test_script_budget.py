@@ -25,7 +25,7 @@ from fastpipe.cli import main
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis._handoff import Handoff, StepBudgetSpent
 from fastpipe.diagnosis._script import ScriptLadder, ScriptOptions, run_script
-from fastpipe.diagnosis._script_budget import LadderEstimate, LadderProgress, bar, duration, ordinal
+from fastpipe.diagnosis._script_budget import PROBE_S, LadderEstimate, LadderProgress, bar, duration, ordinal
 from fastpipe.diagnosis._windows import WindowRunner, measure_window
 from fastpipe.diagnosis.ladder._noise import difference_noise, rel_stderr
 from fastpipe.diagnosis.ladder._points import loader_plan
@@ -60,7 +60,7 @@ def test_the_estimate_follows_from_the_real_loops_steps_and_each_points_budget()
     assert e.steps == 10 and e.round_size == 2  # 9 steps round up to whole rounds of 2 workers
     fewest = 0.1 + (3 + 10) * e.own_s
     at_most = 0.1 + 3 * e.step_s + 20.0 + 2 * e.step_s
-    tail = (0.1 + (3 + 10) * e.step_s + 1.0) + (0.1 + max(20.0, MIN_PASS_S))
+    tail = (0.1 + (3 + 10) * e.step_s + PROBE_S) + (0.1 + max(20.0, MIN_PASS_S))
     assert e.point_fewest_s() == pytest.approx(fewest) and e.point_at_most_s() == pytest.approx(at_most)
     assert e.fewest_s() == pytest.approx(e.points * fewest + tail) and e.at_most_s() == pytest.approx(e.points * at_most + tail)
     text = e.text(0.03)
