@@ -69,23 +69,28 @@ def test_the_estimate_follows_from_the_real_loops_steps_and_each_points_budget()
     assert "the in-worker timing and the memory pass" in text and f"{e.points} points" in text
 
 
-def test_the_last_step_sets_the_pace_past_the_scripts_slow_first_steps() -> None:
-    """The ledger keeps the loop's own work on its last whole step; the estimate takes it when it is quicker than the
-    mean (a first backward pass, autotuning), adding back the waits after the first batch for the slowest points."""
+def test_the_steps_after_the_first_set_the_pace_past_the_scripts_slow_start() -> None:
+    """The ledger keeps the loop's own work on its whole steps after the first; the estimate takes their median when it
+    is quicker than the mean (a first backward pass, autotuning), adding back the waits after the first batch for the
+    slowest points."""
     ledger = WaitLedger(clock=lambda: 0.0)
     ledger.start_epoch(0.0)
     ledger.batch(0.5, 0.5)  # the first batch: worker start-up
-    assert ledger.last_step_own_s is None
     ledger.batch(0.02, 1.52)  # a 1 s first step, then a 20 ms wait
+    assert ledger.recent_own_s == ()  # the first step is left out
     ledger.batch(0.02, 1.57)  # a 30 ms step, then a 20 ms wait
-    assert ledger.last_step_own_s == pytest.approx(0.03)
-    before = ledger.current(1.60)
-    e = LadderEstimate.from_loop(
-        _loader(), before, budget_s=20.0, warmup=3, steps=10, stage_costs=False, memory_pass=False, last_own_s=ledger.last_step_own_s
-    )
-    assert e.own_s == pytest.approx(0.03) and e.step_s == pytest.approx(0.03 + 0.02)
-    mean = LadderEstimate.from_loop(_loader(), before, budget_s=20.0, warmup=3, steps=10, stage_costs=False, memory_pass=False)
-    assert mean.step_s == pytest.approx((1.60 - 0.5) / 3) and mean.own_s > e.own_s
+    ledger.batch(0.01, 1.67)  # a 90 ms step (a log line), then a 10 ms wait
+    ledger.batch(0.02, 1.72)  # a 30 ms step
+    assert ledger.recent_own_s == pytest.approx((0.03, 0.09, 0.03))
+    before = ledger.current(1.75)
+    options = {"budget_s": 20.0, "warmup": 3, "steps": 10, "stage_costs": False, "memory_pass": False}
+    e = LadderEstimate.from_loop(_loader(), before, recent_own_s=ledger.recent_own_s, **options)
+    steady_wait = (0.02 + 0.02 + 0.01 + 0.02) / 4
+    assert e.own_s == pytest.approx(0.03) and e.step_s == pytest.approx(0.03 + steady_wait)
+    mean = LadderEstimate.from_loop(_loader(), before, **options)
+    assert mean.step_s == pytest.approx((1.75 - 0.5) / 5) and mean.own_s > e.own_s
+    ledger.start_epoch(2.0)
+    assert ledger.recent_own_s == ()  # a new epoch starts its own count
 
 
 def test_a_slow_step_needs_its_fewest_steps_whatever_the_budget() -> None:

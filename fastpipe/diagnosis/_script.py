@@ -317,7 +317,7 @@ class ScriptLadder:
             steps=o.steps,
             stage_costs=o.stage_costs,
             memory_pass=o.loader_memory,
-            last_own_s=seen.watch.ledger.last_step_own_s,
+            recent_own_s=seen.watch.ledger.recent_own_s,
         )
         cap = f" (and at most {o.budget_steps} steps in all, --budget-steps)" if o.budget_steps is not None else ""
         return (

@@ -5,7 +5,7 @@ mean step time reaches its precision target (``--precision``, 3%) or its time bu
 a point), never under its warm-up and fewest steps. How long that takes follows from the script's own step time,
 which the real loop has just shown before the ladder takes over (``before``: its first batch's wait, the worker
 start-up every cache point's loader pays again, and the steps after it; a script's first steps are often its slowest,
-so its last whole step, when quicker, sets the pace):
+so the median of its whole steps after the first, when quicker, sets the pace):
 
 * each point: its loader's start-up, the warm-up steps, then at least its fewest steps and at most its budget
   (rounded up to a whole round of workers, as the stopping rule checks at round ends). At the fewest, a point steps
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -70,13 +71,14 @@ class LadderEstimate:
         steps: int,
         stage_costs: bool,
         memory_pass: bool,
-        last_own_s: float | None = None,
+        recent_own_s: tuple[float, ...] = (),
     ) -> "LadderEstimate":
         """The estimate for ``loader``'s ladder, from ``before`` (the real loop's
-        :class:`~fastpipe.monitor._ledger.Window` up to the handover) and ``last_own_s``, the loop's own work on its last
-        whole step (:attr:`~fastpipe.monitor._ledger.WaitLedger.last_step_own_s`). A script's first steps are often its slowest (lazy set-up, the
-        first backward pass, autotuning), so the last step, past them, sets the pace when it is quicker than the mean;
-        the loop's waits after its first batch are added back for the slowest points' pace."""
+        :class:`~fastpipe.monitor._ledger.Window` up to the handover) and ``recent_own_s``, the loop's own work on its
+        last whole steps, its first left out (:attr:`~fastpipe.monitor._ledger.WaitLedger.recent_own_s`). A script's first
+        step is often its slowest (lazy set-up, the first backward pass, autotuning), so the median of the steps after
+        it sets the pace when it is quicker than the mean; the loop's waits after its first batch are added back for the
+        slowest points' pace."""
         from fastpipe.diagnosis.ladder._points import loader_plan
 
         _, plan = loader_plan(loader)
@@ -88,9 +90,10 @@ class LadderEstimate:
         waits = float(getattr(before, "wait_s", 0.0) or 0.0)
         step_s = max(0.0, elapsed - first) / taken if taken else 0.0
         own_s = min(step_s, max(0.0, elapsed - waits) / taken) if taken else 0.0
-        if last_own_s is not None and 0.0 < last_own_s < own_s:
+        pace = statistics.median(recent_own_s) if recent_own_s else None
+        if pace is not None and 0.0 < pace < own_s:
             steady_wait = max(0.0, waits - first) / (taken - 1) if taken > 1 else 0.0
-            own_s, step_s = last_own_s, min(step_s, last_own_s + steady_wait)
+            own_s, step_s = pace, min(step_s, pace + steady_wait)
         return cls(
             points=len(plan.points),
             step_s=step_s,
