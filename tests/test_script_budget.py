@@ -32,6 +32,7 @@ from fastpipe.diagnosis.ladder._points import loader_plan
 from fastpipe.diagnosis.memory._section import MIN_PASS_S
 from fastpipe.errors import PipelineError
 from fastpipe.monitor._ledger import WaitLedger, Window
+from fastpipe.workloads._workload import Workload
 
 SIM = Path(__file__).resolve().parent / "scripts" / "train_sim_epochs.py"
 PLANTED = Path(__file__).resolve().parent / "scripts" / "train_planted.py"
@@ -206,6 +207,25 @@ def test_no_step_cap_by_default_and_a_cap_is_shared_then_lifted() -> None:
     assert WindowRunner.window_cap(stub) == 3 + 10  # never under the warm-up and the fewest steps
 
 
+def test_closing_the_points_lifts_the_cap_so_the_in_worker_timing_runs_whole() -> None:
+    handoff = Handoff(budget_steps=40)
+    workload = Workload(loader=_loader(workers=0), step=handoff.step, name="stub")
+    runner = WindowRunner(
+        workload,
+        parse_device("cpu"),
+        handoff=handoff,
+        steps=4,
+        warmup=1,
+        pool=1,
+        budget_s=1.0,
+        target=0.03,
+        progress=False,
+        worker_timeout=30.0,
+    )
+    runner.close()
+    assert handoff.budget_steps is None and not handoff.spent
+
+
 def test_a_spent_cap_is_recorded_as_a_budget_stop() -> None:
     handoff = Handoff(budget_steps=0)
     with pytest.raises(StepBudgetSpent):
@@ -245,6 +265,17 @@ def test_the_announcement_estimates_and_progress_lines_count_down(capsys, one_th
     )
     assert note, out
     print(f"took {took:.1f} s; announced {announced.groups()}; {note.group(0)}")
+
+
+def test_the_in_worker_timing_runs_to_completion(tmp_path, capsys, one_thread) -> None:
+    """The planted stage makes the baseline input-bound, so the in-worker timing follows the points: it is not cut."""
+    quick = [f for f in QUICK if f != "--no-stage-costs"]
+    code = main(["diagnose", *quick, "--json", str(tmp_path / "r.json"), "--", "python", str(SIM), *FAST_SCRIPT, "--slow-ms", "4"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["stage_costs"] is not None and not report["interrupted"], out
+    assert "in-worker timing was interrupted" not in out and "Interrupted" not in out
 
 
 def test_no_progress_turns_the_lines_off(capsys, one_thread) -> None:
