@@ -14,7 +14,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "precision_target": float, "budget_s": float,
       "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
       "gap_fraction": float | null,            # 1 - device step / baseline step
-      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "too noisy to decide" | "incomplete"
+      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "incomplete"
+                 | "too noisy to decide: <why>; to decide, <what to do>"   # noise, not the pipeline, decided
                  | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
       "experiments": [{
           "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
@@ -62,7 +63,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastpipe._render import COLORS, pyplot, render_table
-from fastpipe.diagnosis.ladder._results import ExperimentResult, Unavailable
+from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult, Unavailable
 
 if TYPE_CHECKING:
     from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
@@ -263,7 +264,7 @@ class Report:
         gap = (
             f" (the baseline step is {self.baseline_step_ms:.0f} ms against the device's {self.device_step_ms:.0f} ms: "
             f"{self.gap_fraction:.0%} of it is input)"
-            if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms
+            if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms and not self.verdict.startswith(TOO_NOISY)
             else ""
         )
         lines = [f"Verdict: {self.verdict}{gap}"]
@@ -277,8 +278,12 @@ class Report:
         if small:
             lines.append("Smaller costs, each under a tenth of the input time (real, beyond noise; fix the stages above first):")
             lines += [self._stage_line(b) for b in small]
-        elif self.experiments and not self.unresolved:
-            lines.append("No stage adds more than the threshold and the noise to the step.")
+        if not self.bottlenecks and self.experiments and not self.unresolved:
+            lines.append(
+                "No stage is named: the noise is too large to tell which stage costs the time (see the verdict)."
+                if self.verdict.startswith(TOO_NOISY)
+                else "No stage adds more than the threshold and the noise to the step."
+            )
         if self.unresolved:
             lines.append("Unresolved (a cost that did not hold when the two points were remeasured, interleaved):")
             lines += [self._stage_line(b) for b in self.unresolved]
