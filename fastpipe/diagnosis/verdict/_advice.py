@@ -86,7 +86,7 @@ def recommend(
     if kind == WORKERS:
         return _workers()
     if base == RAW or kind == RAW:
-        return _with_prepare(_raw_load(transform, dataset, image_size), dataset)
+        return _with_prepare(_raw_load(transform, dataset, image_size, loader.copies), dataset)
     if base == COLLATE or kind == COLLATE:
         return _collate(transform, dataset, loader)
     if base == COPY or kind == COPY:
@@ -217,9 +217,9 @@ from fastpipe.transforms import Normalize
 # no change but the class: your own transform; the crop (and flip) it begins with is decoded crop-only,
 # with torchvision's random draws (print(dataset.fast_path) says what was taken over)
 dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.ImageFolder(root, transform=transform)
-# further: uint8 out, Normalize after the copy (replaces your {replaced}):
+# further: uint8 out, Normalize after the workers (replaces your {replaced}):
 # dataset = ImageFolder(root, size={out})
-# normalize = Normalize(mean={mean}, std={std})  # images = normalize(images.to(device, non_blocking=True))
+# normalize = Normalize(mean={mean}, std={std})  # images = normalize({moved})
 # or keep torchvision's class, with the crop drawn and decoded by its loader (no transform):
 # dataset = torchvision.datasets.ImageFolder(root, loader=DecodeCropLoader({out}))
 """
@@ -344,9 +344,10 @@ def _replaced(transform: object | None) -> str:
     return " + ".join(kept) or "crop"
 
 
-def _decode_crop(transform: object | None) -> str:
+def _decode_crop(transform: object | None, copies: bool = True) -> str:
     mean, std = _mean_std(transform)
-    return _DECODE_CROP_SNIPPET.format(out=_out_size(transform), mean=_fmt(mean), std=_fmt(std), replaced=_replaced(transform))
+    moved = "images.to(device, non_blocking=True)" if copies else "images"  # a CPU step: in the step, on the whole batch
+    return _DECODE_CROP_SNIPPET.format(out=_out_size(transform), mean=_fmt(mean), std=_fmt(std), replaced=_replaced(transform), moved=moved)
 
 
 def _decode_box(
@@ -357,6 +358,7 @@ def _decode_box(
     image_size: tuple[int, int] | None,
     converted: str | None,
     label: str,
+    copies: bool = True,
 ) -> Advice:
     """Decode only what ``crop`` keeps: the remedy for a crop or resize, and for the raw load before one.
 
@@ -411,12 +413,12 @@ def _decode_box(
             f"header and decodes only it (then, for uint8 out, fastpipe.datasets.ImageFolder(root, size={out}); or "
             f"DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
         ),
-        snippet=_fits.snippet_for(_decode_crop(transform), dataset),
+        snippet=_fits.snippet_for(_decode_crop(transform, copies), dataset),
         caveat=caveat,
     )
 
 
-def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None, copies: bool = True) -> Advice:
     stream = _stream_raw_load(dataset)
     if stream is not None:
         return stream
@@ -426,7 +428,7 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
     crop = _crop_of(transform)
     if crop is not None:
         stage, _ = _find(transform, crop)
-        return _decode_box(crop, stage, transform, dataset, image_size, None, "Raw load")
+        return _decode_box(crop, stage, transform, dataset, image_size, None, "Raw load", copies)
     if transform is not None:
         return Advice(
             summary=(
@@ -435,7 +437,7 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
             ),
             caveat="fastpipe's decode-the-crop drop-ins cannot help a pipeline that uses the whole image",
         )
-    advice = _decode_box("RandomResizedCrop", None, None, dataset, image_size, None, "Raw load")
+    advice = _decode_box("RandomResizedCrop", None, None, dataset, image_size, None, "Raw load", copies)
     return Advice(
         summary=advice.summary,
         snippet=advice.snippet,
@@ -593,7 +595,7 @@ def _transform(
     library = facts is not None and facts.library not in (CUSTOM, FASTPIPE) and not facts.compile_helps
     converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")), None)
     if name in _CROPS or (library and facts is not None and facts.crop is not None):
-        return _decode_box(name, stage, transform, dataset, image_size, converted, name)
+        return _decode_box(name, stage, transform, dataset, image_size, converted, name, loader.copies)
     fast = _fits.fast_path(transform, dataset) if library and transform is not None and _fits.generated_raw_load(dataset) is None else None
     takes_over = set(fast.absorbed) if fast is not None and fast.active else set()
     if (
@@ -612,7 +614,7 @@ def _transform(
                 f"at no extra cost: fastpipe.datasets.ImageFolder(root, transform={_fits.transform_argument(dataset)}) takes a flip right "
                 f"after the crop over (or ImageFolder(root, size={_out_size(transform)}, hflip=0.5) for uint8 out)."
             ),
-            snippet=_fits.snippet_for(_decode_crop(transform), dataset),
+            snippet=_fits.snippet_for(_decode_crop(transform, loader.copies), dataset),
         )
     if name == "PILToTensor":
         return Advice(
@@ -621,7 +623,7 @@ def _transform(
                 f"cropped uint8 tensor itself: fastpipe.datasets.ImageFolder(root, transform={_fits.transform_argument(dataset)}) drops a "
                 f"PILToTensor that follows the crop (or ImageFolder(root, size={_out_size(transform)}))."
             ),
-            snippet=_fits.snippet_for(_decode_crop(transform), dataset),
+            snippet=_fits.snippet_for(_decode_crop(transform, loader.copies), dataset),
         )
     if name == "RandomMask" and not _is_fastpipe_mask(stage):
         return Advice(
@@ -943,7 +945,7 @@ def _span(
 ) -> Advice:
     """Stages measured together (an interrupted or bisected run): which part costs the time is not known."""
     kinds: dict[str, Callable[[], Advice]] = {
-        RAW: lambda: _raw_load(transform, dataset, image_size),
+        RAW: lambda: _raw_load(transform, dataset, image_size, loader.copies),
         COLLATE: lambda: _collate(transform, dataset, loader),
         COPY: lambda: _copy(transform, loader),
         HAND_OVER: lambda: Advice(
