@@ -242,3 +242,31 @@ def test_a_planted_stage_beside_a_step_that_varies_by_30_percent_is_named_first(
     report = diagnose_noisy(tmp_path, "--slow-ms", "20")
     named = named_beyond_noise(report)
     assert named[:1] == ["SlowFilter"], named
+
+
+def test_stages_named_only_by_in_worker_cost_on_a_noisy_ladder_are_pointers_under_a_too_noisy_verdict() -> None:
+    from fastpipe.diagnosis.verdict._attribute import Attribution, noise_verdict, worker_costs
+
+    # the noisy script's shape (run 2 of its report): the gap is beyond its noise, every ladder step within its own, and
+    # rule 4 names raw load by its in-worker cost, 2 ms a step: what the workers spend, not what the step waits for
+    points = ladder(device=31.8, host=31.8, sample=34.4, after_B=32.5, after_A=34.1, raw=33.7, baseline=35.3)
+    for point, noise in (("sample", 0.03), ("after:B", 0.03), ("after:A", 0.03), ("raw", 0.03)):
+        points[point] = (points[point][0], noise, 0.0)
+    report = planted_report(points)
+    costs = worker_costs({"raw load": (0.6, 0.5), "A": (0.1, 0.1), "B": (0.1, 0.1)})
+    attribution = Attribution(report_plan(), {e.cache_point: e for e in report.experiments}, 0.05, 8, 2, costs=costs, cores=2)
+    report.components = attribution.components(report.baseline_step_ms / 1000)
+    report.bottlenecks = attribution.unnamed_costs(report.components)
+    assert [b.stage for b in report.bottlenecks] == ["raw load"] and report.bottlenecks[0].basis == "in-worker cost"
+    verdict = noise_verdict(attribution, report)
+    assert verdict is not None and verdict.startswith(TOO_NOISY) and "raw load costs the most: 2 ms a step" in verdict, verdict
+    report.verdict = verdict
+    text = "\n".join(report._summary_lines())
+    assert "the ladder could not decide" in text and "Stages that cost time per step" not in text, text
+
+
+def report_plan() -> Any:
+    from fastpipe.diagnosis.discovery._pipeline import find_pipeline
+    from fastpipe.diagnosis.ladder._plan import make_plan
+
+    return make_plan(find_pipeline(Tiny())[0], None)

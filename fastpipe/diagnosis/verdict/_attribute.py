@@ -471,8 +471,9 @@ def noise_verdict(attribution: Attribution, report: Report) -> str | None:
 
     "too noisy to decide: ..." when the baseline step is beyond the threshold of the device step but not beyond the
     noise of that difference (whether the input costs time is not known), or when it is beyond both and yet no stage
-    is named (by the ladder or its in-worker cost) because the stages that would hold that time are within their
-    noise, out of order on the ladder (:meth:`Attribution.inversions`), or did not hold when remeasured. A gap spread
+    is named by the ladder because the stages that would hold that time are within their noise, out of order on the
+    ladder (:meth:`Attribution.inversions`), or did not hold when remeasured. Stages rule 4 names by their in-worker
+    cost alone are then pointers, not findings: the verdict says so and names the largest. A gap spread
     over stages that are each below the threshold, beyond their noise, is not noise: that verdict stays as it is.
     """
     results = attribution.results
@@ -487,7 +488,7 @@ def noise_verdict(attribution: Attribution, report: Report) -> str | None:
             f"the baseline step ({baseline_ms:.0f} ms) is {1000 * added:+.0f} ±{1000 * noise:.0f} ms from the device step "
             f"({device_ms:.0f} ms), within the noise of that difference, so whether the input costs the step any time is not known"
         )
-    elif added > max(noise, threshold) and not any(b.basis in (LADDER, SPLIT, IN_WORKER) for b in report.bottlenecks):
+    elif added > max(noise, threshold) and not any(b.basis in (LADDER, SPLIT) for b in report.bottlenecks):
         gap = (
             f"the input costs {1000 * added:.0f} ±{1000 * noise:.0f} ms a step ({baseline_ms:.0f} against the device's {device_ms:.0f} ms)"
         )
@@ -503,6 +504,13 @@ def noise_verdict(attribution: Attribution, report: Report) -> str | None:
             why = f"{gap}, but no stage's share of it is beyond its noise ({'; '.join(listed)})"
     if why is None:
         return None
+    by_cost = [b for b in report.bottlenecks if b.basis == IN_WORKER]
+    if by_cost:
+        top = max(by_cost, key=lambda b: b.added_ms)
+        why += (
+            f"; timed inside the workers (a separate measurement, which says what the workers spend, not what the step "
+            f"waits for), {top.stage} costs the most: {top.added_ms:.0f} ms a step"
+        )
     busy = max((r.system_cpu_util - r.cpu_util for r in results.values() if r.system_cpu_util == r.system_cpu_util), default=0.0)
     where = f" (other processes used up to {busy:.0%} of the CPU during the ladder)" if busy >= SHARED_CPU else ""
     return f"{TOO_NOISY}: {why}; " + TO_DECIDE.format(busy=where, target=report.precision_target)
