@@ -116,7 +116,7 @@ class Bottleneck:
 
     @property
     def added_text(self) -> str:
-        return f"{'at least ' if self.at_least else ''}{self.added_ms:.0f} ms per step"
+        return f"{'at least ' if self.at_least else ''}{ms_text(self.added_ms)} ms per step"
 
 
 @dataclass
@@ -240,24 +240,24 @@ class Report:
     def _stage_line(self, b: Bottleneck) -> str:
         share = f"{b.share_of_baseline:.0%} of the baseline step"
         calls = f", run {b.calls_per_sample:g}x per sample" if b.calls_per_sample and b.calls_per_sample > 1 else ""
-        worker = f"; in the workers it costs {b.in_worker_ms:.0f} ms per step" if b.in_worker_ms is not None else ""
+        worker = f"; in the workers it costs {ms_text(b.in_worker_ms)} ms per step" if b.in_worker_ms is not None else ""
         ratio = f" (CPU {b.cpu_ratio:.0%} of its wall time: it {'waits' if b.waits else 'computes'})" if b.cpu_ratio is not None else ""
         hidden = " (its upper point ran at the device bound, so part of it may hide under the device step)" if b.at_least else ""
         label = b.stage if b.kind == b.stage else f"{b.stage} [{b.kind}]"
         if b.basis == "loop timing":
             figure = (
-                f"costs {b.added_ms:.0f} ms per step (±{b.noise_ms:.0f}), timed in the script's loop: inside every point's "
+                f"costs {ms_text(b.added_ms)} ms per step (±{ms_text(b.noise_ms)}), timed in the script's loop: inside every point's "
                 f"step, the device point's too, {share}"
             )
         elif b.basis == "in-worker cost":
-            figure = f"costs {b.added_ms:.0f} ms per step by in-worker cost (not the ladder: {b.why})"
+            figure = f"costs {ms_text(b.added_ms)} ms per step by in-worker cost (not the ladder: {b.why})"
         elif b.basis == "saturated split":
             figure = (
-                f"adds {b.added_text} (±{b.noise_ms:.0f}), its share by in-worker cost of the span from "
+                f"adds {b.added_text} (±{ms_text(b.noise_ms)}), its share by in-worker cost of the span from "
                 f"'{_point_label(b.span[0]) if b.span else ''}' down, {share} (its own ladder step: {b.ladder_ms:+.0f} ms)"
             )
         else:
-            figure = f"adds {b.added_text} (±{b.noise_ms:.0f}), {share}"
+            figure = f"adds {b.added_text} (±{ms_text(b.noise_ms)}), {share}"
         return f"  - {label}: {figure}{calls}{worker}{ratio}{hidden}. {b.recommendation}".rstrip()
 
     def _summary_lines(self) -> list[str]:
@@ -280,7 +280,7 @@ class Report:
         if small:
             lines.append("Smaller costs, each under a tenth of the input time (real, beyond noise; fix the stages above first):")
             lines += [self._stage_line(b) for b in small]
-        if not self.bottlenecks and self.experiments and not self.unresolved:
+        if not self.bottlenecks and self.baseline_step_ms is not None and not self.unresolved:  # a baseline to compare with
             lines.append(
                 "No stage is named: the noise is too large to tell which stage costs the time (see the verdict)."
                 if self.verdict.startswith(TOO_NOISY)
@@ -402,6 +402,12 @@ class Report:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def ms_text(ms: float) -> str:
+    """Milliseconds as a named stage's line prints them: one decimal under 10 ms, so a stage named beyond a noise of a
+    fraction of a millisecond never reads "0 ms (±0)"."""
+    return f"{ms:.1f}" if abs(ms) < 10 else f"{ms:.0f}"
 
 
 def _plot_memory(ax: Any, bars: list[tuple[str, float]]) -> None:
