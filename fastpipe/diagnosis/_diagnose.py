@@ -323,7 +323,10 @@ class _Diagnosis:
                 report.bottlenecks.append(component)
         if attribution.costs and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.bottlenecks += attribution.unnamed_costs(report.components)  # rule 4: never end with the costs unmentioned
-        loader = loader_facts(self.workload, self.runner.device.kind) if report.bottlenecks or report.unresolved else None
+        advised = report.bottlenecks + report.unresolved
+        loader = (
+            loader_facts(self.workload, self.runner.device.kind, find_wrapper=any(COPY in b.stage for b in advised)) if advised else None
+        )
         for b in report.bottlenecks + report.unresolved:
             _advise(
                 b,

@@ -22,6 +22,9 @@ from typing import Any
 
 from fastpipe.diagnosis.ladder._plan import has_copy
 
+MAX_DICTS = 8
+"""Dictionaries holding the loader that :func:`prefetching_wrapper` looks behind (an instance's ``__dict__``)."""
+
 
 @dataclass(frozen=True)
 class LoaderFacts:
@@ -44,9 +47,12 @@ def prefetching_wrapper(loader: Any) -> str | None:
     from fastpipe.loading._unwrap import unwrap_loader
 
     holders: list[Any] = []
+    dicts = 0
     for referrer in gc.get_referrers(loader):
         if isinstance(referrer, dict):  # an instance's __dict__: the instance is what refers to that dict
-            holders += [obj for obj in gc.get_referrers(referrer) if getattr(obj, "__dict__", None) is referrer]
+            dicts += 1
+            if dicts <= MAX_DICTS:  # each look is a pass over the heap: a few, not every namespace holding the loader
+                holders += [obj for obj in gc.get_referrers(referrer) if getattr(obj, "__dict__", None) is referrer]
         else:
             holders.append(referrer)
     for holder in holders:
@@ -63,13 +69,14 @@ def prefetching_wrapper(loader: Any) -> str | None:
     return None
 
 
-def loader_facts(workload: Any, device_kind: str) -> LoaderFacts:
-    """The facts for a diagnosed workload on a device of ``device_kind`` (``Device.kind``)."""
+def loader_facts(workload: Any, device_kind: str, *, find_wrapper: bool = True) -> LoaderFacts:
+    """The facts for a diagnosed workload on a device of ``device_kind`` (``Device.kind``); ``find_wrapper``: look for
+    a prefetching wrapper around the loader (:func:`prefetching_wrapper`, a pass over the heap: only when a copy is advised)."""
     loader = workload.loader
     prefetcher = None
     if getattr(workload, "prefetch_depth", 0):
         prefetcher = f"the loader's prefetcher (depth {workload.prefetch_depth})"
-    elif has_copy(device_kind):
+    elif has_copy(device_kind) and find_wrapper:
         name = prefetching_wrapper(loader)
         prefetcher = None if name is None else f"the script's {name}"
     return LoaderFacts(copies=has_copy(device_kind), pinned=bool(getattr(loader, "pin_memory", False)), prefetcher=prefetcher)
