@@ -470,7 +470,9 @@ def noise_verdict(attribution: Attribution, report: Report) -> str | None:
     """The verdict when noise, not the pipeline, decides what the report can say (rule 8), else None.
 
     "too noisy to decide: ..." when the baseline step is beyond the threshold of the device step but not beyond the
-    noise of that difference (whether the input costs time is not known), or when it is beyond both and yet no stage
+    noise of that difference (whether the input costs time is not known); when it is within both but the noise reaches
+    past the threshold because the device or baseline point missed its precision target (at the target, a gap within
+    its noise is the answer the user asked for: not input-bound); or when it is beyond both and yet no stage
     is named by the ladder because the stages that would hold that time are within their noise, out of order on the
     ladder (:meth:`Attribution.inversions`), or did not hold when remeasured. Stages rule 4 names by their in-worker
     cost alone are then pointers, not findings: the verdict says so and names the largest. A gap spread
@@ -483,10 +485,19 @@ def noise_verdict(attribution: Attribution, report: Report) -> str | None:
     threshold = attribution.threshold_s
     device_ms, baseline_ms = 1000 * attribution.corrected_s(DEVICE), 1000 * attribution.corrected_s(BASELINE)
     why = None
+    missed = [r for r in (results[DEVICE], results[BASELINE]) if r.noise > report.precision_target]
     if threshold < added <= noise:
         why = (
             f"the baseline step ({baseline_ms:.0f} ms) is {1000 * added:+.0f} ±{1000 * noise:.0f} ms from the device step "
             f"({device_ms:.0f} ms), within the noise of that difference, so whether the input costs the step any time is not known"
+        )
+    elif added <= max(noise, threshold) and added + noise > threshold and missed:
+        short = ", ".join(f"'{CachePoint(r.cache_point).label}' ±{r.noise:.1%}" for r in missed)
+        why = (
+            f"the baseline step ({baseline_ms:.0f} ms) is {1000 * added:+.0f} ±{1000 * noise:.0f} ms from the device step "
+            f"({device_ms:.0f} ms): within its noise, but that noise reaches past the {1000 * threshold:.0f} ms threshold "
+            f"because {short} missed the {report.precision_target:.0%} precision target, so whether the input costs the step "
+            "time is not known"
         )
     elif added > max(noise, threshold) and not any(b.basis in (LADDER, SPLIT) for b in report.bottlenecks):
         gap = (
