@@ -264,7 +264,8 @@ def test_stages_named_only_by_in_worker_cost_on_a_noisy_ladder_are_pointers_unde
     assert verdict is not None and verdict.startswith(TOO_NOISY) and "raw load costs the most: 2 ms a step" in verdict, verdict
     report.verdict = verdict
     text = "\n".join(report._summary_lines())
-    assert "the ladder could not decide" in text and "Stages that cost time per step" not in text, text
+    assert "the ladder itself could not decide" in text and "Stages that cost time per step" not in text, text
+    assert "  - raw load: costs 2.0 ms per step by in-worker cost" in text, text  # the pointer itself, under its header
 
 
 def report_plan() -> Any:

@@ -272,10 +272,13 @@ class Report:
             lines.append("Interrupted: this report is partial.")
         culprits = [b for b in self.bottlenecks if not b.minor]
         small = [b for b in self.bottlenecks if b.minor]
-        if culprits and self.verdict.startswith(TOO_NOISY):  # named by in-worker cost alone: pointers (see the verdict)
-            lines.append("Stages by their in-worker cost alone, largest first (the ladder could not decide; see the verdict):")
-        elif culprits:
-            lines.append(f"Stages that cost time per step, largest first (by {self.ranked_by}):")
+        if culprits:
+            lines.append(
+                # the ladder named nothing: these come from the in-worker timing or the loop's own timing (see the verdict)
+                "Stages named apart from the ladder, largest first (the ladder itself could not decide; see the verdict):"
+                if self.verdict.startswith(TOO_NOISY)
+                else f"Stages that cost time per step, largest first (by {self.ranked_by}):"
+            )
             lines += [self._stage_line(b) for b in culprits]
         if small:
             lines.append("Smaller costs, each under a tenth of the input time (real, beyond noise; fix the stages above first):")
