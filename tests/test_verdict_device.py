@@ -178,3 +178,13 @@ def test_the_planted_dataset_is_what_the_planted_runner_diagnoses() -> None:
     report = planted_report(copy_ladder(), device="sim:100")
     assert [c.stage for c in report.components] == [COPY, COLLATE, "B", "A", "raw load"]
     assert len(Tiny()) == 8
+
+
+def test_torchvisions_fake_data_is_not_told_about_image_files() -> None:
+    # the noisy script's dataset: FakeData makes its images in code, so no decode drop-in and no "did not see your
+    # image sizes" caveat (its raw load was advised fastpipe's ImageFolder and told to check file sizes)
+    from torchvision.datasets import FakeData
+
+    advice = recommend(RAW, RAW, transform=FLOAT, dataset=FakeData(8, (3, 40, 40), 10, T.Compose(FLOAT)))
+    assert "FakeData generates each raw image in code" in advice.summary, advice.summary
+    assert "image sizes" not in (advice.caveat or "") and "ImageFolder(root" not in advice.summary, advice

@@ -60,7 +60,7 @@ from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE, HOST, SAMPLE
 from fastpipe.diagnosis.ladder._noise import difference_noise
 from fastpipe.diagnosis.ladder._plan import Plan, kind_of
 from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult
-from fastpipe.diagnosis.verdict._report import Bottleneck, Report
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report, ms_text
 
 VERDICT_BANDS = ((0.05, "not input-bound"), (0.20, "moderately input-bound"), (math.inf, "highly input-bound"))
 SATURATED_CPU = 0.9
@@ -453,8 +453,8 @@ class Attribution:
             why = f"the ladder is not monotone around it: {self.inversion_text(1)}"
         if why is None and component.noise_ms > self.threshold_s * 1000:
             why = (
-                f"the ladder could not resolve it: ±{component.noise_ms:.0f} ms of noise against a threshold of "
-                f"{self.threshold_s * 1000:.0f} ms"
+                f"the ladder could not resolve it: ±{ms_text(component.noise_ms)} ms of noise against a threshold of "
+                f"{ms_text(self.threshold_s * 1000)} ms"
             )
         return why
 

@@ -41,10 +41,13 @@ def folder(dataset: object | None) -> object | None:
 
 
 def generated_raw_load(dataset: object | None) -> str | None:
-    """The dataset's class name when it declares that its raw load generates images (``raw_load_reads_files =
-    False``, as the toy's FakeDataset does): no file is read or decoded, so no decode drop-in applies. Else None."""
+    """The dataset's class name when its raw load generates images: it declares so (``raw_load_reads_files = False``,
+    as the toy's FakeDataset does), or it is torchvision's FakeData (random PIL images, made in code). No file is read
+    or decoded, so no decode drop-in applies and no image size is to be read. Else None."""
+    from torchvision.datasets import FakeData
+
     inner = folder(dataset)
-    if inner is not None and getattr(type(inner), "raw_load_reads_files", True) is False:
+    if inner is not None and (getattr(type(inner), "raw_load_reads_files", True) is False or isinstance(inner, FakeData)):
         return type(inner).__name__
     return None
 
