@@ -283,3 +283,13 @@ def test_a_baseline_faster_than_the_device_within_a_wide_noise_is_not_called_not
     # the same gap at the precision asked for is the answer: not input-bound
     precise = planted_report({"device": (1791, 0.02, 0.0), "baseline": (1780, 0.02, 0.0)}, device="cpu")
     assert precise.verdict == "not input-bound", precise.verdict
+
+
+def test_no_stage_named_because_of_the_veto_says_so_rather_than_that_no_stage_adds_time() -> None:
+    # the noisy script with --burn (07:41): raw load's ladder step +11 ms ±5 cleared the 2.3 ms threshold, its in-worker
+    # cost (2 ms a step) did not, so rule 3 vetoed it; the old line said no stage adds more than the threshold and noise
+    report = Report("w", "cpu", 2, 8, 10, 3, 1, 0.05, "linear", verdict="competes", device_step_ms=46.9, baseline_step_ms=57.9)
+    report.components = [Bottleneck("raw load", "raw load", 11.3, 5.3, 0.2, ("raw", "baseline"), False, in_worker_ms=2.0, ladder_ms=11.3)]
+    lines = report._summary_lines()
+    assert not any("No stage adds" in line for line in lines), lines
+    assert any("No stage is named" in line and "(raw load)" in line and "tipped" in line for line in lines), lines

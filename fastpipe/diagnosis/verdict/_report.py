@@ -284,11 +284,7 @@ class Report:
             lines.append("Smaller costs, each under a tenth of the input time (real, beyond noise; fix the stages above first):")
             lines += [self._stage_line(b) for b in small]
         if not self.bottlenecks and self.baseline_step_ms is not None and not self.unresolved:  # a baseline to compare with
-            lines.append(
-                "No stage is named: the noise is too large to tell which stage costs the time (see the verdict)."
-                if self.verdict.startswith(TOO_NOISY)
-                else "No stage adds more than the threshold and the noise to the step."
-            )
+            lines.append(self._none_named())
         if self.unresolved:
             lines.append("Unresolved (a cost that did not hold when the two points were remeasured, interleaved):")
             lines += [self._stage_line(b) for b in self.unresolved]
@@ -299,6 +295,24 @@ class Report:
         for note in self.notes:
             lines.append(f"Note: {note}")
         return lines
+
+    def _none_named(self) -> str:
+        """Why no stage is named: noise (the verdict says), stages whose ladder step cleared the threshold and the noise
+        but whose in-worker cost did not (rule 3: they only tipped the pipeline over), or none that adds that much."""
+        if self.verdict.startswith(TOO_NOISY):
+            return "No stage is named: the noise is too large to tell which stage costs the time (see the verdict)."
+        limit = self.threshold * (self.device_step_ms or 0.0)
+        tipped = [
+            c.stage
+            for c in self.components
+            if c.in_worker_ms is not None and c.in_worker_ms < limit and (c.ladder_ms or 0.0) > max(c.noise_ms, limit)
+        ]
+        if tipped:
+            return (
+                f"No stage is named: the ladder steps beyond the threshold and the noise ({', '.join(tipped)}) belong to stages "
+                "that cost less than the threshold inside the workers, so they only tipped the pipeline over (see the notes)."
+            )
+        return "No stage adds more than the threshold and the noise to the step."
 
     STAGE_COSTS_TITLE = "Stage costs inside the workers (timed in one more pass, to check the ladder):"
 
