@@ -10,6 +10,7 @@ pytorch/examples' ``main.py`` on two busy cores (``device 2227 (±8.9%) | host 3
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,8 @@ def test_a_step_that_varies_by_30_percent_names_only_stages_beyond_their_noise(t
     report = diagnose_noisy(tmp_path)
     out = capsys.readouterr().out
     spreads = [e["spread"] for e in report["experiments"]]
-    assert min(spreads) > 0.08, spreads  # the planted variation is there: uniform ±30% is a 17% spread
+    # the planted variation is there: uniform ±30% is a 17% spread (a point of a dozen steps can show 10%)
+    assert statistics.median(spreads) > 0.1, spreads
     named_beyond_noise(report)
     assert not (report["bottlenecks"] and "No stage adds more than the threshold" in out), out
     assert "host-to-device copy" not in [c["stage"] for c in report["components"]]  # a CPU step: no copy
