@@ -24,15 +24,23 @@ from fastpipe.diagnosis._options import DiagnoseOptions
 from fastpipe.diagnosis._unseen import add_unseen
 from fastpipe.diagnosis.ladder._cache import UnavailablePoint
 from fastpipe.diagnosis.ladder._cachepoint import ANCHORS, BASELINE, DEVICE
-from fastpipe.diagnosis.ladder._plan import COLLATE, COPY, Plan, point_label
+from fastpipe.diagnosis.ladder._plan import COLLATE, COPY, Plan, has_copy, point_label
 from fastpipe.diagnosis.ladder._points import PointRunner
-from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult
+from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.ladder._serve import probe_point
 from fastpipe.diagnosis.ladder._variable import variable_inputs
 from fastpipe.diagnosis.memory._section import finish_memory_section, start_memory_section
 from fastpipe.diagnosis.runtime import _ddp as ddp
 from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
-from fastpipe.diagnosis.verdict._attribute import LADDER, SATURATED_CPU, Attribution, mark_small_costs, verdict_for, worker_costs
+from fastpipe.diagnosis.verdict._attribute import (
+    LADDER,
+    SATURATED_CPU,
+    Attribution,
+    mark_small_costs,
+    noise_verdict,
+    verdict_for,
+    worker_costs,
+)
 from fastpipe.diagnosis.verdict._caveats import (
     BUSY_MACHINE,
     CAVEATS,
@@ -43,6 +51,7 @@ from fastpipe.diagnosis.verdict._caveats import (
     waiting_text,
     workers_needed,
 )
+from fastpipe.diagnosis.verdict._loader import LoaderFacts, loader_facts
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.loading._protocols import LoaderStats, ReportsStats, stages_outside_workers
@@ -81,6 +90,8 @@ class _Diagnosis:
         )
         if pool_reason:
             self.report.notes.append(pool_reason)
+        if not has_copy(r.device.kind):  # the device decides what exists: no copy, no host point, no copy stage
+            self.plan.without_copy()
 
     @property
     def plan(self) -> Plan:
@@ -312,6 +323,10 @@ class _Diagnosis:
                 report.bottlenecks.append(component)
         if attribution.costs and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
             report.bottlenecks += attribution.unnamed_costs(report.components)  # rule 4: never end with the costs unmentioned
+        advised = report.bottlenecks + report.unresolved
+        loader = (
+            loader_facts(self.workload, self.runner.device.kind, find_wrapper=any(COPY in b.stage for b in advised)) if advised else None
+        )
         for b in report.bottlenecks + report.unresolved:
             _advise(
                 b,
@@ -322,13 +337,13 @@ class _Diagnosis:
                 report,
                 attribution.batch_size,
                 free_cores=_free_cores(baseline),
+                loader=loader,
             )
         self._advise_loader_stages()
         report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
         if report.baseline_step_ms is not None and report.device_step_ms is not None:
             mark_small_costs(report.bottlenecks, report.baseline_step_ms - report.device_step_ms)
-        if report.unresolved and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
-            report.verdict = TOO_NOISY
+        report.verdict = noise_verdict(attribution, report) or report.verdict  # rule 8: noise never passes for a finding
         spread = None
         if self.runner.rank_spreads:
             point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
@@ -411,8 +426,10 @@ def _advise(
     batch: int | None = None,
     *,
     free_cores: float | None = None,
+    loader: LoaderFacts | None = None,
 ) -> None:
-    """Fill in the component's recommendation (and snippet) for its own stage.
+    """Fill in the component's recommendation (and snippet) for its own stage (``loader``: what the device and the
+    loader already do, so the advice never asks for it).
 
     A stage that mostly waits gets advice about workers, prefetching and storage, with the workers that would hide it
     (rule 5 of :mod:`fastpipe.diagnosis.verdict._attribute`); one that computes gets advice about its code. A worker-side stage
@@ -421,7 +438,7 @@ def _advise(
     from fastpipe.diagnosis.verdict._advice import recommend, webdataset_shards
 
     stages = None if pipeline is None else [stage.transform for stage in pipeline.stages]
-    advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset)
+    advice = recommend(component.stage, component.kind, transform=stages, dataset=dataset, loader=loader)
     waiting = waiting_text(
         component, costs, report.device_step_ms or 0.0, batch or report.batch_size, usable_cores(), workers=workers, free_cores=free_cores
     )

@@ -46,6 +46,13 @@ class Plan:
         """The components between two points (several when points between them were not measured)."""
         return self.components[self.points.index(upper) : self.points.index(lower)]
 
+    def without_copy(self) -> None:
+        """Take the host point and the host-to-device copy out (a device with no copy, :func:`has_copy`): there the host
+        point is the device point measured twice, and its difference a stage that does not exist."""
+        if HOST in self.points and self.components and self.components[0] == COPY:
+            self.points.remove(HOST)
+            del self.components[0]
+
     def drop(self, point: str, reason: str, label: str | None = None) -> None:
         """Take ``point`` out (it cannot be built): its two neighbouring components merge into one span, named ``label``
         where the loader knows better what runs there (a ThreadLoader hands batches over; it has no collate/IPC)."""
@@ -56,6 +63,16 @@ class Plan:
         self.components[i - 1 : i + 1] = [merged]
         self.points.remove(point)
         self.unavailable.append(Unavailable(point, reason))
+
+
+NO_COPY_KINDS = ("cpu",)
+"""Device kinds whose step reads its batches where the loader leaves them: no host-to-device copy (``cpu``: the
+tensors' ``.to(device)`` returns them as they are)."""
+
+
+def has_copy(device_kind: str) -> bool:
+    """Whether batches are copied to a device of this kind (``Device.kind``; script mode's ScriptDevice keeps it)."""
+    return device_kind not in NO_COPY_KINDS
 
 
 def make_plan(pipeline: TransformPipeline | None, why_not: str | None) -> Plan:

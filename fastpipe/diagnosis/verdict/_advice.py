@@ -21,6 +21,7 @@ from fastpipe.diagnosis.discovery._catalog import CUSTOM, FASTPIPE, TIMM, facts_
 from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
 from fastpipe.diagnosis.ladder._plan import HAND_OVER
 from fastpipe.diagnosis.verdict import _fits
+from fastpipe.diagnosis.verdict._loader import LoaderFacts
 
 RAW, TRANSFORM, COLLATE, COPY, WORKERS = "raw load", "transform", "collate/IPC", "host-to-device copy", "too few workers"
 #: torchvision's RandomResizedCrop scale range: on average a box covers (0.08 + 1) / 2 of the image's area.
@@ -28,6 +29,8 @@ _DEFAULT_SCALE = (0.08, 1.0)
 _DEFAULT_OUT = 224
 _CROPS = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop")
 _FLOAT_OUT = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "MaybeToTensor")
+_UINT8_OUT = ("PILToTensor", "MaybePILToTensor", "ToNumpy", "ToImage")
+"""Conversions that keep a PIL image's uint8 pixels (a float conversion after one of them makes floats again)."""
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
@@ -52,7 +55,13 @@ class Advice:
 
 
 def recommend(
-    stage: str, kind: str, *, transform: object | None = None, dataset: object | None = None, image_size: tuple[int, int] | None = None
+    stage: str,
+    kind: str,
+    *,
+    transform: object | None = None,
+    dataset: object | None = None,
+    image_size: tuple[int, int] | None = None,
+    loader: LoaderFacts | None = None,
 ) -> Advice:
     """The remedy for ``stage``, a stage name as a diagnosis reports it.
 
@@ -65,21 +74,24 @@ def recommend(
         dataset: the dataset; an ImageFolder-like one (``samples`` of (path, label)), or a wrapper holding
             one as ``.dataset``, lets a few image headers be read to say whether DCT scaling can help.
         image_size: (height, width) of a typical raw image, when the caller knows it.
+        loader: what the device and the loader already do (:class:`~fastpipe.diagnosis.verdict._loader.LoaderFacts`):
+            no copy advice where the device has no copy, and no advice to do what the loader already does.
     """
+    loader = loader or LoaderFacts()
     parts = [part.strip() for part in stage.split(" + ") if part.strip()]
     if len(parts) > 1:
-        return _span(parts, transform, dataset, image_size)
+        return _span(parts, transform, dataset, image_size, loader)
     name = parts[0] if parts else stage
     base = re.sub(r"#\d+$", "", name)
     if kind == WORKERS:
         return _workers()
     if base == RAW or kind == RAW:
-        return _with_prepare(_raw_load(transform, dataset, image_size), dataset)
+        return _with_prepare(_raw_load(transform, dataset, image_size, loader.copies), dataset)
     if base == COLLATE or kind == COLLATE:
-        return _collate(transform, dataset)
+        return _collate(transform, dataset, loader)
     if base == COPY or kind == COPY:
-        return _copy()
-    return _transform(base, transform, dataset, image_size)
+        return _copy(transform, loader)
+    return _transform(base, transform, dataset, image_size, loader)
 
 
 # ----- what fastpipe can learn about the pipeline ----------------------------------------------
@@ -117,16 +129,29 @@ def _mean_std(transform: object | None) -> tuple[tuple[float, ...], tuple[float,
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
+def samples_of(dataset: object | None) -> list[object]:
+    """The (path, label) samples (or paths) of the image folder the dataset reads, through the wrappers that keep it as
+    ``.dataset`` (Subset, most user wrappers) and the readers that hold its file list (timm's ImageDataset keeps it in
+    ``.reader.samples``); torchvision's ``samples`` or ``imgs``. Empty when the dataset lists no files."""
+    for _ in range(4):
+        for holder in (dataset, getattr(dataset, "reader", None)):
+            for attr in ("samples", "imgs"):
+                found = getattr(holder, attr, None) if holder is not None else None
+                if isinstance(found, (list, tuple)) and found:
+                    return list(found)
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            break
+    return []
+
+
 def _image_size(dataset: object | None, image_size: tuple[int, int] | None, probe: int = 8) -> tuple[int, int] | None:
-    """(height, width) of a typical raw image: given, or the median of a few headers of an ImageFolder-like dataset."""
+    """(height, width) of a typical raw image: given, or the median of a few headers of the files the dataset reads
+    (:func:`samples_of`)."""
     if image_size is not None:
         return image_size
-    for _ in range(4):  # through wrappers that keep the real dataset as .dataset (Subset, and most user wrappers)
-        if getattr(dataset, "samples", None) is not None or getattr(dataset, "dataset", None) is None:
-            break
-        dataset = getattr(dataset, "dataset")
-    samples = getattr(dataset, "samples", None)
-    if not isinstance(samples, (list, tuple)) or not samples:
+    samples = samples_of(dataset)
+    if not samples:
         return None
     from PIL import Image
 
@@ -192,9 +217,9 @@ from fastpipe.transforms import Normalize
 # no change but the class: your own transform; the crop (and flip) it begins with is decoded crop-only,
 # with torchvision's random draws (print(dataset.fast_path) says what was taken over)
 dataset = ImageFolder(root, transform=transform)  # was: torchvision.datasets.ImageFolder(root, transform=transform)
-# further: uint8 out, Normalize after the copy (replaces RandomResizedCrop({out}) + RandomHorizontalFlip() + ToTensor()):
+# further: uint8 out, Normalize after the workers (replaces your {replaced}):
 # dataset = ImageFolder(root, size={out})
-# normalize = Normalize(mean={mean}, std={std})  # images = normalize(images.to(device, non_blocking=True))
+# normalize = Normalize(mean={mean}, std={std})  # images = normalize({moved})
 # or keep torchvision's class, with the crop drawn and decoded by its loader (no transform):
 # dataset = torchvision.datasets.ImageFolder(root, loader=DecodeCropLoader({out}))
 """
@@ -214,11 +239,9 @@ from fastpipe.transforms import Normalize
 
 # in the workers: uint8 out (PILToTensor), a quarter of float32's bytes, no per-pixel arithmetic
 transform = T.Compose([{head}T.PILToTensor()])
-# on the device, ToTensor + Normalize fused into one multiply-add on the whole batch:
+# after the workers, your {fused} fused into one multiply-add on the whole batch:
 normalize = Normalize(mean={mean}, std={std})
-# your loop: images = normalize(images.to(device, non_blocking=True)); or let fastpipe copy and normalize:
-# fastpipe.DevicePrefetcher(loader, device, transform=normalize), or fastpipe.Workload(..., device_transform=normalize)
-"""
+{loop}"""
 
 _BOX_LOADER_SNIPPET = """\
 import torch
@@ -231,7 +254,7 @@ def decode_{what}(path, size={out}):
     height, width = jpeg_size(data)
 {box}    return decode_jpeg_crop(data, box, out_size)
 
-dataset = torchvision.datasets.ImageFolder(root, loader=decode_{what})  # drop {name} (and ToTensor) from its transform
+dataset = torchvision.datasets.ImageFolder(root, loader=decode_{what})  # drop {name}{convert} from its transform
 """
 
 _BOXES = {
@@ -300,9 +323,31 @@ def _fmt(values: tuple[float, ...]) -> str:
     return "(" + ", ".join(f"{v:g}" for v in values) + ")"
 
 
-def _decode_crop(transform: object | None) -> str:
+_TO_TENSOR = ("ToTensor", "PILToTensor", "MaybeToTensor", "MaybePILToTensor", "ToImage")
+"""Conversions from a PIL image to a tensor: a decoder that returns the tensor itself replaces them."""
+
+
+def _conversion_after(transform: object | None) -> str:
+    """`` (and X)`` for the pipeline's conversion to a tensor (X), which a decoder returning uint8 tensors replaces."""
+    found = next((type(leaf).__name__ for leaf in _leaves(transform) if type(leaf).__name__ in _TO_TENSOR), None)
+    return f" (and {found})" if found else ""
+
+
+def _replaced(transform: object | None) -> str:
+    """What ``ImageFolder(root, size=...)`` replaces, named from the pipeline found: its crop, a flip and its
+    conversion to a tensor (the usual recipe, said as such, when fastpipe saw no transform)."""
+    if transform is None:
+        return "RandomResizedCrop + RandomHorizontalFlip + ToTensor (the usual recipe: fastpipe did not see yours)"
+    names = [type(leaf).__name__ for leaf in _leaves(transform)]
+    crop = _crop_of(transform)
+    kept = [n for n in names if n == crop or n == "RandomHorizontalFlip" or n in _TO_TENSOR or n in ("ConvertImageDtype", "ToDtype")]
+    return " + ".join(kept) or "crop"
+
+
+def _decode_crop(transform: object | None, copies: bool = True) -> str:
     mean, std = _mean_std(transform)
-    return _DECODE_CROP_SNIPPET.format(out=_out_size(transform), mean=_fmt(mean), std=_fmt(std))
+    moved = "images.to(device, non_blocking=True)" if copies else "images"  # a CPU step: in the step, on the whole batch
+    return _DECODE_CROP_SNIPPET.format(out=_out_size(transform), mean=_fmt(mean), std=_fmt(std), replaced=_replaced(transform), moved=moved)
 
 
 def _decode_box(
@@ -313,6 +358,7 @@ def _decode_box(
     image_size: tuple[int, int] | None,
     converted: str | None,
     label: str,
+    copies: bool = True,
 ) -> Advice:
     """Decode only what ``crop`` keeps: the remedy for a crop or resize, and for the raw load before one.
 
@@ -357,7 +403,7 @@ def _decode_box(
                 "decoding: fastpipe.ops.jpeg.decode_jpeg_crop decodes only the box (at 1/2, 1/4 or 1/8 DCT scale when the "
                 "box is at least twice the output), uint8 out, as the loader of torchvision's ImageFolder."
             ),
-            snippet=_BOX_LOADER_SNIPPET.format(what=name, name=crop, out=out, box=box),
+            snippet=_BOX_LOADER_SNIPPET.format(what=name, name=crop, out=out, box=box, convert=_conversion_after(transform)),
             caveat=caveat,
         )
     return Advice(
@@ -367,12 +413,12 @@ def _decode_box(
             f"header and decodes only it (then, for uint8 out, fastpipe.datasets.ImageFolder(root, size={out}); or "
             f"DecodeCropLoader({out}) as the loader of torchvision's ImageFolder)."
         ),
-        snippet=_fits.snippet_for(_decode_crop(transform), dataset),
+        snippet=_fits.snippet_for(_decode_crop(transform, copies), dataset),
         caveat=caveat,
     )
 
 
-def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+def _raw_load(transform: object | None, dataset: object | None, image_size: tuple[int, int] | None, copies: bool = True) -> Advice:
     stream = _stream_raw_load(dataset)
     if stream is not None:
         return stream
@@ -382,7 +428,7 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
     crop = _crop_of(transform)
     if crop is not None:
         stage, _ = _find(transform, crop)
-        return _decode_box(crop, stage, transform, dataset, image_size, None, "Raw load")
+        return _decode_box(crop, stage, transform, dataset, image_size, None, "Raw load", copies)
     if transform is not None:
         return Advice(
             summary=(
@@ -391,7 +437,7 @@ def _raw_load(transform: object | None, dataset: object | None, image_size: tupl
             ),
             caveat="fastpipe's decode-the-crop drop-ins cannot help a pipeline that uses the whole image",
         )
-    advice = _decode_box("RandomResizedCrop", None, None, dataset, image_size, None, "Raw load")
+    advice = _decode_box("RandomResizedCrop", None, None, dataset, image_size, None, "Raw load", copies)
     return Advice(
         summary=advice.summary,
         snippet=advice.snippet,
@@ -535,7 +581,10 @@ def webdataset_shards(dataset: object) -> ShardList | None:
     return None
 
 
-def _transform(name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+def _transform(
+    name: str, transform: object | None, dataset: object | None, image_size: tuple[int, int] | None, loader: LoaderFacts | None = None
+) -> Advice:
+    loader = loader or LoaderFacts()
     stage, before = _find(transform, name)
     # the float conversions fastpipe's ImageFolder keeps from the user's transform (its ToTensor) are not compiled parts:
     # their remedy is uint8 out and Normalize on the device, as for torchvision's
@@ -546,7 +595,7 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
     library = facts is not None and facts.library not in (CUSTOM, FASTPIPE) and not facts.compile_helps
     converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")), None)
     if name in _CROPS or (library and facts is not None and facts.crop is not None):
-        return _decode_box(name, stage, transform, dataset, image_size, converted, name)
+        return _decode_box(name, stage, transform, dataset, image_size, converted, name, loader.copies)
     fast = _fits.fast_path(transform, dataset) if library and transform is not None and _fits.generated_raw_load(dataset) is None else None
     takes_over = set(fast.absorbed) if fast is not None and fast.active else set()
     if (
@@ -554,19 +603,10 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
         and facts is not None
         and ((name in ("RandomHorizontalFlip", "PILToTensor") and name not in takes_over) or (name == "ToTensor" and facts.library == TIMM))
     ):
-        summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform))
+        summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform), copies=loader.copies)
         return Advice(summary=summary, snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)) if on_device else _TUNE_SNIPPET)
     if name in _FLOAT_OUT:
-        mean, std = _mean_std(transform)
-        head = _head(transform, name)
-        return Advice(
-            summary=(
-                f"{name}: per-pixel float arithmetic in the workers, and float32 batches 4x the bytes of uint8. "
-                "Ship uint8 (PILToTensor) and normalize on the device: fastpipe.transforms.Normalize, which matches "
-                "torchvision's ToTensor() + Normalize(mean, std)."
-            ),
-            snippet=_UINT8_SNIPPET.format(head=head, mean=_fmt(mean), std=_fmt(std)),
-        )
+        return _float_out(name, transform, loader)
     if name == "RandomHorizontalFlip":
         return Advice(
             summary=(
@@ -574,7 +614,7 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
                 f"at no extra cost: fastpipe.datasets.ImageFolder(root, transform={_fits.transform_argument(dataset)}) takes a flip right "
                 f"after the crop over (or ImageFolder(root, size={_out_size(transform)}, hflip=0.5) for uint8 out)."
             ),
-            snippet=_fits.snippet_for(_decode_crop(transform), dataset),
+            snippet=_fits.snippet_for(_decode_crop(transform, loader.copies), dataset),
         )
     if name == "PILToTensor":
         return Advice(
@@ -583,7 +623,7 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
                 f"cropped uint8 tensor itself: fastpipe.datasets.ImageFolder(root, transform={_fits.transform_argument(dataset)}) drops a "
                 f"PILToTensor that follows the crop (or ImageFolder(root, size={_out_size(transform)}))."
             ),
-            snippet=_fits.snippet_for(_decode_crop(transform), dataset),
+            snippet=_fits.snippet_for(_decode_crop(transform, loader.copies), dataset),
         )
     if name == "RandomMask" and not _is_fastpipe_mask(stage):
         return Advice(
@@ -594,11 +634,18 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
             snippet=_MASK_SNIPPET.format(out=_out_size(transform)),
         )
     if library and facts is not None:
-        summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform))
+        summary, on_device = _fits.library_transform(name, facts, _fits.crop_before(stage, transform), copies=loader.copies)
         return Advice(summary=summary, snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)) if on_device else _TUNE_SNIPPET)
     inside = (
         f" ({facts.library}'s {facts.name}, holding your own code)" if facts is not None and facts.library not in (CUSTOM, FASTPIPE) else ""
     )
+    if not loader.copies:  # a CPU step: no device to move it to, only the step's own cores
+        return Advice(
+            summary=(
+                f"{name}: a custom transform that is slow by itself{inside}. Compile it (Numba @njit over a uint8 array, "
+                "or a C++ TORCH_LIBRARY op, as fastpipe.transforms.RandomMask is), or vectorize it."
+            )
+        )
     return Advice(
         summary=(
             f"{name}: a custom transform that is slow by itself{inside}. Compile it (Numba @njit over a uint8 array, or a C++ "
@@ -608,6 +655,33 @@ def _transform(name: str, transform: object | None, dataset: object | None, imag
             "(fastpipe does not know either for your own code)."
         ),
         snippet=_DEVICE_SNIPPET.format(name=name, var=_snake(name)),
+    )
+
+
+def _float_out(name: str, transform: object | None, loader: LoaderFacts) -> Advice:
+    """A float conversion or Normalize in the workers: ship uint8 and normalize after the workers, named by the
+    pipeline's own conversions (a preset that converts with ConvertImageDtype is never told about ToTensor)."""
+    names = [type(leaf).__name__ for leaf in _leaves(transform)]
+    floats = [n for n in names if n in _FLOAT_OUT] or [name]
+    kept = next((n for n in names if n in _UINT8_OUT and names.index(n) < names.index(floats[0])), None) if floats[0] in names else None
+    ship = f"your {kept}'s uint8, before {floats[0]}" if kept else "PILToTensor"
+    mean, std = _mean_std(transform)
+    where = _normalize_where(loader)
+    if loader.copies:
+        loop = (
+            "# your loop: images = normalize(images.to(device, non_blocking=True)); or let fastpipe copy and normalize:\n"
+            "# fastpipe.DevicePrefetcher(loader, device, transform=normalize), or fastpipe.Workload(..., device_transform=normalize)\n"
+        )
+        why = "float32 batches 4x the bytes of uint8"
+    else:
+        loop = "# your loop: images = normalize(images), on the whole batch (on a CPU step it shares the step's cores)\n"
+        why = "float32 batches 4x the bytes of uint8 through shared memory (on a CPU step the arithmetic then shares its cores)"
+    return Advice(
+        summary=(
+            f"{name}: per-pixel float arithmetic in the workers, and {why}. Ship uint8 ({ship}) and normalize {where}: "
+            f"fastpipe.transforms.Normalize, which matches your {' + '.join(floats)}."
+        ),
+        snippet=_UINT8_SNIPPET.format(head=_head(transform, name), mean=_fmt(mean), std=_fmt(std), fused=" + ".join(floats), loop=loop),
     )
 
 
@@ -725,8 +799,8 @@ def _progressive(dataset: object | None, probe: int = 16) -> tuple[int, int]:
     Reads at most :data:`HEADER_PROBE_BYTES` of each file (a shard or a huge file is not read whole) and only paths
     (a str or ``os.PathLike``: an int would be taken by ``open`` as one of the process's file descriptors and closed).
     """
-    samples = getattr(_folder(dataset), "samples", None)
-    if not isinstance(samples, (list, tuple)) or not samples:
+    samples = samples_of(dataset)
+    if not samples:
         return 0, 0
     import os
 
@@ -784,13 +858,34 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _collate(transform: object | None, dataset: object | None = None) -> Advice:
+def ships_uint8(transform: object | None) -> bool | None:
+    """Whether the pipeline found hands out uint8 images: its last conversion keeps uint8 (PILToTensor, timm's
+    MaybePILToTensor or ToNumpy, v2's ToImage) with no float conversion after it. None when it has no conversion
+    fastpipe knows (then nothing is said either way)."""
+    kept = None
+    for name in (type(leaf).__name__ for leaf in _leaves(transform)):
+        if name in _FLOAT_OUT:
+            kept = False
+        elif name in _UINT8_OUT:
+            kept = True
+    return kept
+
+
+def _normalize_where(loader: LoaderFacts) -> str:
+    """Where a Normalize taken out of the workers runs: after the copy, or in a CPU step on whole batches."""
+    return "on the device" if loader.copies else "in the training step, on whole batches"
+
+
+def _collate(transform: object | None, dataset: object | None = None, loader: LoaderFacts | None = None) -> Advice:
+    loader = loader or LoaderFacts()
     floats = [n for n in (type(leaf).__name__ for leaf in _leaves(transform)) if n in _FLOAT_OUT]
     recycled = _recycled_available()
-    summary = (
-        "Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: "
-        "uint8 images (PILToTensor, normalize on the device with fastpipe.transforms.Normalize), smaller dtypes, no padding"
+    send = (
+        "the images are uint8 already, so: smaller dtypes for the rest, no padding, a lower resolution"
+        if ships_uint8(transform)
+        else f"uint8 images (PILToTensor, normalize {_normalize_where(loader)} with fastpipe.transforms.Normalize), smaller dtypes, no padding"
     )
+    summary = f"Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: {send}"
     summary += ", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else "."
     if _thread_loader_fits(dataset):
         summary += f" Or {_THREAD_LOADER}."
@@ -808,15 +903,31 @@ def _recycled_available() -> bool:
         return False
 
 
-def _copy() -> Advice:
-    return Advice(
-        summary=(
-            "Host-to-device copy: overlap it with the step and copy less: pin_memory=True, non_blocking copies on a "
-            "side stream with fastpipe.DevicePrefetcher, and uint8 payloads (normalize on the device). "
-            "fastpipe.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."
-        ),
-        snippet=_PREFETCH_SNIPPET,
-    )
+def _copy(transform: object | None = None, loader: LoaderFacts | None = None) -> Advice:
+    """The copy's remedies, less the ones the loader already has (a prefetcher, pinning, uint8 batches)."""
+    loader = loader or LoaderFacts()
+    if not loader.copies:
+        return Advice(summary="Host-to-device copy: this device reads its batches where the loader leaves them; there is no copy.")
+    todo, done = [], []
+    if loader.pinned:
+        done.append("pin_memory=True pins each batch")
+    else:
+        todo.append("pin_memory=True")
+    if loader.prefetcher:
+        done.append(f"{loader.prefetcher} copies each batch ahead of the step")
+    else:
+        todo.append("non_blocking copies on a side stream with fastpipe.DevicePrefetcher")
+    if ships_uint8(transform):
+        done.append("the pipeline ships uint8 images")
+    else:
+        todo.append("uint8 payloads (normalize on the device)")
+    summary = "Host-to-device copy: " + (f"overlap it with the step and copy less: {', '.join(todo)}." if todo else "")
+    if done:
+        summary += f" Already in place: {'; '.join(done)}" + (
+            "." if todo else ": what is left is the bytes themselves (a lower resolution or smaller dtypes)."
+        )
+    summary += " fastpipe.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."
+    return Advice(summary=summary.replace(":  ", ": "), snippet=None if loader.prefetcher else _PREFETCH_SNIPPET)
 
 
 def _workers() -> Advice:
@@ -829,18 +940,20 @@ def _workers() -> Advice:
     )
 
 
-def _span(parts: list[str], transform: object | None, dataset: object | None, image_size: tuple[int, int] | None) -> Advice:
+def _span(
+    parts: list[str], transform: object | None, dataset: object | None, image_size: tuple[int, int] | None, loader: LoaderFacts
+) -> Advice:
     """Stages measured together (an interrupted or bisected run): which part costs the time is not known."""
     kinds: dict[str, Callable[[], Advice]] = {
-        RAW: lambda: _raw_load(transform, dataset, image_size),
-        COLLATE: lambda: _collate(transform, dataset),
-        COPY: _copy,
+        RAW: lambda: _raw_load(transform, dataset, image_size, loader.copies),
+        COLLATE: lambda: _collate(transform, dataset, loader),
+        COPY: lambda: _copy(transform, loader),
         HAND_OVER: lambda: Advice(
             summary="hand-over: the ThreadLoader giving decoded batches to the loop (ring views and buffer release), not a "
             "transform; its own clocks time it with the loader's other stages."
         ),
     }
-    advice = [kinds[p]() if p in kinds else _transform(re.sub(r"#\d+$", "", p), transform, dataset, image_size) for p in parts]
+    advice = [kinds[p]() if p in kinds else _transform(re.sub(r"#\d+$", "", p), transform, dataset, image_size, loader) for p in parts]
     first = next((a for a in advice if a.snippet is not None), None)
     remedies = " ".join(a.summary for a in advice)
     return Advice(

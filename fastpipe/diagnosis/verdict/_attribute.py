@@ -39,6 +39,14 @@ A point's step time is ``1 / steps/s``. The rules, in the order they apply:
    time through shared caches and memory bandwidth, lifts such stages over the threshold first (beside two busy loops
    toy:naive's ConvertColor was named third). The first named stage is never small.
 
+8. **A ladder that is not monotone names nothing from its out-of-order points.** A point that caches more can never
+   be slower than one that caches less; where one is, beyond the same noise and threshold that name a stage
+   (:meth:`Attribution.inversions`, any two points, not only neighbours), one of the two measurements is off (a
+   neighbour's load came and went, a point changed the work) and nobody can tell which: no ladder figure that starts
+   or ends at either point is named (:meth:`Attribution.off_ladder`; rule 4's in-worker cost still may, labelled). When
+   noise leaves nothing named although the step says there is something to name, the verdict is
+   :func:`noise_verdict`'s "too noisy to decide: ..." with what to do.
+
 Where the in-worker timing could not run, rules 2-5 do not apply and the report says so (rule 1 alone).
 """
 
@@ -48,11 +56,11 @@ import math
 from dataclasses import dataclass, field
 
 from fastpipe._system import usable_cores
-from fastpipe.diagnosis.ladder._cachepoint import DEVICE, HOST, SAMPLE, CachePoint
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE, HOST, SAMPLE, CachePoint
 from fastpipe.diagnosis.ladder._noise import difference_noise
 from fastpipe.diagnosis.ladder._plan import Plan, kind_of
-from fastpipe.diagnosis.ladder._results import ExperimentResult
-from fastpipe.diagnosis.verdict._report import Bottleneck
+from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report, ms_text
 
 VERDICT_BANDS = ((0.05, "not input-bound"), (0.20, "moderately input-bound"), (math.inf, "highly input-bound"))
 SATURATED_CPU = 0.9
@@ -253,6 +261,36 @@ class Attribution:
         added, noise = self.added(upper, lower)
         return -added > max(noise, self.threshold_s)
 
+    # ----- rule 8: a ladder that is not monotone ------------------------------------------
+    def inversions(self) -> list[tuple[str, str]]:
+        """Every pair of measured points (more cached, less cached), neighbours or not, where the one that caches more
+        ran slower beyond noise and threshold (:meth:`inverted`): the ladder is not monotone there."""
+        measured = self.measured()
+        return [(upper, lower) for i, upper in enumerate(measured) for lower in measured[i + 1 :] if self.inverted(upper, lower)]
+
+    def off_ladder(self) -> set[str]:
+        """The points of every inversion: a ladder figure that starts or ends at one of them is never named (rule 8)."""
+        return {point for pair in self.inversions() for point in pair}
+
+    def out_of_order(self, component: Bottleneck) -> bool:
+        """Whether the component's figure (its own ladder step, or the span it was split from) touches an out-of-order point."""
+        points = set(component.between) | set(component.span or ())
+        return bool(points & self.off_ladder())
+
+    def inversion_text(self, limit: int = 2) -> str:
+        """The inversions in words, the largest first (at most ``limit``), for a caveat or the verdict."""
+        pairs = sorted(self.inversions(), key=lambda pair: self.added(*pair)[0])  # the largest inversion first
+        words = []
+        for upper, lower in pairs[:limit]:
+            added, noise = self.added(upper, lower)
+            words.append(
+                f"'{CachePoint(upper).label}' ({self.corrected_s(upper) * 1000:.0f} ms a step), which caches more, ran "
+                f"{-added * 1000:.0f} ms ±{noise * 1000:.0f} slower than '{CachePoint(lower).label}' "
+                f"({self.corrected_s(lower) * 1000:.0f} ms)"
+            )
+        more = f" and {len(pairs) - limit} more pair(s)" if len(pairs) > limit else ""
+        return "; ".join(words) + more
+
     def at_bound(self, point: str) -> bool:
         """The point runs as fast as the loop can without workers (the host point, or the device's when it was
         not measured), within noise and threshold: its own pipeline work hides under the step."""
@@ -398,17 +436,92 @@ class Attribution:
         return component.in_worker_ms is not None and component.in_worker_ms < self.threshold_s * 1000
 
     def named(self, component: Bottleneck) -> bool:
-        """Rules 1-3: the component's figure beats noise and threshold, and its in-worker cost does not clear it."""
-        return not self.vetoed(component) and component.added_ms > max(component.noise_ms, self.threshold_s * 1000)
+        """Rules 1-3 and 8: the component's figure beats noise and threshold, its in-worker cost does not clear it, and
+        it does not start or end at a point where the ladder is out of order."""
+        return (
+            not self.vetoed(component)
+            and component.added_ms > max(component.noise_ms, self.threshold_s * 1000)
+            and not self.out_of_order(component)
+        )
 
     def by_cost(self, component: Bottleneck) -> str | None:
         """Rule 4: why the ladder could not decide this component, when its in-worker cost names it instead (else None)."""
         if component.in_worker_ms is None or self.vetoed(component) or self.named(component):
             return None
         why = self.unresolved.get(component.between) if component.basis == LADDER else None  # a split share stands on its span
+        if why is None and self.out_of_order(component):
+            why = f"the ladder is not monotone around it: {self.inversion_text(1)}"
         if why is None and component.noise_ms > self.threshold_s * 1000:
             why = (
-                f"the ladder could not resolve it: ±{component.noise_ms:.0f} ms of noise against a threshold of "
-                f"{self.threshold_s * 1000:.0f} ms"
+                f"the ladder could not resolve it: ±{ms_text(component.noise_ms)} ms of noise against a threshold of "
+                f"{ms_text(self.threshold_s * 1000)} ms"
             )
         return why
+
+
+TO_DECIDE = (
+    "to decide, measure on a quieter machine{busy}, or longer: a larger --budget, or a smaller --precision than {target:g} "
+    "(each point then runs until its mean step time is that precise)"
+)
+"""What a "too noisy to decide" verdict tells the user to do (the same in factory and script mode)."""
+
+
+def noise_verdict(attribution: Attribution, report: Report) -> str | None:
+    """The verdict when noise, not the pipeline, decides what the report can say (rule 8), else None.
+
+    "too noisy to decide: ..." when the baseline step is beyond the threshold of the device step but not beyond the
+    noise of that difference (whether the input costs time is not known); when it is within both but the noise reaches
+    past the threshold because the device or baseline point missed its precision target (at the target, a gap within
+    its noise is the answer the user asked for: not input-bound); or when it is beyond both and yet no stage
+    is named by the ladder because the stages that would hold that time are within their noise, out of order on the
+    ladder (:meth:`Attribution.inversions`), or did not hold when remeasured. Stages rule 4 names by their in-worker
+    cost alone are then pointers, not findings: the verdict says so and names the largest. A gap spread
+    over stages that are each below the threshold, beyond their noise, is not noise: that verdict stays as it is.
+    """
+    results = attribution.results
+    if DEVICE not in results or BASELINE not in results:
+        return None
+    added, noise = attribution.added(DEVICE, BASELINE)
+    threshold = attribution.threshold_s
+    device_ms, baseline_ms = 1000 * attribution.corrected_s(DEVICE), 1000 * attribution.corrected_s(BASELINE)
+    why = None
+    missed = [r for r in (results[DEVICE], results[BASELINE]) if r.noise > report.precision_target]
+    if threshold < added <= noise:
+        why = (
+            f"the baseline step ({baseline_ms:.0f} ms) is {1000 * added:+.0f} ±{1000 * noise:.0f} ms from the device step "
+            f"({device_ms:.0f} ms), within the noise of that difference, so whether the input costs the step any time is not known"
+        )
+    elif added <= max(noise, threshold) and added + noise > threshold and missed:
+        short = ", ".join(f"'{CachePoint(r.cache_point).label}' ±{r.noise:.1%}" for r in missed)
+        why = (
+            f"the baseline step ({baseline_ms:.0f} ms) is {1000 * added:+.0f} ±{1000 * noise:.0f} ms from the device step "
+            f"({device_ms:.0f} ms): within its noise, but that noise reaches past the {1000 * threshold:.0f} ms threshold "
+            f"because {short} missed the {report.precision_target:.0%} precision target, so whether the input costs the step "
+            "time is not known"
+        )
+    elif added > max(noise, threshold) and not any(b.basis in (LADDER, SPLIT) for b in report.bottlenecks):
+        gap = (
+            f"the input costs {1000 * added:.0f} ±{1000 * noise:.0f} ms a step ({baseline_ms:.0f} against the device's {device_ms:.0f} ms)"
+        )
+        within = [c for c in report.components if threshold * 1000 < c.added_ms <= c.noise_ms and not attribution.vetoed(c)]
+        if attribution.inversions():
+            why = (
+                f"{gap}, but the ladder is not monotone beyond its noise ({attribution.inversion_text()}), so no stage "
+                "can be named from those points"
+            )
+        elif within or report.unresolved:
+            listed = [f"{c.stage} {c.added_ms:+.0f} ±{c.noise_ms:.0f} ms" for c in within[:3]]
+            listed += [f"{c.stage} {c.added_ms:+.0f} ms, which did not hold when remeasured" for c in report.unresolved[:2]]
+            why = f"{gap}, but no stage's share of it is beyond its noise ({'; '.join(listed)})"
+    if why is None:
+        return None
+    by_cost = [b for b in report.bottlenecks if b.basis == IN_WORKER]
+    if by_cost:
+        top = max(by_cost, key=lambda b: b.added_ms)
+        why += (
+            f"; timed inside the workers (a separate measurement, which says what the workers spend, not what the step "
+            f"waits for), {top.stage} costs the most: {top.added_ms:.0f} ms a step"
+        )
+    busy = max((r.system_cpu_util - r.cpu_util for r in results.values() if r.system_cpu_util == r.system_cpu_util), default=0.0)
+    where = f" (other processes used up to {busy:.0%} of the CPU during the ladder)" if busy >= SHARED_CPU else ""
+    return f"{TOO_NOISY}: {why}; " + TO_DECIDE.format(busy=where, target=report.precision_target)

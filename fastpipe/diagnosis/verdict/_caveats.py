@@ -149,6 +149,21 @@ def inverted_pairs(facts: Facts) -> str | None:
     )
 
 
+def not_monotone(facts: Facts) -> str | None:
+    """Rule 8 of :mod:`~fastpipe.diagnosis.verdict._attribute`: where the ladder is out of order beyond its noise, say
+    so, and that nothing is named from those points (the pairs already told twice in a row are :func:`inverted_pairs`')."""
+    att = facts.attribution
+    fresh = [pair for pair in att.inversions() if pair not in facts.inverted]
+    if not fresh:
+        return None
+    points = ", ".join(f"'{_label(p)}'" for p in att.measured() if p in att.off_ladder())
+    return (
+        f"the ladder is not monotone beyond its noise: {att.inversion_text()}; one of each pair was measured while "
+        f"something else changed (a neighbour's load, the step's own variation, or a cache point that changes the work), so no stage is named from a figure "
+        f"that starts or ends at {points}"
+    )
+
+
 def ladder_disagreements(facts: Facts) -> str | None:
     """Named stages whose own ladder step and in-worker cost disagree, and why (the split and the veto settle most)."""
     lines = []
@@ -174,6 +189,7 @@ CAVEATS: list[Rule] = [
     saturation_unexplained,
     saturation_explained,
     inverted_pairs,
+    not_monotone,
     ladder_disagreements,
     pool_spread,
     no_workers,
@@ -271,7 +287,19 @@ def skipped_files(facts: Facts) -> str | None:
     )
 
 
-NOTES: list[Rule] = [without_costs, split_spans, vetoed, by_in_worker_cost, copies, ddp_spread, skipped_files]
+def no_copy(facts: Facts) -> str | None:
+    """The device decides what exists: on one with no copy (``cpu``) there is no host point and no copy stage."""
+    from fastpipe.diagnosis.ladder._plan import has_copy
+
+    if has_copy(facts.device_kind):
+        return None
+    return (
+        f"on {facts.device_kind} the step reads its batches where the loader leaves them: there is no host-to-device copy, "
+        "so the ladder has no host point and no copy stage"
+    )
+
+
+NOTES: list[Rule] = [no_copy, without_costs, split_spans, vetoed, by_in_worker_cost, copies, ddp_spread, skipped_files]
 
 
 def apply(rules: list[Rule], facts: Facts) -> list[str]:

@@ -41,10 +41,13 @@ def folder(dataset: object | None) -> object | None:
 
 
 def generated_raw_load(dataset: object | None) -> str | None:
-    """The dataset's class name when it declares that its raw load generates images (``raw_load_reads_files =
-    False``, as the toy's FakeDataset does): no file is read or decoded, so no decode drop-in applies. Else None."""
+    """The dataset's class name when its raw load generates images: it declares so (``raw_load_reads_files = False``,
+    as the toy's FakeDataset does), or it is torchvision's FakeData (random PIL images, made in code). No file is read
+    or decoded, so no decode drop-in applies and no image size is to be read. Else None."""
+    from torchvision.datasets import FakeData
+
     inner = folder(dataset)
-    if inner is not None and getattr(type(inner), "raw_load_reads_files", True) is False:
+    if inner is not None and (getattr(type(inner), "raw_load_reads_files", True) is False or isinstance(inner, FakeData)):
         return type(inner).__name__
     return None
 
@@ -114,12 +117,16 @@ def crop_before(stage: object | None, transform: object | None) -> bool:
     return any(facts_for(leaf).crop is not None for leaf in found[:index])
 
 
-def library_transform(name: str, facts: TransformFacts, cropped: bool) -> tuple[str, bool]:
+def library_transform(name: str, facts: TransformFacts, cropped: bool, *, copies: bool = True) -> tuple[str, bool]:
     """The remedy for a slow library transform, from its facts: (summary, whether an on-device snippet fits).
 
-    ``cropped``: a crop runs before it, so it already works on the crop's pixels.
+    ``cropped``: a crop runs before it, so it already works on the crop's pixels. ``copies``: the device has a copy
+    (not ``cpu``); without one there is no device to move it to, and it stays in the workers.
     """
     head = f"{name}: {facts.library}'s {facts.role}, already native code, so compiling or rewriting it will not help."
+    if not copies:
+        random = " It draws its parameters per sample." if facts.random == PER_SAMPLE else ""
+        return (f"{head}{random} On a CPU step there is no device to move it to: it stays in the workers; {TUNE}.", False)
     if facts.on_device == YES and facts.random == PER_SAMPLE:
         after = " It works on normalized pixels, so Normalize moves onto the device before it." if facts.role == "erase" else ""
         return (

@@ -14,7 +14,8 @@ JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
       "precision_target": float, "budget_s": float,
       "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
       "gap_fraction": float | null,            # 1 - device step / baseline step
-      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "too noisy to decide" | "incomplete"
+      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "incomplete"
+                 | "too noisy to decide: <why>; to decide, <what to do>"   # noise, not the pipeline, decided
                  | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
       "experiments": [{
           "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
@@ -62,7 +63,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastpipe._render import COLORS, pyplot, render_table
-from fastpipe.diagnosis.ladder._results import ExperimentResult, Unavailable
+from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult, Unavailable
 
 if TYPE_CHECKING:
     from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
@@ -115,7 +116,7 @@ class Bottleneck:
 
     @property
     def added_text(self) -> str:
-        return f"{'at least ' if self.at_least else ''}{self.added_ms:.0f} ms per step"
+        return f"{'at least ' if self.at_least else ''}{ms_text(self.added_ms)} ms per step"
 
 
 @dataclass
@@ -239,31 +240,31 @@ class Report:
     def _stage_line(self, b: Bottleneck) -> str:
         share = f"{b.share_of_baseline:.0%} of the baseline step"
         calls = f", run {b.calls_per_sample:g}x per sample" if b.calls_per_sample and b.calls_per_sample > 1 else ""
-        worker = f"; in the workers it costs {b.in_worker_ms:.0f} ms per step" if b.in_worker_ms is not None else ""
+        worker = f"; in the workers it costs {ms_text(b.in_worker_ms)} ms per step" if b.in_worker_ms is not None else ""
         ratio = f" (CPU {b.cpu_ratio:.0%} of its wall time: it {'waits' if b.waits else 'computes'})" if b.cpu_ratio is not None else ""
         hidden = " (its upper point ran at the device bound, so part of it may hide under the device step)" if b.at_least else ""
         label = b.stage if b.kind == b.stage else f"{b.stage} [{b.kind}]"
         if b.basis == "loop timing":
             figure = (
-                f"costs {b.added_ms:.0f} ms per step (±{b.noise_ms:.0f}), timed in the script's loop: inside every point's "
+                f"costs {ms_text(b.added_ms)} ms per step (±{ms_text(b.noise_ms)}), timed in the script's loop: inside every point's "
                 f"step, the device point's too, {share}"
             )
         elif b.basis == "in-worker cost":
-            figure = f"costs {b.added_ms:.0f} ms per step by in-worker cost (not the ladder: {b.why})"
+            figure = f"costs {ms_text(b.added_ms)} ms per step by in-worker cost (not the ladder: {b.why})"
         elif b.basis == "saturated split":
             figure = (
-                f"adds {b.added_text} (±{b.noise_ms:.0f}), its share by in-worker cost of the span from "
+                f"adds {b.added_text} (±{ms_text(b.noise_ms)}), its share by in-worker cost of the span from "
                 f"'{_point_label(b.span[0]) if b.span else ''}' down, {share} (its own ladder step: {b.ladder_ms:+.0f} ms)"
             )
         else:
-            figure = f"adds {b.added_text} (±{b.noise_ms:.0f}), {share}"
+            figure = f"adds {b.added_text} (±{ms_text(b.noise_ms)}), {share}"
         return f"  - {label}: {figure}{calls}{worker}{ratio}{hidden}. {b.recommendation}".rstrip()
 
     def _summary_lines(self) -> list[str]:
         gap = (
             f" (the baseline step is {self.baseline_step_ms:.0f} ms against the device's {self.device_step_ms:.0f} ms: "
             f"{self.gap_fraction:.0%} of it is input)"
-            if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms
+            if self.gap_fraction is not None and self.baseline_step_ms and self.device_step_ms and not self.verdict.startswith(TOO_NOISY)
             else ""
         )
         lines = [f"Verdict: {self.verdict}{gap}"]
@@ -272,13 +273,18 @@ class Report:
         culprits = [b for b in self.bottlenecks if not b.minor]
         small = [b for b in self.bottlenecks if b.minor]
         if culprits:
-            lines.append(f"Stages that cost time per step, largest first (by {self.ranked_by}):")
+            lines.append(
+                # the ladder named nothing: these come from the in-worker timing or the loop's own timing (see the verdict)
+                "Stages named apart from the ladder, largest first (the ladder itself could not decide; see the verdict):"
+                if self.verdict.startswith(TOO_NOISY)
+                else f"Stages that cost time per step, largest first (by {self.ranked_by}):"
+            )
             lines += [self._stage_line(b) for b in culprits]
         if small:
             lines.append("Smaller costs, each under a tenth of the input time (real, beyond noise; fix the stages above first):")
             lines += [self._stage_line(b) for b in small]
-        elif self.experiments and not self.unresolved:
-            lines.append("No stage adds more than the threshold and the noise to the step.")
+        if not self.bottlenecks and self.baseline_step_ms is not None and not self.unresolved:  # a baseline to compare with
+            lines.append(self._none_named())
         if self.unresolved:
             lines.append("Unresolved (a cost that did not hold when the two points were remeasured, interleaved):")
             lines += [self._stage_line(b) for b in self.unresolved]
@@ -289,6 +295,24 @@ class Report:
         for note in self.notes:
             lines.append(f"Note: {note}")
         return lines
+
+    def _none_named(self) -> str:
+        """Why no stage is named: noise (the verdict says), stages whose ladder step cleared the threshold and the noise
+        but whose in-worker cost did not (rule 3: they only tipped the pipeline over), or none that adds that much."""
+        if self.verdict.startswith(TOO_NOISY):
+            return "No stage is named: the noise is too large to tell which stage costs the time (see the verdict)."
+        limit = self.threshold * (self.device_step_ms or 0.0)
+        tipped = [
+            c.stage
+            for c in self.components
+            if c.in_worker_ms is not None and c.in_worker_ms < limit and (c.ladder_ms or 0.0) > max(c.noise_ms, limit)
+        ]
+        if tipped:
+            return (
+                f"No stage is named: the ladder steps beyond the threshold and the noise ({', '.join(tipped)}) belong to stages "
+                "that cost less than the threshold inside the workers, so they only tipped the pipeline over (see the notes)."
+            )
+        return "No stage adds more than the threshold and the noise to the step."
 
     STAGE_COSTS_TITLE = "Stage costs inside the workers (timed in one more pass, to check the ladder):"
 
@@ -395,6 +419,12 @@ class Report:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def ms_text(ms: float) -> str:
+    """Milliseconds as a named stage's line prints them: one decimal under 10 ms, so a stage named beyond a noise of a
+    fraction of a millisecond never reads "0 ms (±0)"."""
+    return f"{ms:.1f}" if abs(ms) < 10 else f"{ms:.0f}"
 
 
 def _plot_memory(ax: Any, bars: list[tuple[str, float]]) -> None:
