@@ -316,7 +316,8 @@ def test_training_loader_chosen_across_alternating_train_and_validation_epochs(c
     assert code == 0, out + err
     assert "at batch 6 of DataLoader #2" in err and "the longest epoch" in err
     assert "fastpipe diagnosis:" in out and "on DataLoader #2" in out
-    assert out.count("* Acc@1") == 1  # the dry run stopped the script in its first training epoch
+    # its epochs were kept: the first ended after its 8 batches during the ladder, and its validation pass ran
+    assert out.count("* Acc@1") >= 2 and "the script's epochs were kept" in out
 
 
 def test_loader_flag_still_picks_the_validation_loader(capsys, clean) -> None:

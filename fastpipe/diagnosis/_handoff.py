@@ -88,6 +88,11 @@ class Handoff:
             batch, self._slot = self._slot, None
             return True, batch
 
+    def script_busy(self) -> bool:
+        """Whether the script is in its own step (it took its batch and has not asked for the next): the engine waits on
+        it then, so the script's thread may touch the state the engine also restores. Lock-free (a signal handler asks)."""
+        return self._given > 0 and self._requests == self._given and self._outcome is None
+
     def elsewhere(self) -> None:
         """The script started other work (another loader, a new epoch) between two batches: that step is spoiled."""
         with self._cond:

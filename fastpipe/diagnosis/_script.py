@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader
 
 from fastpipe.devices import Device, parse_device
+from fastpipe.diagnosis._exitguard import ExitGuard
 from fastpipe.diagnosis._handoff import Handoff, ScriptGone, StepBudgetSpent
 from fastpipe.diagnosis._trainloader import Choice, HeldLoaders, epoch_length
 from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
@@ -64,6 +66,8 @@ EXIT_INTERRUPTED = 130
 EXIT_NOTHING = 2
 ENGINE_EXIT_WAIT_S = 60.0
 """How long the script's end waits for the engine to wrap up its partial report (closing a point's workers)."""
+ENGINE_SLOW_S = 5.0
+"""After this long waiting for the engine, the wait is said on stderr (it usually takes a second or two)."""
 
 CPU_STEP_CAVEAT = (
     "the script's own training step ran on the CPU (its model is on the CPU: no accelerator here, or the script chose "
@@ -136,10 +140,23 @@ class _Seen:
 
 
 class _ScriptIterator(Iterator[Any]):
-    """What the script's ``iter(loader)`` returns: the real iterator, or the ladder's batches while it runs."""
+    """What the script's ``iter(loader)`` returns: the real iterator, or the ladder's batches while it runs.
 
-    def __init__(self, session: "ScriptLadder", seen: _Seen, real: Iterator[Any] | None) -> None:
+    It counts the batches it hands out (``count``) against the epoch's length (``cap``: ``len(loader)``, which the
+    sampler, ``drop_last`` and a DistributedSampler's share are in; None for a stream without ``__len__``), so that
+    once the ladder has taken over, an epoch still ends after exactly ``len(loader)`` batches, as the real loader's
+    would: a script that schedules by it (OneCycleLR, warm-up, gradient accumulation, "the last batch of the epoch")
+    sees the epochs it asked for.
+    """
+
+    def __init__(
+        self, session: "ScriptLadder", seen: _Seen, real: Iterator[Any] | None, *, cap: int | None, fresh: Callable[[], Iterator[Any]]
+    ) -> None:
         self.session, self.seen, self.real = session, seen, real
+        self.cap, self.fresh = cap, fresh
+        self.count = 0
+        self.ended = False
+        self.from_held = False
 
     def __iter__(self) -> "_ScriptIterator":
         return self
@@ -151,7 +168,7 @@ class _ScriptIterator(Iterator[Any]):
         return len(self.seen.loader)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("session", "seen", "real") or self.real is None:
+        if name.startswith("__") or name in ("session", "seen", "real", "cap", "fresh", "count", "ended", "from_held") or self.real is None:
             raise AttributeError(name)
         return getattr(self.real, name)
 
@@ -181,6 +198,14 @@ class ScriptLadder:
         self.error: BaseException | None = None
         self.code: int | None = None
         """The exit code fastpipe decided (a stop, an interrupt); None: the script's own."""
+        self.saved: list[UserState] = []
+        """The script's state when the ladder took over, in host memory (one more copy than the engine's own): put back
+        in place at each epoch end during the ladder and on the script's way out (:meth:`_put_back`)."""
+        self.guard: ExitGuard | None = None
+        self.put_back_at: int | None = None
+        self.epoch_ends = 0
+        """Epochs of the training loader that ended during the ladder."""
+        """The ladder step at the last :meth:`_put_back` (nothing trains the state again before the next step)."""
 
     # ----- the tap's side ------------------------------------------------------------------
     def select(self, loader: DataLoader) -> Watch | None:
@@ -205,25 +230,69 @@ class ScriptLadder:
         if seen.choice is not None and not seen.choice.chosen and seen.passed_over is not None:
             seen.second_epoch = all(self._delivered(i) == n for i, n in seen.passed_over.items())
         seen.choice = None
+        cap, fresh = epoch_length(loader), functools.partial(original, loader)
         if seen is self.trained and self.state == "ladder":
-            return _ScriptIterator(self, seen, None)  # a new epoch while the ladder runs: the ladder goes on
-        return _ScriptIterator(self, seen, original(loader))
+            return _ScriptIterator(self, seen, None, cap=cap, fresh=fresh)  # a new epoch while the ladder runs: it goes on
+        return _ScriptIterator(self, seen, fresh(), cap=cap, fresh=fresh)
 
     # ----- the script's next() -------------------------------------------------------------
     def next_batch(self, it: _ScriptIterator) -> Any:
         if self.state == "before" and it.real is not None and self._due(it.seen):
             self._start(it)
-        if self.state == "ladder" and it.seen is self.trained:
-            return self._serve(it)
-        if it.real is None:
-            it.real = self.held  # an epoch begun during the ladder carries on where the real one was held
-            if it.real is None:
-                raise StopIteration
-        batch = next(it.real)
+        if it.seen is self.trained and self.state != "before":
+            return self._trained_batch(it)
+        assert it.real is not None
+        return self._counted(it, next(it.real))
+
+    def _counted(self, it: _ScriptIterator, batch: Any) -> Any:
+        it.count += 1
         it.seen.batches += 1
         it.seen.total += 1
         it.seen.most = max(it.seen.most, it.seen.batches)
         return batch
+
+    def _trained_batch(self, it: _ScriptIterator) -> Any:
+        """The training loader's ``next()`` once the ladder has taken over: the ladder's batches while it runs, the real
+        ones after it (``--then-continue``); either way the epoch ends after ``len(loader)`` batches."""
+        if it.ended or (it.cap is not None and it.count >= it.cap):
+            self._end_epoch(it)
+            raise StopIteration
+        if self.state == "ladder":
+            ok, batch = self._serve()
+            if ok:
+                return self._counted(it, batch)
+        elif not self.options.then_continue:
+            raise StopScript(self.code or 0)  # the dry run is over: a script that caught the stop is stopped again
+        return self._real_after(it)
+
+    def _real_after(self, it: _ScriptIterator) -> Any:
+        """A real batch after the ladder: from the held iterator (the batches the script would have had next), then, if
+        it runs out before this epoch's length (the ladder ended in a later epoch), from a fresh epoch of the loader."""
+        while True:
+            if it.real is None or it.real is self.held:
+                if self.held is not None:
+                    it.real, self.held, it.from_held = self.held, None, True
+                else:
+                    it.real, it.from_held = it.fresh(), False
+            try:
+                return self._counted(it, next(it.real))
+            except StopIteration:
+                short = it.from_held and it.cap is not None and it.count < it.cap
+                it.real, it.from_held = None, False
+                if not short:
+                    it.ended = True
+                    raise
+
+    def _end_epoch(self, it: _ScriptIterator) -> None:
+        """The epoch's last batch was handed out: end it as the real loader would. During the ladder the script's state
+        is put back first, so its end-of-epoch work (validation, a checkpoint) sees its own model, not the ladder's."""
+        it.ended = True
+        if self.state == "ladder":
+            self.epoch_ends += 1
+            self._put_back()
+        real, it.real = it.real, None
+        if real is not None and real is not self.held:  # the held one waits for --then-continue (or its release)
+            shutdown_iterator(real)  # what is left of a real epoch after the ladder is not this epoch's
 
     def _due(self, seen: _Seen) -> bool:
         if seen.batches < self.options.start_after:
@@ -264,6 +333,11 @@ class ScriptLadder:
             name=f"{Path(self.script).name} ({seen.label})",
         )
         extras = [UserState(optimizer=o) for o in optimizers[1:]] + [UserState(scaler=s) for s in scalers[1:]]
+        self.saved = [
+            UserState(workload.model, workload.optimizer, seen.loader, schedulers=workload.schedulers, scaler=workload.scaler),
+            *extras,
+        ]
+        self.guard = ExitGuard(self.found, self._put_back_on_exit, busy=lambda: self.handoff is not None and self.handoff.script_busy())
         self.echo(self._announcement(seen))
         self.state = "ladder"
         self.started_at = time.perf_counter()
@@ -304,6 +378,7 @@ class ScriptLadder:
         from fastpipe.diagnosis._diagnose import diagnose
 
         assert self.handoff is not None and self.device is not None
+        _block_interrupts()
         o, report, error = self.options, None, None
         try:
             report = diagnose(
@@ -329,7 +404,9 @@ class ScriptLadder:
                 state.restore()
         self.handoff.finish(report, error)
 
-    def _serve(self, it: _ScriptIterator) -> Any:
+    def _serve(self) -> tuple[bool, Any]:
+        """The ladder's batch for the script's ``next()``: ``(True, batch)``; ``(False, None)`` once the ladder has ended and
+        its report is shown, with ``--then-continue`` (else the script is stopped here)."""
         assert self.handoff is not None
         try:
             ok, batch = self.handoff.request()
@@ -340,17 +417,35 @@ class ScriptLadder:
         if ok:
             if self.loop is not None:
                 self.loop.arrived()
-            return batch
+            return True, batch
         self.conclude(None)
         if not self.options.then_continue:
             self._release_held()
             self.code = 0 if self.error is None else 1
             raise StopScript(self.code)
-        self.state = "after"
-        it.real = self.held
-        batch = next(it.real)
-        it.seen.batches += 1
-        return batch
+        return False, None
+
+    def _put_back(self) -> None:
+        """Put the script's state back in place as it was when the ladder took over (model, optimizers, schedulers,
+        scalers, RNGs, the loader's generators): at an epoch's end during the ladder, and on the script's way out.
+        Only from the script's thread, while the engine waits on its step (never at once with the engine's own)."""
+        steps = self.handoff.steps if self.handoff is not None else None
+        if self.put_back_at is not None and self.put_back_at == steps:
+            return  # put back already since the last step: nothing trained it since
+        for state in self.saved:
+            state.restore()
+        self.put_back_at = steps
+
+    def _put_back_on_exit(self, exc: BaseException | None) -> None:
+        """The script is on its way out during the ladder (``exc`` in flight: a crash, ``sys.exit``; or a Ctrl-C about to
+        be raised) and reads its state (:class:`~fastpipe.diagnosis._exitguard.ExitGuard`): put it back first."""
+        if self.state == "ladder":
+            self._put_back()
+
+    def _close_guard(self) -> None:
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            guard.close()
 
     def close_loop(self) -> None:
         """Remove the loop timer's hooks from the script's models (once), keeping what it timed."""
@@ -370,11 +465,14 @@ class ScriptLadder:
             return
         if why is not None:
             self.handoff.gone(f"the script {why}")
-        outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S)
-        self.state = "after"
-        self.close_loop()
+        try:
+            outcome = self._wait_for_engine()
+        finally:
+            self.state = "after"
+            self.close_loop()
+            self._close_guard()
         if outcome is None:
-            self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
+            self._put_back()  # the engine still runs: the script's state from the snapshot taken at the handover
             return
         self.report, self.error = outcome
         for sampler, epoch in self.epochs:
@@ -391,6 +489,25 @@ class ScriptLadder:
             )
         elif self.error is not None:
             self._explain(self.error)
+
+    def _wait_for_engine(self) -> tuple[Any, BaseException | None] | None:
+        """The engine's ``(report, error)``; None when it did not finish in ``ENGINE_EXIT_WAIT_S`` or a second Ctrl-C
+        asked to leave without it (both said on stderr)."""
+        assert self.handoff is not None
+        try:
+            outcome = self.handoff.wait_outcome(ENGINE_SLOW_S)
+            if outcome is None:
+                self.echo(
+                    "fastpipe diagnose: waiting for the ladder to stop its workers and write its report "
+                    f"(at most {ENGINE_EXIT_WAIT_S:.0f} s; Ctrl-C leaves without it)"
+                )
+                outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S - ENGINE_SLOW_S)
+        except KeyboardInterrupt:
+            self.echo("fastpipe diagnose: left without the ladder's report (Ctrl-C while it stopped)")
+            return None
+        if outcome is None:
+            self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
+        return outcome
 
     def _annotate(self, report: Report, why: str | None) -> None:
         assert self.handoff is not None and self.trained is not None
@@ -414,6 +531,13 @@ class ScriptLadder:
             report.notes.append(
                 f"put back after the ladder: {self.found.describe()}, the RNGs and the loader's generators; the script's own "
                 "counters (its step number, a framework's global step) counted the ladder's steps"
+            )
+        if self.epoch_ends:
+            report.notes.append(
+                f"the script's epochs were kept: {self.epoch_ends} of {seen.label}'s epochs ended during the ladder, each after "
+                "len(loader) batches as the real loader's would; the steps across each epoch's end were left out, and the "
+                "script's state was put back before its end-of-epoch work (validation, checkpoints), so what it saved there "
+                "is its own"
             )
         if self.device is not None and self.device.kind == "cpu":
             report.caveats.insert(0, CPU_STEP_CAVEAT)
@@ -474,6 +598,21 @@ class ScriptLadder:
         )
 
 
+def _block_interrupts() -> None:
+    """Block SIGINT in the engine's thread, so every process it starts (each cache point's DataLoader workers, forked or
+    spawned: both keep the starting thread's signal mask) ignores a Ctrl-C sent to the process group.
+
+    Why: a terminal's Ctrl-C reaches every process of the group. A cache point's worker that it interrupts dies mid-batch
+    or hangs in its exit (its queue's feeder flushing to a pipe nobody reads), and the engine's ``next()`` on that point
+    then waits for it for good: the partial report never came, and the workers killed at exit left their
+    ``pymp-*/listener-*`` folders in the temp folder. The engine stops its workers itself once the script is gone;
+    the script's own loader keeps the terminal's behaviour. The signal still reaches the script's thread, where Python
+    runs its handler.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -> int:
     """Run the script as ``python`` would, in this process, under ``session``; its exit code (or fastpipe's)."""
     session.options.check()
@@ -481,6 +620,7 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
     sys.argv = [target, *args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
     code: int = 0
+    exited = False  # the script left by SystemExit (its --help, an argument error, sys.exit)
     session.sampler = LoopSampler(target)
     try:
         with session.sampler, tap_dataloaders(session.select, session.source):
@@ -494,6 +634,7 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
             except SystemExit as exc:
                 session.conclude(f"exited (SystemExit {exc.code!r})")
                 code = _exit_code(exc)
+                exited = True
             except KeyboardInterrupt:
                 session.conclude("was interrupted (Ctrl-C)")
                 code = EXIT_INTERRUPTED
@@ -511,6 +652,8 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
         session._release_held()
     if session.code is not None:
         return session.code
+    if exited and not session.seen and not (session.sampler is not None and session.sampler.loop_calls()):
+        return code  # it left by itself before any loop (its --help, a bad argument): python's exit, no advice
     missing = session.nothing_measured()
     if missing is not None:
         session.echo(missing)
