@@ -613,12 +613,28 @@ def _block_interrupts() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
+def _share_temp_dir() -> None:
+    """Make this process's multiprocessing temp folder (``pymp-*``) now, so every DataLoader worker forked later puts
+    its ``listener-*`` socket in it, and this process removes it, with whatever is left in it, when it exits.
+
+    Why: a worker passes each batch's shared memory by file descriptor, through a listener in a ``pymp-*`` folder of
+    its own, made the first time it sends one. A worker stopped just as it hands over a batch (a cache point's
+    loader closed mid-stream, most often on Ctrl-C) can make that folder in its queue's feeder thread while it is
+    already running its exit finalizers: the folder's removal is registered too late to run, and the folder stays
+    in the temp folder. A forked worker uses its parent's folder when there is one and never removes it.
+    """
+    import multiprocessing.util
+
+    multiprocessing.util.get_temp_dir()
+
+
 def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -> int:
     """Run the script as ``python`` would, in this process, under ``session``; its exit code (or fastpipe's)."""
     session.options.check()
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
+    _share_temp_dir()
     code: int = 0
     exited = False  # the script left by SystemExit (its --help, an argument error, sys.exit)
     session.sampler = LoopSampler(target)
