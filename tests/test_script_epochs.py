@@ -91,3 +91,31 @@ def test_dry_run_keeps_epochs_of_other_loaders(flags, capsys) -> None:
     else:
         assert len(epochs) >= 1 and all(n == length == 12 for _, n, length in epochs), epochs
         assert f"{len(epochs)} of DataLoader #1's epochs ended during the ladder" in out
+
+
+TIMM = SCRIPT.parent / "train_epochs_timm.py"
+
+
+def test_timms_loop_keeps_its_epochs_and_checkpoints_its_own_state(tmp_path, capsys) -> None:
+    # timm's create_loader (its PrefetchLoader asks for the next batch before it hands over the current one), its
+    # accumulation arithmetic (3 batches an update; past the epoch, accum_steps = 12 % 3 = 0 and a modulo by zero),
+    # and a checkpoint at each epoch's end with no validation pass before it
+    trace = tmp_path / "trace.pt"
+    args = ["--epochs", "20", "--samples", "200", "--grad-accum-steps", "3", "--output", str(tmp_path), "--trace", str(trace)]
+    code = main(["diagnose", *QUICK, "--steps", "10", "--budget", "80", "--", "python", str(TIMM), *args])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "fastpipe diagnosis:" in out and "Traceback" not in err
+    epochs = _epochs(out)
+    assert len(epochs) >= 2 and all(n == length == 12 for _, n, length in epochs), epochs
+    states = torch.load(trace)
+    # the ladder took over at the DataLoader's 6th batch, when the script had trained on 4 (the prefetcher holds the
+    # 5th): the state it had then is the one each checkpoint written during the ladder must hold
+    before = states[4][1]
+    checkpoints = sorted(tmp_path.glob("checkpoint-*.pt"))
+    assert len(checkpoints) == len(epochs)
+    for path in checkpoints:
+        saved = torch.load(path)["model"]
+        assert all(torch.equal(before[k], saved[k]) for k in before), path.name
+    # and the ladder did train the model between them (a check that could fail)
+    assert any(not all(torch.equal(before[k], model[k]) for k in before) for _, model in states[6:])

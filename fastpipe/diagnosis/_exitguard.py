@@ -10,8 +10,9 @@ Two ways in, both only in the script's thread and only while the ladder runs:
 * a ``state_dict`` pre-hook on each of the script's modules (every submodule: a script saves ``model.module`` or
   ``model.backbone`` too) and optimizers: when one is read with an exception in flight (``sys.exc_info()``, set in an
   ``except:``, a ``finally:`` and a ``with`` block's exit while an exception unwinds), the state is put back first, so
-  the checkpoint holds the script's own state. Read in the normal course of a step (an EMA update reads the model's
-  ``state_dict`` every step) nothing happens;
+  the checkpoint holds the script's own state. The same after an epoch ended during the ladder, before the script
+  asks for its next batch (its end-of-epoch checkpoint). Read in the normal course of a step (an EMA update reads
+  the model's ``state_dict`` every step) nothing happens;
 * a SIGINT handler: a Ctrl-C that lands in the script's step (the engine waits on it) puts everything back, RNGs
   included, before Python's own handler raises ``KeyboardInterrupt`` into the script. A Ctrl-C that lands while the
   script waits for its batch is handled where it waits (the report first, then the script unwinds).
@@ -35,17 +36,28 @@ from fastpipe.diagnosis._trainstate import TrainingState
 class ExitGuard:
     """The hooks and the SIGINT handler above, installed for the ladder's span; :meth:`close` removes them."""
 
-    def __init__(self, found: TrainingState, put_back: Callable[[BaseException | None], None], *, busy: Callable[[], bool]) -> None:
-        """``put_back(exc)`` restores the script's state (``exc``: the exception in flight, None for a Ctrl-C not yet
-        raised); ``busy()`` says whether the script is in its own step (the engine waits on it), where a restore is safe."""
-        self.put_back, self.busy = put_back, busy
+    def __init__(
+        self,
+        found: TrainingState,
+        on_read: Callable[[BaseException | None], None],
+        on_interrupt: Callable[[], None],
+        *,
+        busy: Callable[[], bool],
+    ) -> None:
+        """``on_read(exc)``: the script's thread reads its state (``exc``: the exception in flight, or None);
+        ``on_interrupt()``: a Ctrl-C arrived while ``busy()`` (the script is in its own step and the engine waits on it,
+        so a restore there is safe), before Python raises KeyboardInterrupt in the script."""
+        self.on_read, self.on_interrupt, self.busy = on_read, on_interrupt, busy
         self.thread = threading.get_ident()
         self.handles: list[Any] = []
         modules = {id(m): m for root in found.modules for m in root.modules()}
         for module in modules.values():
             self.handles.append(module.register_state_dict_pre_hook(self._module_hook))
+        self.optimizer_steps = 0
+        """Steps the script's optimizers took (a restore is needed again only once something trained)."""
         for optimizer in found.optimizers:
             self.handles.append(optimizer.register_state_dict_pre_hook(self._optimizer_hook))
+            self.handles.append(optimizer.register_step_post_hook(self._stepped))
         self.previous: Any = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGINT)
@@ -54,11 +66,8 @@ class ExitGuard:
                 signal.signal(signal.SIGINT, self._on_sigint)
 
     def _read(self) -> None:
-        if threading.get_ident() != self.thread:
-            return  # the engine's own snapshots
-        exc = sys.exc_info()[1]
-        if exc is not None:
-            self.put_back(exc)
+        if threading.get_ident() == self.thread:  # not the engine's own snapshots
+            self.on_read(sys.exc_info()[1])
 
     def _module_hook(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
         self._read()
@@ -66,9 +75,12 @@ class ExitGuard:
     def _optimizer_hook(self, optimizer: Any) -> None:
         self._read()
 
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_steps += 1
+
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.busy():
-            self.put_back(None)
+            self.on_interrupt()
         self.previous(signum, frame)
 
     def close(self) -> None:

@@ -202,10 +202,12 @@ class ScriptLadder:
         """The script's state when the ladder took over, in host memory (one more copy than the engine's own): put back
         in place at each epoch end during the ladder and on the script's way out (:meth:`_put_back`)."""
         self.guard: ExitGuard | None = None
-        self.put_back_at: int | None = None
+        self.put_back_for: tuple[Any, ...] | None = None
+        """Why and at which ladder step the state was last put back (:meth:`_put_back` does it once for each)."""
         self.epoch_ends = 0
         """Epochs of the training loader that ended during the ladder."""
-        """The ladder step at the last :meth:`_put_back` (nothing trains the state again before the next step)."""
+        self.epoch_ended = False
+        """An epoch of the training loader ended during the ladder, and the script has not asked for a batch since."""
 
     # ----- the tap's side ------------------------------------------------------------------
     def select(self, loader: DataLoader) -> Watch | None:
@@ -219,6 +221,7 @@ class ScriptLadder:
             seen = _Seen(loader, f"DataLoader #{index}", index, Watch(loader, echo=False, memory=False, hint=False))
             self.seen[id(loader)] = seen
         if self.state == "ladder" and self.handoff is not None:
+            self._epoch_work()
             self.handoff.elsewhere()  # a new epoch or another loader between two steps: that step holds more
             if self.loop is not None:
                 self.loop.elsewhere()
@@ -285,11 +288,14 @@ class ScriptLadder:
 
     def _end_epoch(self, it: _ScriptIterator) -> None:
         """The epoch's last batch was handed out: end it as the real loader would. During the ladder the script's state
-        is put back first, so its end-of-epoch work (validation, a checkpoint) sees its own model, not the ladder's."""
+        is put back first, so its end-of-epoch work (validation, a checkpoint) sees its own model, not the ladder's;
+        and once more when that work begins (:meth:`_epoch_work`): a wrapper that prefetches (timm's PrefetchLoader)
+        asked for the next batch before handing the script its last, which the script trained on after this."""
         it.ended = True
         if self.state == "ladder":
             self.epoch_ends += 1
-            self._put_back()
+            self.epoch_ended = True
+            self._put_back("epoch end")
         real, it.real = it.real, None
         if real is not None and real is not self.held:  # the held one waits for --then-continue (or its release)
             shutdown_iterator(real)  # what is left of a real epoch after the ladder is not this epoch's
@@ -337,7 +343,9 @@ class ScriptLadder:
             UserState(workload.model, workload.optimizer, seen.loader, schedulers=workload.schedulers, scaler=workload.scaler),
             *extras,
         ]
-        self.guard = ExitGuard(self.found, self._put_back_on_exit, busy=lambda: self.handoff is not None and self.handoff.script_busy())
+        self.guard = ExitGuard(
+            self.found, self._state_read, self._interrupted, busy=lambda: self.handoff is not None and self.handoff.script_busy()
+        )
         self.echo(self._announcement(seen))
         self.state = "ladder"
         self.started_at = time.perf_counter()
@@ -408,6 +416,7 @@ class ScriptLadder:
         """The ladder's batch for the script's ``next()``: ``(True, batch)``; ``(False, None)`` once the ladder has ended and
         its report is shown, with ``--then-continue`` (else the script is stopped here)."""
         assert self.handoff is not None
+        self.epoch_ended = False
         try:
             ok, batch = self.handoff.request()
         except KeyboardInterrupt:
@@ -425,22 +434,39 @@ class ScriptLadder:
             raise StopScript(self.code)
         return False, None
 
-    def _put_back(self) -> None:
+    def _put_back(self, why: str, *more: Any) -> None:
         """Put the script's state back in place as it was when the ladder took over (model, optimizers, schedulers,
-        scalers, RNGs, the loader's generators): at an epoch's end during the ladder, and on the script's way out.
-        Only from the script's thread, while the engine waits on its step (never at once with the engine's own)."""
-        steps = self.handoff.steps if self.handoff is not None else None
-        if self.put_back_at is not None and self.put_back_at == steps:
-            return  # put back already since the last step: nothing trained it since
+        scalers, RNGs, the loader's generators), once for each ``(why, *more)`` until the ladder or an optimizer takes
+        a step (a ``state_dict`` read meets the hook of every submodule). Only from the script's thread while the engine waits on its step
+        (never at once with the engine's own restores), or once the engine is done."""
+        trained = self.guard.optimizer_steps if self.guard is not None else None
+        key = (why, self.handoff.steps if self.handoff is not None else None, trained, *more)
+        if key == self.put_back_for:
+            return
         for state in self.saved:
             state.restore()
-        self.put_back_at = steps
+        self.put_back_for = key
 
-    def _put_back_on_exit(self, exc: BaseException | None) -> None:
-        """The script is on its way out during the ladder (``exc`` in flight: a crash, ``sys.exit``; or a Ctrl-C about to
-        be raised) and reads its state (:class:`~fastpipe.diagnosis._exitguard.ExitGuard`): put it back first."""
+    def _epoch_work(self) -> None:
+        """The script's own work after an epoch ended during the ladder (it iterates another loader or reads its state):
+        what it sees and saves is its own state."""
+        if self.state == "ladder" and self.epoch_ended:
+            self._put_back("epoch work")
+
+    def _state_read(self, exc: BaseException | None) -> None:
+        """The script reads its state (``state_dict``, :class:`~fastpipe.diagnosis._exitguard.ExitGuard`): on its way out
+        (``exc`` in flight: a crash, ``sys.exit``, Ctrl-C) or at an epoch's end during the ladder, put it back first."""
+        if self.state != "ladder":
+            return
+        if exc is not None:
+            self._put_back("exit", id(exc))
+        else:
+            self._epoch_work()
+
+    def _interrupted(self) -> None:
+        """A Ctrl-C landed in the script's own step: put its state back before Python raises KeyboardInterrupt there."""
         if self.state == "ladder":
-            self._put_back()
+            self._put_back("ctrl-c")
 
     def _close_guard(self) -> None:
         guard, self.guard = self.guard, None
@@ -472,7 +498,7 @@ class ScriptLadder:
             self.close_loop()
             self._close_guard()
         if outcome is None:
-            self._put_back()  # the engine still runs: the script's state from the snapshot taken at the handover
+            self._put_back("engine still running")  # the script's state from the snapshot taken at the handover
             return
         self.report, self.error = outcome
         for sampler, epoch in self.epochs:
