@@ -194,3 +194,25 @@ def test_ctrl_c_to_the_process_group_ten_times(attempt, tmp_path) -> None:
     run = _ctrl_c_run(tmp_path)
     print(f"run {attempt}: exit {run['code']}, ended {run['took']:.2f} s after SIGINT")
     _check_ctrl_c(run)
+
+
+def test_ctrl_c_during_the_loader_memory_pass_stops_it(monkeypatch, capsys) -> None:
+    # the loader's memory pass takes no step of the script, so it never saw the script go and ran to its budget (20 s):
+    # a Ctrl-C sent as it starts must end the run in seconds, with the ladder's report
+    from fastpipe.diagnosis.memory import _section
+
+    measure, sent = _section.measure_loader_memory, []
+
+    def interrupted_at_start(*args, **kwargs):
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)  # lands in the script's thread, waiting for its next batch
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(_section, "measure_loader_memory", interrupted_at_start)
+    flags = ["--no-stage-costs", "--steps", "4", "--warmup", "1", "--precision", "0.2"]
+    code = main(["diagnose", *flags, "--", "python", str(SCRIPT), "--samples", "400", "--epochs", "3"])
+    ended = time.monotonic()
+    out, err = capsys.readouterr()
+    assert sent, "the memory pass never started: " + out + err
+    assert code == 130 and ended - sent[0] < ENDS_WITHIN_S, f"ended {ended - sent[0]:.1f} s after SIGINT"
+    assert _partial(out, err, "was interrupted (Ctrl-C)"), out + err

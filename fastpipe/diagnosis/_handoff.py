@@ -29,6 +29,11 @@ class ScriptGone(KeyboardInterrupt):
         self.why = why
 
 
+class EngineStopped(KeyboardInterrupt):
+    """Raised inside the engine's thread when the script is gone and the engine, in a pass that takes no step of the
+    script (the loader's memory pass, the start-up pass), has not noticed: it stops there as on a Ctrl-C in factory mode."""
+
+
 class StepBudgetSpent(KeyboardInterrupt):
     """The ladder used the steps it may take from the script (``--budget``); the engine reports what it has."""
 
@@ -104,6 +109,11 @@ class Handoff:
             if self._gone is None:
                 self._gone = why
             self._cond.notify_all()
+
+    @property
+    def is_gone(self) -> bool:
+        """Whether the script said it will ask for no more batches."""
+        return self._gone is not None
 
     def wait_outcome(self, timeout: float | None = None) -> tuple[Any, BaseException | None] | None:
         """The engine's ``(report, error)``, once it has finished (None if ``timeout`` passed first)."""

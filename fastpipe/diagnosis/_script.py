@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader
 
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._exitguard import ExitGuard
-from fastpipe.diagnosis._handoff import Handoff, ScriptGone, StepBudgetSpent
+from fastpipe.diagnosis._handoff import EngineStopped, Handoff, ScriptGone, StepBudgetSpent
 from fastpipe.diagnosis._trainloader import Choice, HeldLoaders, epoch_length
 from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
 from fastpipe.diagnosis._windows import ScriptDevice, WindowRunner
@@ -66,8 +66,11 @@ EXIT_INTERRUPTED = 130
 EXIT_NOTHING = 2
 ENGINE_EXIT_WAIT_S = 60.0
 """How long the script's end waits for the engine to wrap up its partial report (closing a point's workers)."""
+ENGINE_NUDGE_S = 1.0
+"""After this long without the engine's outcome once the script is gone, the engine is stopped where it is
+(:class:`~fastpipe.diagnosis._handoff.EngineStopped`): a pass that takes no step of the script does not see it go."""
 ENGINE_SLOW_S = 5.0
-"""After this long waiting for the engine, the wait is said on stderr (it usually takes a second or two)."""
+"""After this long more, the wait is said on stderr."""
 
 CPU_STEP_CAVEAT = (
     "the script's own training step ran on the CPU (its model is on the CPU: no accelerator here, or the script chose "
@@ -208,6 +211,8 @@ class ScriptLadder:
         """Epochs of the training loader that ended during the ladder."""
         self.epoch_ended = False
         """An epoch of the training loader ended during the ladder, and the script has not asked for a batch since."""
+        self.nudged = False
+        """The engine was stopped where it was (:data:`ENGINE_NUDGE_S`)."""
 
     # ----- the tap's side ------------------------------------------------------------------
     def select(self, loader: DataLoader) -> Watch | None:
@@ -408,9 +413,16 @@ class ScriptLadder:
         except BaseException as exc:  # handed to the script's thread, which reports it
             error = exc
         finally:
-            for state in extras:
-                state.restore()
-        self.handoff.finish(report, error)
+            try:
+                for state in extras:
+                    state.restore()
+            finally:
+                while True:  # an EngineStopped that lands here must not lose the outcome the script's thread waits for
+                    try:
+                        self.handoff.finish(report, error)
+                        break
+                    except KeyboardInterrupt:
+                        continue
 
     def _serve(self) -> tuple[bool, Any]:
         """The ladder's batch for the script's ``next()``: ``(True, batch)``; ``(False, None)`` once the ladder has ended and
@@ -501,6 +513,8 @@ class ScriptLadder:
             self._put_back("engine still running")  # the script's state from the snapshot taken at the handover
             return
         self.report, self.error = outcome
+        if self.nudged:
+            self._put_back("engine stopped")  # the engine's own restore may be what EngineStopped cut short
         for sampler, epoch in self.epochs:
             sampler.epoch = epoch
         if self.thread is not None:
@@ -521,13 +535,17 @@ class ScriptLadder:
         asked to leave without it (both said on stderr)."""
         assert self.handoff is not None
         try:
-            outcome = self.handoff.wait_outcome(ENGINE_SLOW_S)
+            outcome = self.handoff.wait_outcome(ENGINE_NUDGE_S)
+            if outcome is None and self.handoff.is_gone and self.thread is not None:
+                # a pass that takes no step of the script (the loader's memory pass) has not seen it go: stop it there
+                self.nudged = _raise_in(self.thread, EngineStopped)
+                outcome = self.handoff.wait_outcome(ENGINE_SLOW_S)
             if outcome is None:
                 self.echo(
                     "fastpipe diagnose: waiting for the ladder to stop its workers and write its report "
                     f"(at most {ENGINE_EXIT_WAIT_S:.0f} s; Ctrl-C leaves without it)"
                 )
-                outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S - ENGINE_SLOW_S)
+                outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S - ENGINE_SLOW_S - ENGINE_NUDGE_S)
         except KeyboardInterrupt:
             self.echo("fastpipe diagnose: left without the ladder's report (Ctrl-C while it stopped)")
             return None
@@ -622,6 +640,19 @@ class ScriptLadder:
             "so the ladder never started: run it with enough data for a few more steps"
             + (f", or pick the training loader with --loader (it iterated {len(self.seen)})" if o.loader else "")
         )
+
+
+def _raise_in(thread: threading.Thread, kind: type[BaseException]) -> bool:
+    """Raise ``kind`` in ``thread`` at its next bytecode, as a Ctrl-C raises KeyboardInterrupt in the main thread of a
+    factory run (the engine's passes handle it so); a call blocked in C (a queue's get) sees it when it returns."""
+    import ctypes
+
+    if thread.ident is None or not thread.is_alive():
+        return False
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(kind))
+    if done > 1:  # never expected: undo rather than hit other threads
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
+    return done == 1
 
 
 def _block_interrupts() -> None:
