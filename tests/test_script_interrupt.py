@@ -134,7 +134,7 @@ def _ctrl_c_run(tmp_path: Path) -> dict:
     private.mkdir()
     saved, trace = tmp_path / "saved.pt", tmp_path / "trace.pt"
     env = dict(os.environ, TMPDIR=str(private), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "fastpipe", "diagnose", "--no-memory", "--", "python", str(SCRIPT), *LONG]
+    command = [sys.executable, "-m", "fastpipe", "diagnose", "--", "python", str(SCRIPT), *LONG]  # the default flags
     command += ["--save-on-exit", str(saved), "--trace", str(trace)]
     shm_before = _shm_entries()
     errors = tmp_path / "stderr.txt"
