@@ -15,6 +15,10 @@ warm-up loader iterated first is passed over). At its next ``next()`` the ladder
   measured and the script's real step (model, loss, amp, optimizer, schedulers, clipping, logging) is what is timed
   (:class:`~fastpipe.diagnosis._windows.WindowRunner`);
 * the script's iterator of the real loader is held where it was, its workers idle;
+* the script's epochs are kept: an epoch still ends after ``len(loader)`` batches (``StopIteration``, as the real
+  loader's), and the script begins the next as it always does; the ladder's windows go on in it, without the
+  steps that spanned the epoch's end. The script's state is put back before its end-of-epoch work (validation, a
+  checkpoint), so what it saves there is its own;
 * the loop's own work on each batch before its model runs is timed by a forward pre-hook on the models found
   (:mod:`fastpipe.diagnosis.unseen._loop_work`), removed when the ladder ends, and added to the report's
   main-process section (named as a stage when it costs the step).
@@ -22,8 +26,9 @@ warm-up loader iterated first is passed over). At its next ``next()`` the ladder
 When the report is ready everything found is put back, the report is printed, and then either the script is stopped
 (the default, a dry run: :class:`StopScript`, a ``SystemExit(0)`` raised from its ``next()``, which unwinds it as
 ``sys.exit`` would, after its model was put back) or, with ``then_continue``, its ``next()`` carries on with the held
-real iterator: the rest of that epoch, from the batch it would have had next. If the script ends, raises or is
-interrupted during the ladder, the engine stops as on Ctrl-C and the partial report is printed.
+real iterator: from the batch it would have had next, up to the length of the epoch it is in. If the script ends,
+raises or is interrupted during the ladder, its state is put back before its own exit handlers read it
+(:mod:`fastpipe.diagnosis._exitguard`), the engine stops as on Ctrl-C and the partial report is printed.
 """
 
 from __future__ import annotations
@@ -449,8 +454,8 @@ class ScriptLadder:
     def _put_back(self, why: str, *more: Any) -> None:
         """Put the script's state back in place as it was when the ladder took over (model, optimizers, schedulers,
         scalers, RNGs, the loader's generators), once for each ``(why, *more)`` until the ladder or an optimizer takes
-        a step (a ``state_dict`` read meets the hook of every submodule). Only from the script's thread while the engine waits on its step
-        (never at once with the engine's own restores), or once the engine is done."""
+        a step (a ``state_dict`` read meets the hook of every submodule). Only from the script's thread while the
+        engine waits on its step (never at once with the engine's own restores), or once the engine is done."""
         trained = self.guard.optimizer_steps if self.guard is not None else None
         key = (why, self.handoff.steps if self.handoff is not None else None, trained, *more)
         if key == self.put_back_for:
