@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         results = measure_points(workload, device, points, steps=args.steps, warmup=args.warmup)
         for i in rows:
             measured[i] = results[ROWS[i][3]].steps_per_s
+            # as it goes, so a run cut short (gpu_check's time caps) keeps what it measured
+            print(f"  {ROWS[i][0]}: {measured[i]:.3f} steps/s", file=sys.stderr, flush=True)
     bound = measured[1]
     table = []
     for i, (label, article, spec, point, extra) in enumerate(ROWS):

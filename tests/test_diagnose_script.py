@@ -102,7 +102,7 @@ def test_dry_run_stops_the_script_with_its_model_as_it_was(tmp_path, capsys, cle
     code, out, err = diagnose(
         capsys,
         *QUICK,
-        "--budget",
+        "--budget-steps",
         "30",
         script_args=[*args, "--save-on-exit", str(tmp_path / "ladder.pt"), "--checkpoint", str(tmp_path / "ckpt.pt")],
     )
@@ -127,7 +127,7 @@ def test_then_continue_resumes_training_from_the_state_the_script_had(tmp_path, 
     # up to the epoch's 60 (the epoch keeps its length: the real loader's last batches are not handed out)
     args = ["--samples", "480", "--slow-ms", "0", "--step-ms", "2", "--print-freq", "1000"]
     code, out, err = diagnose(
-        capsys, *QUICK, "--budget", "30", "--then-continue", script_args=[*args, "--save-on-exit", str(tmp_path / "c.pt")]
+        capsys, *QUICK, "--budget-steps", "30", "--then-continue", script_args=[*args, "--save-on-exit", str(tmp_path / "c.pt")]
     )
     assert code == 0 and "fastpipe diagnosis:" in out and "then the script goes on with its real batches" in err
     continued = torch.load(tmp_path / "c.pt")
@@ -187,7 +187,7 @@ def test_ctrl_c_in_the_scripts_step_gives_the_partial_report(capsys, clean) -> N
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # spawned workers import torch at each point: 2-3 min at load 8 on 2 cores
 def test_loader_with_spawned_workers(capsys, clean) -> None:
-    code, out, err = diagnose(capsys, *QUICK, "--budget", "40", script_args=[*MID, "--spawn", "-j", "1"])
+    code, out, err = diagnose(capsys, *QUICK, "--budget-steps", "40", script_args=[*MID, "--spawn", "-j", "1"])
     assert code == 0 and "fastpipe diagnosis:" in out and "baseline" in out, out + err
 
 
@@ -225,8 +225,8 @@ def test_script_mode_flags(capsys) -> None:
     assert "only where fastpipe owns the step" in capsys.readouterr().err
     assert main(["diagnose", "--loader", "0", "--", "python", str(SCRIPT)]) == 2
     assert "counts the script's DataLoaders from 1" in capsys.readouterr().err
-    assert main(["diagnose", "--budget", "2.5", "--", "python", str(SCRIPT)]) == 2
-    assert "number of the script's steps" in capsys.readouterr().err
+    assert main(["diagnose", "--budget", "0", "--", "python", str(SCRIPT)]) == 2
+    assert "seconds of measuring each cache point" in capsys.readouterr().err
     assert main(["diagnose", "--then-continue", "toy:naive"]) == 2
     assert "apply to a script" in capsys.readouterr().err
     assert main(["diagnose", "--", "python", "missing.py"]) == 2
@@ -291,7 +291,7 @@ def test_framework_script_names_the_planted_stage(script, needs, tmp_path, capsy
     out_json = tmp_path / "report.json"
     started = time.perf_counter()
     code = main(
-        ["diagnose", "--no-memory", "--precision", "0.1", "--budget", "1000", "--json", str(out_json), "--"]
+        ["diagnose", "--no-memory", "--precision", "0.1", "--budget-steps", "1000", "--json", str(out_json), "--"]
         + ["python", str(SCRIPT.parent / script), "--slow-ms", "40"]
     )
     out, err = capsys.readouterr()
@@ -317,7 +317,7 @@ def test_training_loader_chosen_across_alternating_train_and_validation_epochs(c
     # 8 training batches an epoch, each followed by 6 validation batches, and a validation pass before the first
     # (the ImageNet example's order with a baseline accuracy first): the whole ladder runs on the training loader
     args = ["--samples", "64", "--val-samples", "48", "--validate-first", "--epochs", "3", "--slow-ms", "0", "--step-ms", "2"]
-    code, out, err = diagnose(capsys, *QUICK, "--budget", "20", script_args=args)
+    code, out, err = diagnose(capsys, *QUICK, "--budget-steps", "20", script_args=args)
     assert code == 0, out + err
     assert "at batch 6 of DataLoader #2" in err and "the longest epoch" in err
     assert "fastpipe diagnosis:" in out and "on DataLoader #2" in out
@@ -327,7 +327,7 @@ def test_training_loader_chosen_across_alternating_train_and_validation_epochs(c
 
 def test_loader_flag_still_picks_the_validation_loader(capsys, clean) -> None:
     code, out, err = diagnose(
-        capsys, *QUICK, "--loader", "1", "--budget", "12", script_args=[*MID, "--val-samples", "48", "--validate-first"]
+        capsys, *QUICK, "--loader", "1", "--budget-steps", "12", script_args=[*MID, "--val-samples", "48", "--validate-first"]
     )
     assert "at batch 6 of DataLoader #1" in err and "--loader 1" in err, err
 
@@ -336,7 +336,7 @@ UNUSED_LONG = SCRIPT.parent / "train_unused_long.py"
 
 
 def test_a_longer_loader_never_iterated_gives_way_at_the_next_epoch(capsys, clean) -> None:
-    code = main(["diagnose", *QUICK, "--budget", "40", "--", "python", str(UNUSED_LONG), "3"])
+    code = main(["diagnose", *QUICK, "--budget-steps", "40", "--", "python", str(UNUSED_LONG), "3"])
     out, err = capsys.readouterr()
     assert code == 0 and "fastpipe diagnosis:" in out, out + err
     assert "DataLoader #1" in err and "began its next epoch while its longer DataLoaders (one not iterated yet: 100)" in err

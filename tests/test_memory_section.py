@@ -193,3 +193,64 @@ def test_a_new_process_in_a_workers_slot_counts_its_samples_from_zero() -> None:
     assert ledger[0].tolist() == [2, os.getpid()]
     counted[2]
     assert ledger[0].tolist() == [3, os.getpid()]  # the same process keeps counting
+
+
+# ----- pinned host memory: PyTorch's caching host allocator plus the buffers fastpipe registered ---------------
+def test_pinned_reading_adds_the_host_allocator_and_fastpipes_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU run read "0 B measured": the stats were looked up as ``reserved_bytes.all.current``, which the host
+    allocator does not have. The stats here have the shape ``torch._C._cuda_hostMemoryStats()`` returns."""
+    from fastpipe.diagnosis.memory import _probes
+    from fastpipe.loading.recycle import _hostpin
+
+    nested = {
+        "num_host_alloc": 3,
+        "allocations": {"current": 3, "peak": 3, "allocated": 3, "freed": 0},
+        "allocated_bytes": {"current": 1_800 * MB, "peak": 1_900 * MB, "allocated": 1_900 * MB, "freed": 100 * MB},
+        "active_bytes": {"current": 600 * MB, "peak": 900 * MB, "allocated": 2_000 * MB, "freed": 1_400 * MB},
+    }
+    monkeypatch.setattr(_probes, "_cuda_present", lambda: True)
+    monkeypatch.setattr(_probes, "_host_allocator_stats", lambda: dict(_probes.flatten_stats(nested)))
+    monkeypatch.setattr(_hostpin, "_registered_bytes", 0)
+    assert _probes.pinned_host_bytes() == 1_800 * MB, "held by the allocator: handed out and cached"
+    monkeypatch.setattr(_hostpin, "_registered_bytes", 48 * MB)
+    assert _probes.pinned_host_bytes() == 1_848 * MB, "plus the ring buffers registered in place"
+    monkeypatch.setattr(_probes, "_host_allocator_stats", lambda: {})  # torch.cuda.host_memory_stats() before CUDA's init
+    assert _probes.pinned_host_bytes() == 48 * MB
+    monkeypatch.setattr(_hostpin, "_registered_bytes", 0)
+    assert _probes.pinned_host_bytes() is None, "no source answered: not measured, rather than 0 B"
+    monkeypatch.setattr(_probes, "_cuda_present", lambda: False)
+    assert _probes.pinned_host_bytes() is None
+
+
+def test_the_host_allocators_own_statistics_are_read_here() -> None:
+    """This torch's real statistics (CUDA build or not) have the key the reading looks for."""
+    from fastpipe.diagnosis.memory import _probes
+
+    stats = _probes._host_allocator_stats()
+    if stats is None:
+        pytest.skip(f"torch {torch.__version__} has no host allocator statistics")
+    if not stats:
+        pytest.skip("host allocator statistics are empty before CUDA is initialised, on this torch")
+    assert _probes.host_allocator_bytes(stats) is not None, sorted(stats)
+
+
+@pytest.mark.gpu
+def test_pinned_memory_is_measured_on_cuda() -> None:
+    """On a GPU: pin_memory() copies (what a DataLoader's pin thread makes) and a recycled ring registered in place both count."""
+    from fastpipe.diagnosis.memory import _probes
+    from fastpipe.loading.recycle import RecycledLoader, _hostpin
+
+    held = [torch.empty(8 * MB, dtype=torch.uint8).pin_memory() for _ in range(4)]
+    copies = _probes.pinned_host_bytes()
+    assert copies is not None and copies >= 32 * MB, copies
+    loader = DataLoader(PlantedDataset(length=64), batch_size=16, num_workers=1, pin_memory=True)
+    ring = RecycledLoader(loader, slots=3)
+    iterator = ring.iter_for_device(parse_device("cuda"))
+    batch = next(iterator)
+    assert ring.stats()["pinning"] == "register"
+    registered = _hostpin.registered_bytes()
+    assert registered >= batch[0].numel(), "the ring's buffer under this batch is registered and counted"
+    assert _probes.pinned_host_bytes() >= copies + registered
+    del batch, held
+    iterator.close()
+    ring.close()

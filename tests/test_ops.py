@@ -10,7 +10,7 @@ import torch
 from torch.library import opcheck
 
 import fastpipe.ops as ops
-from fastpipe.errors import ExtensionUnavailableError
+from fastpipe.errors import ConfigError, ExtensionUnavailableError
 from fastpipe.transforms import _prng
 from fastpipe.workloads.toy.naive import RandomMask as NaiveRandomMask
 
@@ -114,5 +114,12 @@ def test_ops_reject_bad_arguments() -> None:
 @requires_ext
 @pytest.mark.gpu
 def test_ops_are_cpu_only_and_say_so() -> None:
-    with pytest.raises(RuntimeError, match="CPU tensor"):
-        ops.random_mask_(torch.zeros(3, 8, 8, dtype=torch.uint8, device="cuda"), 0.25, 1)
+    """fastpipe's one-line message, raised before dispatch (not torch's 40-line "Could not run ... 'CUDA' backend")."""
+    cuda = torch.zeros(3, 8, 8, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ConfigError, match="img must be a CPU tensor, got one on cuda"):
+        ops.random_mask_(cuda, 0.25, 1)
+    with pytest.raises(ConfigError, match="out must be a CPU tensor, got one on cuda"):
+        ops.random_mask_out(cuda.cpu(), 0.25, 1, cuda)
+    if ops.JPEG_OP_AVAILABLE:
+        with pytest.raises(ConfigError, match="source must be a CPU tensor, got one on cuda"):
+            ops.decode_jpeg_crop(torch.zeros(100, dtype=torch.uint8, device="cuda"), (0, 0, 4, 4), (4, 4))

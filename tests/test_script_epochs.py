@@ -44,7 +44,7 @@ def test_each_epoch_ends_at_its_length_with_onecycle_and_timms_accumulation(caps
     # 100 images, batch 8: 13 batches an epoch; OneCycleLR over 20 epochs of 13 steps (it raises past them);
     # timm's accumulation of 3 (its last 13 % 3 = 1 batch accumulates alone; past the epoch, a modulo by zero)
     args = ["--samples", "100", "--epochs", "20", "--onecycle", "--accum", "3"]
-    code, out, err = diagnose(capsys, *QUICK, "--budget", "80", script_args=args)
+    code, out, err = diagnose(capsys, *QUICK, "--budget-steps", "80", script_args=args)
     assert code == 0, out + err
     assert "fastpipe diagnosis:" in out and "Traceback" not in err
     epochs = _epochs(out)
@@ -58,7 +58,7 @@ def test_each_epoch_ends_at_its_length_with_onecycle_and_timms_accumulation(caps
 def test_then_continue_after_epochs_finishes_every_epoch_at_its_length(tmp_path, capsys) -> None:
     trace = tmp_path / "trace.pt"
     args = ["--samples", "100", "--epochs", "8", "--drop-last", "--trace", str(trace)]
-    code, out, err = diagnose(capsys, *QUICK, "--budget", "40", "--then-continue", script_args=args)
+    code, out, err = diagnose(capsys, *QUICK, "--budget-steps", "40", "--then-continue", script_args=args)
     assert code == 0, out + err
     assert "fastpipe diagnosis:" in out
     # drop_last: 12 batches an epoch, all 8 epochs finished at their length, and the script ended by itself
@@ -81,7 +81,7 @@ def test_then_continue_after_epochs_finishes_every_epoch_at_its_length(tmp_path,
 @pytest.mark.parametrize("flags", [["--drop-last"], ["--iterable"]], ids=["drop_last", "stream_without_len"])
 def test_dry_run_keeps_epochs_of_other_loaders(flags, capsys) -> None:
     args = ["--samples", "100", "--epochs", "20", *flags]
-    code, out, err = diagnose(capsys, *QUICK, "--budget", "60", script_args=args)
+    code, out, err = diagnose(capsys, *QUICK, "--budget-steps", "60", script_args=args)
     assert code == 0, out + err
     assert "fastpipe diagnosis:" in out
     epochs = _epochs(out)
@@ -102,7 +102,7 @@ def test_timms_loop_keeps_its_epochs_and_checkpoints_its_own_state(tmp_path, cap
     # and a checkpoint at each epoch's end with no validation pass before it
     trace = tmp_path / "trace.pt"
     args = ["--epochs", "20", "--samples", "200", "--grad-accum-steps", "3", "--output", str(tmp_path), "--trace", str(trace)]
-    code = main(["diagnose", *QUICK, "--steps", "10", "--budget", "80", "--", "python", str(TIMM), *args])
+    code = main(["diagnose", *QUICK, "--steps", "10", "--budget-steps", "80", "--", "python", str(TIMM), *args])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     assert "fastpipe diagnosis:" in out and "Traceback" not in err

@@ -37,8 +37,8 @@ def add_parser(subparsers: Any) -> None:
         "--budget",
         type=float,
         default=None,
-        help="seconds of measuring per cache point before it stops short of the precision target (default 20); "
-        "with a script, the most steps of the script's loop the ladder may take (default 600)",
+        help="seconds of measuring per cache point before it stops short of the precision target (default 20; with a "
+        "script too: its announcement estimates how long the ladder takes from the script's step time)",
     )
     parser.add_argument(
         "--precision", type=float, default=0.03, help="target relative standard error of each point's mean step time (default 0.03)"

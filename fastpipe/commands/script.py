@@ -1,7 +1,8 @@
 """``fastpipe diagnose [OPTIONS] -- python SCRIPT ARGS``: the cache ladder inside an unmodified training script.
 
-The flags are ``fastpipe diagnose``'s, with three of script mode's own (``--loader``, ``--then-continue``, and
-``--budget``, which counts the script's steps here); the work is :mod:`fastpipe.diagnosis._script`'s.
+The flags are ``fastpipe diagnose``'s (``--budget`` too: seconds of measuring per cache point, as with a factory), with
+three of script mode's own (``--loader``, ``--then-continue``, and ``--budget-steps``, a cap on the script's steps the
+whole ladder may take: what ``--budget`` meant here before); the work is :mod:`fastpipe.diagnosis._script`'s.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe.errors import ConfigError
+
+OLD_BUDGET_HINT = 100
+"""A whole ``--budget`` this large was most likely meant as steps (script mode's old unit, 600 by default): a note says
+it now counts seconds per cache point."""
 
 
 def add_script_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +35,14 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
         help="after the report, put the script's state back and let it train on with its real loader "
         "(default: a dry run, the script is stopped after the report, exit 0)",
     )
+    group.add_argument(
+        "--budget-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most steps of the script's loop the whole ladder may take (default: no cap; each point has its --budget "
+        "seconds); a ladder that reaches it stops at its budget and reports the points it measured",
+    )
     group.add_argument("script", nargs="*", metavar="-- python SCRIPT ARGS", help=argparse.SUPPRESS)
 
 
@@ -45,8 +58,10 @@ def check_no_script_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             "fastpipe diagnose needs a SPEC (toy:naive, module:make_workload) or a script: fastpipe diagnose -- python train.py ARGS"
         )
-    if args.loader is not None or args.then_continue:
-        raise ConfigError("--loader and --then-continue apply to a script: fastpipe diagnose [OPTIONS] -- python train.py ARGS")
+    if args.loader is not None or args.then_continue or args.budget_steps is not None:
+        raise ConfigError(
+            "--loader, --then-continue and --budget-steps apply to a script: fastpipe diagnose [OPTIONS] -- python train.py ARGS"
+        )
 
 
 def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
@@ -61,18 +76,18 @@ def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
 
 def run_script(args: argparse.Namespace) -> int:
     from fastpipe.commands.common import check_steps, write_outputs
-    from fastpipe.diagnosis._script import DEFAULT_BUDGET_STEPS, ScriptLadder, ScriptOptions, run_script
+    from fastpipe.diagnosis._script import DEFAULT_BUDGET_S, ScriptLadder, ScriptOptions, run_script
 
     check_steps(args)
     if args.check_step:
         raise ConfigError("--check-step runs a factory's step; with a script, the script's own step runs in the ladder")
     kind, target, script_args = script_command(args)
-    budget = DEFAULT_BUDGET_STEPS if args.budget is None else args.budget
-    if budget != int(budget):
-        raise ConfigError(f"with a script, --budget is a number of the script's steps. Got {budget}.")
+    budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
     options = ScriptOptions(
         loader=args.loader,
-        budget_steps=int(budget),
+        budget_s=budget,
+        budget_steps=args.budget_steps,
+        progress=not args.no_progress,
         then_continue=args.then_continue,
         device=args.device,
         steps=args.steps,
@@ -89,6 +104,13 @@ def run_script(args: argparse.Namespace) -> int:
     def echo(line: str) -> None:  # stderr: stdout stays the script's; flushed first so the two interleave in order
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
+
+    if budget >= OLD_BUDGET_HINT and float(budget).is_integer():
+        echo(
+            f"fastpipe diagnose: note: --budget {budget:g} gives each cache point up to {budget:g} s of measuring, as with a "
+            "factory; it no longer counts the script's steps (it did before, 600 by default: --budget-steps N caps them "
+            f"now). The announcement says how long the ladder may take; the default is {DEFAULT_BUDGET_S:g} s a point"
+        )
 
     def show(report: Any) -> None:
         sys.stderr.flush()

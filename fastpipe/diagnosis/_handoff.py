@@ -35,13 +35,15 @@ class EngineStopped(KeyboardInterrupt):
 
 
 class StepBudgetSpent(KeyboardInterrupt):
-    """The ladder used the steps it may take from the script (``--budget``); the engine reports what it has."""
+    """The ladder used the most steps it was allowed to take from the script (``--budget-steps``; ``--budget`` is seconds
+    per cache point). The engine stops as on Ctrl-C and reports what it has; script mode then words it as a budget
+    stop, not an interruption (:attr:`Handoff.spent`)."""
 
 
 class Handoff:
     """One slot between the engine thread (:meth:`step`) and the script's thread (:meth:`request`)."""
 
-    def __init__(self, budget_steps: int) -> None:
+    def __init__(self, budget_steps: int | None = None) -> None:
         self._cond = threading.Condition()
         self._slot: Any = None
         self._given = 0  # batches put in the slot
@@ -51,6 +53,10 @@ class Handoff:
         self._busy = False  # the script did other work since it took the last batch
         self.last_spoiled = False
         self.budget_steps = budget_steps
+        """The most steps the engine may take (None: no cap; each point's time budget bounds the ladder instead). The
+        runner lifts it once the points are measured, so the in-worker timing is never cut short by it."""
+        self.spent = False
+        """Whether :class:`StepBudgetSpent` was raised: the ladder stopped at its step cap."""
         self.steps = 0
         self.spoiled = 0
 
@@ -60,7 +66,8 @@ class Handoff:
         with self._cond:
             if self._gone is not None:
                 raise ScriptGone(self._gone)
-            if self.steps >= self.budget_steps:
+            if self.budget_steps is not None and self.steps >= self.budget_steps:
+                self.spent = True
                 raise StepBudgetSpent(f"the ladder took the {self.budget_steps} steps of its budget")
             self.steps += 1
             self._given += 1
@@ -114,6 +121,12 @@ class Handoff:
     def is_gone(self) -> bool:
         """Whether the script said it will ask for no more batches."""
         return self._gone is not None
+
+    @property
+    def gone_why(self) -> str | None:
+        """Why the script stopped asking for batches (None while it still asks)."""
+        with self._cond:
+            return self._gone
 
     def wait_outcome(self, timeout: float | None = None) -> tuple[Any, BaseException | None] | None:
         """The engine's ``(report, error)``, once it has finished (None if ``timeout`` passed first)."""

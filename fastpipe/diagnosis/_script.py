@@ -50,9 +50,11 @@ from torch.utils.data import DataLoader
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._exitguard import ExitGuard
 from fastpipe.diagnosis._handoff import EngineStopped, Handoff, ScriptGone, StepBudgetSpent
+from fastpipe.diagnosis._script_budget import LadderEstimate, LadderProgress, duration
 from fastpipe.diagnosis._trainloader import Choice, HeldLoaders, epoch_length
 from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
 from fastpipe.diagnosis._windows import ScriptDevice, WindowRunner
+from fastpipe.diagnosis.ladder._plan import point_label
 from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.diagnosis.unseen._loop_work import LoopTimer, LoopWork
 from fastpipe.diagnosis.verdict._main_process import add_loop_work
@@ -65,8 +67,9 @@ from fastpipe.workloads._workload import Workload
 START_AFTER = 5
 """Batches a loader delivers in an epoch before the ladder takes it over (the first steps start the workers and
 warm the caches; a framework's sanity check reads two validation batches first)."""
-DEFAULT_BUDGET_STEPS = 600
-"""The most steps of the script's loop the ladder may take by default (``--budget``)."""
+DEFAULT_BUDGET_S = 20.0
+"""Seconds of measuring each cache point may take before it stops short of its precision target (``--budget``): the
+factory's default. The ladder's length follows from it and the script's step time (:mod:`fastpipe.diagnosis._script_budget`)."""
 EXIT_INTERRUPTED = 130
 EXIT_NOTHING = 2
 ENGINE_EXIT_WAIT_S = 60.0
@@ -98,7 +101,13 @@ class ScriptOptions:
     """Which DataLoader is the training one, 1 for the first the script iterated (None: the one with the longest epoch,
     :mod:`fastpipe.diagnosis._trainloader`)."""
     start_after: int = START_AFTER
-    budget_steps: int = DEFAULT_BUDGET_STEPS
+    budget_s: float = DEFAULT_BUDGET_S
+    """Seconds of measuring per cache point before it stops short of the precision target (``--budget``, as a factory's)."""
+    budget_steps: int | None = None
+    """The most steps of the script's loop the whole ladder may take (``--budget-steps``; None: no cap, each point's
+    ``budget_s`` bounds the ladder). A ladder that reaches it stops at its budget: the report says so, not "interrupted"."""
+    progress: bool = True
+    """Progress lines on stderr as each point starts (``--no-progress`` turns them off)."""
     then_continue: bool = False
     device: str | None = None
     steps: int = 10
@@ -107,13 +116,19 @@ class ScriptOptions:
     threshold: float = 0.05
     precision: float = 0.03
     strategy: str = "linear"
-    budget_s: float = 20.0
     stage_costs: bool = True
     loader_memory: bool = False
 
     def check(self) -> None:
-        if self.budget_steps < 1:
-            raise ConfigError(f"--budget is the most steps of the script the ladder may take, a positive number. Got {self.budget_steps}.")
+        if not self.budget_s > 0:
+            raise ConfigError(
+                "--budget is the seconds of measuring each cache point may take before it stops short of its precision "
+                f"target (as with a factory; default {DEFAULT_BUDGET_S:g}), a positive number. Got {self.budget_s}."
+            )
+        if self.budget_steps is not None and self.budget_steps < 1:
+            raise ConfigError(
+                f"--budget-steps is the most steps of the script the ladder may take, a positive number. Got {self.budget_steps}."
+            )
         if self.loader is not None and self.loader < 1:
             raise ConfigError(f"--loader counts the script's DataLoaders from 1, in the order it first iterates them. Got {self.loader}.")
         if self.start_after < 1:
@@ -201,6 +216,9 @@ class ScriptLadder:
         self.epochs: list[tuple[Any, int]] = []
         self.device: Device | None = None
         self.before: Any = None
+        self.estimate: LadderEstimate | None = None
+        """How long the ladder should take, from the real loop's step time (printed in the announcement)."""
+        self.runner: WindowRunner | None = None
         self.started_at = 0.0
         self.report: Report | None = None
         self.error: BaseException | None = None
@@ -384,11 +402,23 @@ class ScriptLadder:
             if o.loader
             else f"the training loader: {seen.choice.why if seen.choice else 'the first'}; --loader N picks the Nth the script iterates"
         )
+        self.estimate = LadderEstimate.from_loop(
+            seen.loader,
+            self.before,
+            budget_s=o.budget_s,
+            warmup=o.warmup,
+            steps=o.steps,
+            stage_costs=o.stage_costs,
+            memory_pass=o.loader_memory,
+            recent_own_s=seen.watch.ledger.recent_own_s,
+        )
+        cap = f" (and at most {o.budget_steps} steps in all, --budget-steps)" if o.budget_steps is not None else ""
         return (
             f"fastpipe diagnose: the cache ladder starts in {self.script}'s loop at batch {seen.batches + 1} of "
-            f"{seen.label} (batch_size={seen.loader.batch_size}, num_workers={seen.loader.num_workers}; {why}). For at most "
-            f"{o.budget_steps} steps (--budget) the script trains on replayed batches of each cache point, not on its data; "
-            f"afterwards {self.found.describe() if self.found else 'its state'}, the RNGs and the loader's state are put back "
+            f"{seen.label} (batch_size={seen.loader.batch_size}, num_workers={seen.loader.num_workers}; {why}). At each cache "
+            f"point the script trains on replayed batches, not on its data, until the point's step time is within "
+            f"{o.precision:.0%} (--precision) or {o.budget_s:g} s pass (--budget){cap}. {self.estimate.text(o.precision)}. "
+            f"Afterwards {self.found.describe() if self.found else 'its state'}, the RNGs and the loader's state are put back "
             f"as they are now; {stop}"
         )
 
@@ -409,11 +439,11 @@ class ScriptLadder:
                 strategy=o.strategy,
                 budget=o.budget_s,
                 precision=o.precision,
-                progress=False,
+                progress=False,  # the factory's live bar would draw over the script's output: LadderProgress's lines instead
                 stage_costs=o.stage_costs,
                 loader_memory=o.loader_memory,
                 on_warning=lambda text: self.echo(f"fastpipe: warning: {text}"),
-                runner=functools.partial(WindowRunner, handoff=self.handoff),
+                runner=self._runner,
             )
         except BaseException as exc:  # handed to the script's thread, which reports it
             error = exc
@@ -428,6 +458,14 @@ class ScriptLadder:
                         break
                     except KeyboardInterrupt:
                         continue
+
+    def _runner(self, *args: Any, **kwargs: Any) -> WindowRunner:
+        """The engine's point runner (kept: the notes read its plan and runs), with its progress lines."""
+        assert self.handoff is not None
+        o = self.options
+        lines = LadderProgress(self.echo, self.estimate, o.precision) if o.progress and self.estimate is not None else None
+        self.runner = WindowRunner(*args, handoff=self.handoff, lines=lines, **kwargs)
+        return self.runner
 
     def _serve(self) -> tuple[bool, Any]:
         """The ladder's batch for the script's ``next()``: ``(True, batch)``; ``(False, None)`` once the ladder has ended and
@@ -591,9 +629,22 @@ class ScriptLadder:
         if self.device is not None and self.device.kind == "cpu":
             report.caveats.insert(0, CPU_STEP_CAVEAT)
         add_loop_work(report, self.loop_work)
-        if isinstance(self.error, StepBudgetSpent) or (report.interrupted and why is None):
+        runs = self.runner.runs if self.runner is not None else {}
+        if self.estimate is not None:
+            e, again = self.estimate, sum(len(r) > 1 for r in runs.values())
             report.notes.append(
-                f"the ladder stopped at its budget of {self.options.budget_steps} steps (--budget): raise it to measure every point"
+                f"the ladder took {duration(time.perf_counter() - self.started_at)} from its first step to its report, with "
+                f"{len(runs)} point{'s' if len(runs) != 1 else ''} measured and {again} measured again; the announcement "
+                f"estimated {e.summary()}"
+            )
+        if isinstance(self.error, StepBudgetSpent) or h.spent:
+            report.interrupted = False  # a budget stop, not an interruption: what was measured is complete as far as it goes
+            measured = {x.cache_point for x in report.experiments}
+            missing = [point_label(p) for p in (self.runner.plan.points if self.runner else []) if p not in measured]
+            report.notes.append(
+                f"the ladder stopped at its budget of {self.options.budget_steps} steps of the script's loop"
+                + (f" before it measured {', '.join(missing)}" if missing else "")
+                + f" (--budget-steps); without that cap each point has its --budget of {self.options.budget_s:g} s"
             )
         elif why is not None:
             report.notes.append(

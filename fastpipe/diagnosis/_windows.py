@@ -7,10 +7,15 @@ What differs from a factory's :class:`~fastpipe.diagnosis.ladder._points.PointRu
   device's clock (CUDA events on a GPU) and makes ``to_device`` a no-op; only the device point places its cached
   batches on the script's device, so the script's own ``.to(device)`` finds them there;
 * a step the script spent partly elsewhere (validation, a new epoch) is dropped from the window
-  (:func:`measure_window`), and a window never takes more steps than the ladder's share of ``--budget``.
+  (:func:`measure_window`); a window of nothing but such steps ends after :data:`SPOILED_BUDGETS` budgets with an
+  error naming the point, rather than waiting forever;
+* a progress line on stderr as each point starts (:class:`~fastpipe.diagnosis._script_budget.LadderProgress`): the
+  script's output shares the terminal, so lines rather than the factory's live bar.
 
-Everything else (warm-up, whole rounds of workers, the precision target and the noise rule of
-:mod:`fastpipe.diagnosis.ladder._noise`, pooling, memory) is the factory's.
+Everything else (warm-up, whole rounds of workers, the time budget per point, the precision target and the noise
+rule of :mod:`fastpipe.diagnosis.ladder._noise`, pooling, memory) is the factory's. ``--budget-steps`` still caps the
+steps the ladder takes in all (``Handoff(budget_steps)``); windows then share what is left of it, the in-worker
+timing never cut short: the cap is lifted once the points are measured.
 """
 
 from __future__ import annotations
@@ -20,11 +25,18 @@ from typing import Any, Callable
 
 from fastpipe.devices import Device
 from fastpipe.diagnosis._handoff import Handoff
+from fastpipe.diagnosis._script_budget import LadderProgress
 from fastpipe.diagnosis.ladder._cachepoint import DEVICE
 from fastpipe.diagnosis.ladder._cpu import CpuMonitor
 from fastpipe.diagnosis.ladder._loader_stages import StageWindow
 from fastpipe.diagnosis.ladder._measure import Measurement
+from fastpipe.diagnosis.ladder._noise import rel_stderr
+from fastpipe.diagnosis.ladder._plan import point_label
 from fastpipe.diagnosis.ladder._points import PointRunner, Repeat
+from fastpipe.errors import PipelineError
+
+SPOILED_BUDGETS = 3
+"""A window whose every step spanned other work of the script gives up after this many of its time budgets."""
 
 
 class ScriptDevice(Device):
@@ -68,16 +80,23 @@ def measure_window(
     *,
     warmup: int,
     min_steps: int,
-    max_steps: int,
+    max_steps: int | None,
     budget_s: float,
     target: float,
     device: Device,
     round_size: int,
     spoiled: Callable[[], bool],
     on_step: Callable[[int], None] | None = None,
+    earlier: list[float] | None = None,
 ) -> Measurement:
     """:func:`~fastpipe.diagnosis.ladder._measure.measure_until` over the script's loop, without the steps ``spoiled()``
-    flags (taken partly elsewhere), and never more than ``max_steps`` steps in all (warm-up and dropped ones included)."""
+    flags (taken partly elsewhere): until the kept steps' mean is within ``target`` or ``budget_s`` has passed (at least
+    ``min_steps`` kept), and never more than ``max_steps`` steps in all (warm-up and dropped ones included; None: no
+    cap). With no step kept after :data:`SPOILED_BUDGETS` budgets it raises :class:`PipelineError`.
+
+    ``earlier``: the point's step times from its earlier windows. The report pools every run of a point, drift between
+    them included, so a point measured again also goes on until the pooled figure is within ``target`` (or the budget
+    is spent): otherwise a remeasured point can end short of its target though each of its windows reached it."""
     size = max(1, round_size)
     taken = 0
     for i in range(warmup):
@@ -85,10 +104,10 @@ def measure_window(
         taken += 1
         if on_step is not None:
             on_step(i)
-    marks = [device.timeline_mark()]
     kept: list[bool] = []
     host_times: list[float] = []
     with CpuMonitor() as monitor:
+        marks = [device.timeline_mark()]  # after the monitor's start, which the first step would otherwise hold
         started = last = time.perf_counter()
         while True:
             run_step(next_batch())
@@ -103,10 +122,18 @@ def measure_window(
             if on_step is not None:
                 on_step(warmup + len(kept) - 1)
             count = len(host_times)
-            if taken >= max_steps and count:
+            if max_steps is not None and taken >= max_steps and count:
                 break
+            if not count and now - started >= SPOILED_BUDGETS * budget_s:
+                raise PipelineError(
+                    f"every one of the {taken - warmup} steps in {now - started:.0f} s of this point's window spanned other "
+                    "work of the script (another DataLoader, a new epoch), so none of them times a training step",
+                    stage=None,
+                )
             if count >= min_steps and count % size == 0:
                 precise = Measurement(host_times, 0.0, 0.0, round_size=size).rel_stderr <= target and count // size >= 3
+                if precise and earlier:
+                    precise = rel_stderr(earlier + host_times, size) <= target
                 if precise or now - started >= budget_s:
                     break
         device.synchronize()
@@ -117,15 +144,40 @@ def measure_window(
 class WindowRunner(PointRunner):
     """A :class:`PointRunner` whose step is the script's loop (the workload's step is a :class:`Handoff`'s)."""
 
-    def __init__(self, workload: Any, device: Device, *, handoff: Handoff, **options: Any) -> None:
+    def __init__(self, workload: Any, device: Device, *, handoff: Handoff, lines: LadderProgress | None = None, **options: Any) -> None:
         super().__init__(workload, device, **options)
         self.handoff = handoff
+        self.lines = lines
+        self._point: str | None = None
 
-    def window_cap(self) -> int:
-        """Steps one window may take: an even share of the budget left over the points not yet measured and three
-        more windows (two remeasurements and the in-worker timing), never under the warm-up and the fewest steps."""
-        left = self.handoff.budget_steps - self.handoff.steps
-        todo = len([p for p in self.plan.points if p not in self.results]) + 3
+    def measure(self, point: str, *, budget_s: float | None = None) -> Any:
+        """The factory's measurement of ``point``, after its progress line."""
+        if self.lines is not None:
+            budget = self.budget_s if budget_s is None else budget_s
+            paces = [1 / r.steps_per_s for r in self.results.values() if r.steps_per_s > 0]
+            run = len(self.runs.get(point, [])) + 1
+            measured = (min(paces), max(paces)) if paces else None
+            self.lines.point(point, point_label(point), run=run, total=len(self.plan.points), budget_s=budget, measured=measured)
+        self._point = point
+        return super().measure(point, budget_s=budget_s)
+
+    def close(self) -> None:
+        """The points are measured: lift any step cap (the in-worker timing that may follow is not cut short), say
+        what follows, then the factory's close."""
+        self.handoff.budget_steps = None
+        if self.lines is not None and self.results and self.handoff.gone_why is None and not self.handoff.spent:
+            self.lines.points_done()
+        super().close()
+
+    def window_cap(self) -> int | None:
+        """Steps one window may take: None without a step cap (each point's time budget bounds it); with one, an even
+        share of what is left over the points not yet measured and two remeasurements, never under the warm-up and the
+        fewest steps (the in-worker timing needs none of it: :meth:`close` lifts the cap before it)."""
+        cap = self.handoff.budget_steps
+        if cap is None:
+            return None
+        left = cap - self.handoff.steps
+        todo = len([p for p in self.plan.points if p not in self.results]) + 2
         return max(self.warmup + self.steps, left // todo)
 
     def _batch_source(self, point: str) -> tuple[Callable[[], Any], Callable[[], None], Any]:
@@ -151,5 +203,6 @@ class WindowRunner(PointRunner):
             device=self.device,
             round_size=self.round,
             spoiled=lambda: self.handoff.last_spoiled,
+            earlier=[t for run in self.runs.get(self._point or "", []) for t in run.step_times],
             on_step=None if window is None else window.and_then(lambda i: None),
         )

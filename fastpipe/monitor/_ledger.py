@@ -19,9 +19,12 @@ from __future__ import annotations
 import math
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+RECENT_OWN = 8
+"""Whole steps :attr:`WaitLedger.recent_own_s` keeps."""
 #: (lowest share, name), highest first: the bands every fastpipe report uses.
 BANDS: tuple[tuple[float, str], ...] = ((0.20, "highly input-bound"), (0.05, "moderately input-bound"), (0.0, "not input-bound"))
 
@@ -72,6 +75,7 @@ class WaitLedger:
         self._open: Window | None = None
         self._epoch_start = 0.0
         self._last_batch = 0.0
+        self._owns: deque[float] = deque(maxlen=RECENT_OWN)
         self._since = Window()
         self._since_start = 0.0
         self._recent = array("d")
@@ -80,6 +84,13 @@ class WaitLedger:
     @property
     def in_epoch(self) -> bool:
         return self._open is not None
+
+    @property
+    def recent_own_s(self) -> tuple[float, ...]:
+        """The loop's own work on each of its last few whole steps in this epoch (:data:`RECENT_OWN`), the epoch's first
+        step left out: from one batch to the next, less the wait for the next. Script mode's estimate reads them: a
+        script's first step is often its slowest (lazy set-up, the first backward pass, autotuning)."""
+        return tuple(self._owns)
 
     def start_epoch(self, now: float) -> None:
         """A new iterator: an epoch left open (a loop that broke out early) is closed at its last batch.
@@ -90,6 +101,7 @@ class WaitLedger:
         self.close_unfinished()
         self._paused_at = None
         self._open, self._epoch_start, self._last_batch = Window(), now, now
+        self._owns.clear()
         if not self._since.steps and not self._since.elapsed_s:
             self._since_start = now
 
@@ -108,6 +120,8 @@ class WaitLedger:
         self._since.steps += 1
         self._since.wait_s += wait_s
         self._recent.append(wait_s)
+        if epoch.steps >= 3:  # the step between this batch and the one before, not the epoch's first
+            self._owns.append(max(0.0, now - self._last_batch - wait_s))
         self._last_batch = now
 
     def close_unfinished(self) -> Window | None:

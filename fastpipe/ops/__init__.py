@@ -2,8 +2,10 @@
 
 Like torchvision's ``extension.py``: a missing or broken library sets
 ``EXTENSION_AVAILABLE = False`` instead of failing the import, and only a call that needs
-an op raises, with a message that says how to rebuild. The typed wrappers and fake kernels
-live in :mod:`fastpipe.ops.mask`.
+an op raises, with a message that says how to rebuild. The library is loaded from its file
+(:mod:`fastpipe.ops._load`), so importing this package before ``fastpipe`` itself loads it too.
+Every wrapper refuses a non-CPU tensor before dispatch (:mod:`fastpipe.ops._device`). The typed
+wrappers and fake kernels live in :mod:`fastpipe.ops.mask`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ EXTENSION_LOAD_ERROR: BaseException | None = None
 try:
     import torch  # noqa: F401  (the library links against libtorch, which must be loaded first)
 
-    from fastpipe import _C  # noqa: F401  (importing it runs the TORCH_LIBRARY registrations)
+    from fastpipe.ops._load import load_extension
+
+    load_extension("_C")  # loading it runs the TORCH_LIBRARY registrations; by path, whatever the import order
 
     EXTENSION_AVAILABLE = True
 except (ImportError, OSError) as exc:

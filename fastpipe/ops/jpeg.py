@@ -52,6 +52,7 @@ from typing import Union
 import torch
 
 from fastpipe.errors import ConfigError, CorruptImageError, DecompressionBombError, ExtensionUnavailableError
+from fastpipe.ops._device import require_cpu
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, torch.Tensor]
 
@@ -63,7 +64,9 @@ _MAX_COORDINATE = 2**31 - 1
 
 JPEG_OP_LOAD_ERROR: BaseException | None = None
 try:
-    from fastpipe import _jpeg  # noqa: F401  (importing it runs the TORCH_LIBRARY_FRAGMENT registration)
+    from fastpipe.ops._load import load_extension
+
+    load_extension("_jpeg")  # loading it runs the TORCH_LIBRARY_FRAGMENT registration; by path, whatever the import order
 
     JPEG_OP_AVAILABLE = True
 except (ImportError, OSError) as exc:
@@ -137,6 +140,7 @@ def require_jpeg_op() -> None:
 def read_bytes(source: Source) -> torch.Tensor:
     """The file's bytes as a 1-D uint8 tensor (no copy for tensors; one read for paths)."""
     if isinstance(source, torch.Tensor):
+        require_cpu("jpeg", source=source)
         if source.dtype != torch.uint8 or source.dim() != 1:
             raise ConfigError(f"a tensor source must be the file's bytes, 1-D uint8; got {source.dtype} {tuple(source.shape)}")
         return source
@@ -274,6 +278,7 @@ def decode_jpeg_crop_op(
     :func:`max_image_pixels`.
     """
     require_jpeg_op()
+    require_cpu("decode_jpeg_crop_op", data=data)
     return torch.ops.fastpipe.decode_jpeg_crop(
         data, int(top), int(left), int(height), int(width), int(out_h), int(out_w), bool(hflip), max_image_pixels()
     )

@@ -23,6 +23,7 @@ import torch
 
 from fastpipe.errors import ConfigError, CorruptImageError, DecompressionBombError
 from fastpipe.ops import jpeg as jpeg_ops
+from fastpipe.ops._device import require_cpu
 
 ON_ERROR = ("raise", "pil", "skip")
 #: The most threads one call may use (the C++ op's own bound).
@@ -110,6 +111,7 @@ def decode_jpeg_crop_batch(
         raise ConfigError(f"threads must be an int in [1, {MAX_THREADS}], got {threads!r}")
     if names is not None and len(names) != n:
         raise ConfigError(f"decode_jpeg_crop_batch: {n} files but {len(names)} names")
+    require_cpu("decode_jpeg_crop_batch", **{f"data[{i}]": d for i, d in enumerate(data)}, boxes=boxes, hflip=hflip)  # type: ignore[arg-type]
     box_tensor, flips = _as_boxes(boxes, n), _as_flips(hflip, n)
     fresh = out is None
     if out is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import fastpipe.ops as _ops
+from fastpipe.ops._device import require_cpu
 
 
 def draw_mask(height: int, width: int, ratio: float, seed: int) -> torch.Tensor:
@@ -24,6 +25,7 @@ def draw_mask(height: int, width: int, ratio: float, seed: int) -> torch.Tensor:
 def apply_mask_(img: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Zero, in place, the 4-neighbour dilation of ``mask`` (H, W) in every channel of ``img`` (C, H, W)."""
     _ops.require_extension()
+    require_cpu("apply_mask_", img=img, mask=mask)
     torch.ops.fastpipe.apply_mask_(img, mask)
     return img
 
@@ -31,6 +33,7 @@ def apply_mask_(img: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def random_mask_(img: torch.Tensor, ratio: float, seed: int) -> torch.Tensor:
     """Draw, dilate and zero in one pass, in place; equal to ``apply_mask_(img, draw_mask(..., seed))``."""
     _ops.require_extension()
+    require_cpu("random_mask_", img=img)
     torch.ops.fastpipe.random_mask_(img, float(ratio), int(seed))
     return img
 
@@ -38,6 +41,7 @@ def random_mask_(img: torch.Tensor, ratio: float, seed: int) -> torch.Tensor:
 def random_mask_out(img: torch.Tensor, ratio: float, seed: int, out: torch.Tensor) -> torch.Tensor:
     """``img`` masked into ``out`` (same shape and dtype, not overlapping ``img``) in one pass; ``img`` is unchanged."""
     _ops.require_extension()
+    require_cpu("random_mask_out", img=img, out=out)
     torch.ops.fastpipe.random_mask_out(img, float(ratio), int(seed), out)
     return out
 

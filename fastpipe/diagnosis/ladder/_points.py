@@ -78,6 +78,19 @@ class Progress:
             self._bar.stop()
 
 
+def loader_plan(loader: Any) -> tuple[Any, Plan]:
+    """(the pipeline found in ``loader``'s dataset or None, the plan of its cache points): what a
+    :class:`PointRunner` measures, known before it runs (script mode's estimate counts its points)."""
+    pipeline, why_not = find_pipeline(loader.dataset)
+    if stages_outside_workers(loader):  # a RayLoader: its stages run inside Ray tasks
+        pipeline, why_not = None, stages_outside_workers(loader)
+    plan = make_plan(pipeline, why_not)
+    whole = batches_whole(loader)
+    if whole:  # the ThreadLoader's batch decode: a cached sample stands for no step of it
+        plan.drop(SAMPLE, whole, label=f"{RAW_STAGE} + transforms + {HAND_OVER}")
+    return pipeline, plan
+
+
 class PointRunner:
     """Measures cache points of one workload on one device; keeps every measurement it made."""
 
@@ -101,13 +114,7 @@ class PointRunner:
         self.steps = self.round * math.ceil(steps / self.round)  # whole rounds of workers: batches arrive in bursts
         self.warmup, self.pool, self.budget_s, self.target = warmup, pool, budget_s, target
         self.worker_timeout = worker_timeout
-        self.pipeline, why_not = find_pipeline(loader.dataset)
-        if stages_outside_workers(loader):  # a RayLoader: its stages run inside Ray tasks
-            self.pipeline, why_not = None, stages_outside_workers(loader)
-        self.plan: Plan = make_plan(self.pipeline, why_not)
-        whole = batches_whole(loader)
-        if whole:  # the ThreadLoader's batch decode: a cached sample stands for no step of it
-            self.plan.drop(SAMPLE, whole, label=f"{RAW_STAGE} + transforms + {HAND_OVER}")
+        self.pipeline, self.plan = loader_plan(loader)
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
         self.host_batches: list[Any] = []

@@ -181,16 +181,78 @@ def batch_shm_bytes(batch: Any, scale: int = 1) -> int:
     return sum(-(-n * scale // PAGE) * PAGE for n in _tensor_sizes(batch))
 
 
-def pinned_host_bytes() -> int | None:
-    """Pinned host memory PyTorch's caching host allocator holds now; None without CUDA (or where the stats are missing)."""
+#: The host-allocator statistics read, first found wins: bytes of pinned blocks the allocator owns (handed out and
+#: cached). torch >= 2.6 flattens them as ``allocated_bytes.current``; the ``.all.`` and ``reserved_`` spellings
+#: are those of the device allocator's statistics, kept in case a version names the host ones alike.
+HOST_STAT_KEYS = ("allocated_bytes.current", "allocated_bytes.all.current", "reserved_bytes.all.current", "reserved_bytes.current")
+
+
+def _cuda_present() -> bool:
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    stats = getattr(torch.cuda, "host_memory_stats", None)
-    if stats is None:
+    return torch.cuda.is_available()
+
+
+def _host_allocator_stats() -> dict[str, Any] | None:
+    """PyTorch's caching host (pinned) allocator statistics, flattened; None where this torch has none.
+
+    ``torch.cuda.host_memory_stats()`` answers ``{}`` until Python's CUDA state is initialised, but the
+    allocator serves ``pin_memory()`` (a DataLoader's pin thread) before that can happen, so the C
+    accessor behind it is asked directly where it exists.
+    """
+    import torch
+
+    nested = getattr(torch._C, "_cuda_hostMemoryStats", None)
+    if nested is not None:
+        try:
+            return dict(flatten_stats(nested()))
+        except RuntimeError:
+            pass
+    public = getattr(torch.cuda, "host_memory_stats", None)
+    if public is None:
         return None
     try:
-        return int(stats().get("reserved_bytes.all.current", stats().get("allocated_bytes.all.current", 0)))
+        return dict(public())
     except (RuntimeError, AttributeError):
         return None
+
+
+def flatten_stats(stats: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """``{"allocated_bytes": {"current": 5}}`` as ``("allocated_bytes.current", 5)``, as torch.cuda's own flattening does."""
+    if isinstance(stats, dict):
+        for key, value in stats.items():
+            yield from flatten_stats(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, stats
+
+
+def host_allocator_bytes(stats: dict[str, Any] | None) -> int | None:
+    """Pinned bytes the caching host allocator owns, from its flattened statistics; None when no known key is there."""
+    if not stats:
+        return None
+    for key in HOST_STAT_KEYS:
+        value = stats.get(key)
+        if isinstance(value, (int, float)):
+            return int(value)
+    return None
+
+
+def pinned_host_bytes() -> int | None:
+    """Page-locked host memory this process holds now: PyTorch's pinned blocks plus fastpipe's registered buffers.
+
+    Two sources, because neither sees the other: the caching host allocator's statistics count every
+    ``pin_memory()`` copy (a DataLoader's pin thread, a prefetcher pinning pageable batches), cached blocks
+    included (it keeps them for reuse, so this is what the process holds, not what one batch needs);
+    ``cudaHostRegister`` on memory fastpipe.recycled mapped itself is counted by fastpipe
+    (:func:`fastpipe.loading.recycle._hostpin.registered_bytes`). None without CUDA, or when neither
+    source answers.
+    """
+    if not _cuda_present():
+        return None
+    from fastpipe.loading.recycle._hostpin import registered_bytes
+
+    allocator = host_allocator_bytes(_host_allocator_stats())
+    registered = registered_bytes()
+    if allocator is None and not registered:
+        return None
+    return (allocator or 0) + registered

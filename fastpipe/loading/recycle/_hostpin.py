@@ -18,6 +18,7 @@ and when the diagnosis discards a point's loader. How buffers are registered is 
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -44,6 +45,11 @@ def register(buffer: torch.Tensor) -> int:
 def unregister(buffer: torch.Tensor) -> None:
     """Undo :func:`register`; must run before the memory is unmapped."""
     torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
+
+
+def pin_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of ``tensor`` from PyTorch's caching host allocator (``Tensor.pin_memory``)."""
+    return tensor.pin_memory()
 
 
 def _cuda_fence() -> Any:
@@ -73,7 +79,37 @@ def _cuda_synchronize() -> None:
         torch.cuda.synchronize(index)
 
 
-CUDA = Registrar(register, unregister, _cuda_synchronize, _cuda_fence, torch.Tensor.pin_memory)
+# Each entry looks the module's function up when called, not when this line ran: code (and a test) that
+# replaces ``register`` here, e.g. to make registration fail, changes what the CUDA registrar does.
+CUDA = Registrar(
+    register=lambda buffer: register(buffer),
+    unregister=lambda buffer: unregister(buffer),
+    synchronize=lambda: _cuda_synchronize(),
+    fence=lambda: _cuda_fence(),
+    pin_copy=lambda tensor: pin_copy(tensor),
+)
+
+
+_tally_lock = threading.Lock()
+_registered_bytes = 0
+"""Bytes this process holds page-locked through CUDA's registrar, summed over every loader's :class:`Registrations`."""
+
+
+def registered_bytes() -> int:
+    """Host memory fastpipe itself page-locked with ``cudaHostRegister`` and has not unregistered yet.
+
+    PyTorch's host-allocator statistics (``torch.cuda.host_memory_stats``) count only the pinned blocks
+    that ``pin_memory()`` allocates; buffers registered in place are invisible to them, so the memory
+    section adds this (see :func:`fastpipe.diagnosis.memory._probes.pinned_host_bytes`).
+    """
+    return _registered_bytes
+
+
+def _tally(buffer: torch.Tensor, registrar: Registrar, sign: int) -> None:
+    global _registered_bytes
+    if registrar is CUDA:  # a test's counting fake locks nothing
+        with _tally_lock:
+            _registered_bytes += sign * buffer.numel() * buffer.element_size()
 
 
 class Registrations:
@@ -89,13 +125,18 @@ class Registrations:
         return len(self._live)
 
     def add(self, buffer: torch.Tensor, registrar: Registrar) -> None:
+        replaced = self._live.get(buffer.data_ptr())
+        if replaced is not None:  # registered again at the same address: count it once
+            _tally(replaced[0], replaced[1], -1)
         self._live[buffer.data_ptr()] = (buffer, registrar)
+        _tally(buffer, registrar, +1)
 
     def unregister(self, buffer: torch.Tensor) -> None:
         """Unregister one buffer (nothing if it is not registered here, e.g. already released by ``release_all``)."""
         entry = self._live.pop(buffer.data_ptr(), None)
         if entry is not None and entry[0] is buffer:
             entry[1].unregister(buffer)
+            _tally(buffer, entry[1], -1)
         elif entry is not None:  # another buffer now at that address: not ours to undo
             self._live[buffer.data_ptr()] = entry
 
@@ -111,6 +152,7 @@ class Registrations:
             registrar.synchronize()
         for buffer, registrar in entries:
             registrar.unregister(buffer)
+            _tally(buffer, registrar, -1)
 
 
 class HostPinner:
