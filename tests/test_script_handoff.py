@@ -56,6 +56,33 @@ def test_a_step_that_spans_other_work_is_flagged() -> None:
     assert flags == [False, False, True, False] and handoff.spoiled == 1
 
 
+def test_the_script_is_busy_only_in_its_own_step() -> None:
+    # a Ctrl-C that lands while the script is busy (the engine waits on it) may put its state back right there
+    handoff, seen = Handoff(budget_steps=100), []
+    in_step, resume = threading.Event(), threading.Event()
+
+    def loop() -> None:
+        seen.append(handoff.script_busy())  # before its first batch
+        handoff.request()
+        in_step.set()
+        resume.wait(5)
+        handoff.request()  # waits for the engine's next batch: not busy
+
+    script = threading.Thread(target=loop)
+    engine = threading.Thread(target=handoff.step, args=("batch",))
+    script.start()
+    engine.start()
+    assert in_step.wait(5)
+    seen.append(handoff.script_busy())  # in its step, the engine waiting on it
+    resume.set()
+    engine.join(5)  # the step returned: the script asked again
+    seen.append(handoff.script_busy())
+    handoff.gone("the script ended")
+    handoff.finish(None)
+    script.join(5)
+    assert seen == [False, True, False] and handoff.is_gone and not script.is_alive()
+
+
 def test_the_budget_and_a_gone_script_stop_the_engine() -> None:
     handoff, taken = Handoff(budget_steps=2), []
     script = threading.Thread(target=_loop, args=(handoff, taken, 0.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -117,41 +118,57 @@ EXAMPLE_NAMES = {"json": "report.json", "markdown": "report.md", "plot": "report
 
 
 def _writable_file_path(option: str, path: Path) -> None:
+    """Prove ``path`` can be written by opening it for writing, as the write at the end will; leave nothing new.
+
+    Why not ``os.access``: it answers from the permission bits, and a path it calls writable can still fail at the end
+    (``/proc/x.json``, a read-only mount, a full or quota'd disk, a FUSE folder): a traceback after the whole run.
+    An existing file is opened for appending (its content is kept) and left as it was; a new one is created, with
+    any missing folders, then removed with the folders made for it, so a run that fails later leaves no empty file.
+    """
     flag = f"--{option.replace('_', '-')}"
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file name, e.g. {path / EXAMPLE_NAMES[option]}")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            raise ConfigError(f"{flag} {path} is not writable")
-        return
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ConfigError(f"{flag} {path} cannot be written: {parent} is a file")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise ConfigError(f"{flag} {path} cannot be written: {parent} is not writable")
+            break
+    if path.exists():
+        with open(path, "a"):
             return
+    made = [parent for parent in path.parents if not parent.exists()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "x"):
+            pass
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        for folder in made:  # the deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def check_output_paths(args: argparse.Namespace) -> None:
-    """Every ``--json``, ``--markdown`` and ``--plot`` path checked before the work: one line, exit 2, not a traceback
-    after minutes of measuring (and the files after a bad one never written). Nothing is created here."""
+    """Every ``--json``, ``--markdown``, ``--plot`` and ``--fix-json`` path proven writable before the work (opened
+    for writing, see :func:`_writable_file_path`): one line, exit 2, not a traceback after minutes of measuring (and
+    the files after a bad one never written). Nothing is left behind: a new file is removed again."""
     seen: dict[Path, str] = {}
     for option in OUTPUT_OPTIONS:
         path = getattr(args, option, None)
         if path is None:
             continue
         path = Path(path)
-        try:
-            _writable_file_path(option, path)
-        except OSError as exc:  # a name too long, a permission denied on the way
-            raise ConfigError(f"--{option.replace('_', '-')} {path} cannot be written: {exc.strerror or exc}") from None
         key = Path(os.path.abspath(path))
         if key in seen:
             raise ConfigError(
                 f"--{seen[key].replace('_', '-')} and --{option.replace('_', '-')} are the same file, {path}; give each its own"
             )
         seen[key] = option
+        try:
+            _writable_file_path(option, path)
+        except OSError as exc:  # /proc, a read-only file system, a permission denied on the way, a name too long
+            raise ConfigError(f"--{option.replace('_', '-')} {path} cannot be written: {exc.strerror or exc}") from None
     if getattr(args, "plot", None) is not None and importlib.util.find_spec("matplotlib") is None:
         raise OptionalDependencyError("--plot needs matplotlib: pip install 'fastpipe[plot]' (or leave --plot out)")
 

@@ -29,6 +29,11 @@ class ScriptGone(KeyboardInterrupt):
         self.why = why
 
 
+class EngineStopped(KeyboardInterrupt):
+    """Raised inside the engine's thread when the script is gone and the engine, in a pass that takes no step of the
+    script (the loader's memory pass, the start-up pass), has not noticed: it stops there as on a Ctrl-C in factory mode."""
+
+
 class StepBudgetSpent(KeyboardInterrupt):
     """The ladder used the most steps it was allowed to take from the script (``--budget-steps``; ``--budget`` is seconds
     per cache point). The engine stops as on Ctrl-C and reports what it has; script mode then words it as a budget
@@ -95,6 +100,11 @@ class Handoff:
             batch, self._slot = self._slot, None
             return True, batch
 
+    def script_busy(self) -> bool:
+        """Whether the script is in its own step (it took its batch and has not asked for the next): the engine waits on
+        it then, so the script's thread may touch the state the engine also restores. Lock-free (a signal handler asks)."""
+        return self._given > 0 and self._requests == self._given and self._outcome is None
+
     def elsewhere(self) -> None:
         """The script started other work (another loader, a new epoch) between two batches: that step is spoiled."""
         with self._cond:
@@ -106,6 +116,11 @@ class Handoff:
             if self._gone is None:
                 self._gone = why
             self._cond.notify_all()
+
+    @property
+    def is_gone(self) -> bool:
+        """Whether the script said it will ask for no more batches."""
+        return self._gone is not None
 
     @property
     def gone_why(self) -> str | None:

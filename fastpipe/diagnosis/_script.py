@@ -15,6 +15,10 @@ warm-up loader iterated first is passed over). At its next ``next()`` the ladder
   measured and the script's real step (model, loss, amp, optimizer, schedulers, clipping, logging) is what is timed
   (:class:`~fastpipe.diagnosis._windows.WindowRunner`);
 * the script's iterator of the real loader is held where it was, its workers idle;
+* the script's epochs are kept: an epoch still ends after ``len(loader)`` batches (``StopIteration``, as the real
+  loader's), and the script begins the next as it always does; the ladder's windows go on in it, without the
+  steps that spanned the epoch's end. The script's state is put back before its end-of-epoch work (validation, a
+  checkpoint), so what it saves there is its own;
 * the loop's own work on each batch before its model runs is timed by a forward pre-hook on the models found
   (:mod:`fastpipe.diagnosis.unseen._loop_work`), removed when the ladder ends, and added to the report's
   main-process section (named as a stage when it costs the step).
@@ -22,14 +26,17 @@ warm-up loader iterated first is passed over). At its next ``next()`` the ladder
 When the report is ready everything found is put back, the report is printed, and then either the script is stopped
 (the default, a dry run: :class:`StopScript`, a ``SystemExit(0)`` raised from its ``next()``, which unwinds it as
 ``sys.exit`` would, after its model was put back) or, with ``then_continue``, its ``next()`` carries on with the held
-real iterator: the rest of that epoch, from the batch it would have had next. If the script ends, raises or is
-interrupted during the ladder, the engine stops as on Ctrl-C and the partial report is printed.
+real iterator: from the batch it would have had next, up to the length of the epoch it is in. If the script ends,
+raises or is interrupted during the ladder, its state is put back before its own exit handlers read it
+(:mod:`fastpipe.diagnosis._exitguard`), the engine stops as on Ctrl-C and the partial report is printed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -41,7 +48,8 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader
 
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._handoff import Handoff, ScriptGone, StepBudgetSpent
+from fastpipe.diagnosis._exitguard import ExitGuard
+from fastpipe.diagnosis._handoff import EngineStopped, Handoff, ScriptGone, StepBudgetSpent
 from fastpipe.diagnosis._script_budget import LadderEstimate, LadderProgress, duration
 from fastpipe.diagnosis._trainloader import Choice, HeldLoaders, epoch_length
 from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
@@ -66,6 +74,11 @@ EXIT_INTERRUPTED = 130
 EXIT_NOTHING = 2
 ENGINE_EXIT_WAIT_S = 60.0
 """How long the script's end waits for the engine to wrap up its partial report (closing a point's workers)."""
+ENGINE_NUDGE_S = 1.0
+"""After this long without the engine's outcome once the script is gone, the engine is stopped where it is
+(:class:`~fastpipe.diagnosis._handoff.EngineStopped`): a pass that takes no step of the script does not see it go."""
+ENGINE_SLOW_S = 5.0
+"""After this long more, the wait is said on stderr."""
 
 CPU_STEP_CAVEAT = (
     "the script's own training step ran on the CPU (its model is on the CPU: no accelerator here, or the script chose "
@@ -150,10 +163,23 @@ class _Seen:
 
 
 class _ScriptIterator(Iterator[Any]):
-    """What the script's ``iter(loader)`` returns: the real iterator, or the ladder's batches while it runs."""
+    """What the script's ``iter(loader)`` returns: the real iterator, or the ladder's batches while it runs.
 
-    def __init__(self, session: "ScriptLadder", seen: _Seen, real: Iterator[Any] | None) -> None:
+    It counts the batches it hands out (``count``) against the epoch's length (``cap``: ``len(loader)``, which the
+    sampler, ``drop_last`` and a DistributedSampler's share are in; None for a stream without ``__len__``), so that
+    once the ladder has taken over, an epoch still ends after exactly ``len(loader)`` batches, as the real loader's
+    would: a script that schedules by it (OneCycleLR, warm-up, gradient accumulation, "the last batch of the epoch")
+    sees the epochs it asked for.
+    """
+
+    def __init__(
+        self, session: "ScriptLadder", seen: _Seen, real: Iterator[Any] | None, *, cap: int | None, fresh: Callable[[], Iterator[Any]]
+    ) -> None:
         self.session, self.seen, self.real = session, seen, real
+        self.cap, self.fresh = cap, fresh
+        self.count = 0
+        self.ended = False
+        self.from_held = False
 
     def __iter__(self) -> "_ScriptIterator":
         return self
@@ -165,7 +191,7 @@ class _ScriptIterator(Iterator[Any]):
         return len(self.seen.loader)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("session", "seen", "real") or self.real is None:
+        if name.startswith("__") or name in ("session", "seen", "real", "cap", "fresh", "count", "ended", "from_held") or self.real is None:
             raise AttributeError(name)
         return getattr(self.real, name)
 
@@ -198,6 +224,18 @@ class ScriptLadder:
         self.error: BaseException | None = None
         self.code: int | None = None
         """The exit code fastpipe decided (a stop, an interrupt); None: the script's own."""
+        self.saved: list[UserState] = []
+        """The script's state when the ladder took over, in host memory (one more copy than the engine's own): put back
+        in place at each epoch end during the ladder and on the script's way out (:meth:`_put_back`)."""
+        self.guard: ExitGuard | None = None
+        self.put_back_for: tuple[Any, ...] | None = None
+        """Why and at which ladder step the state was last put back (:meth:`_put_back` does it once for each)."""
+        self.epoch_ends = 0
+        """Epochs of the training loader that ended during the ladder."""
+        self.epoch_ended = False
+        """An epoch of the training loader ended during the ladder, and the script has not asked for a batch since."""
+        self.nudged = False
+        """The engine was stopped where it was (:data:`ENGINE_NUDGE_S`)."""
 
     # ----- the tap's side ------------------------------------------------------------------
     def select(self, loader: DataLoader) -> Watch | None:
@@ -211,6 +249,7 @@ class ScriptLadder:
             seen = _Seen(loader, f"DataLoader #{index}", index, Watch(loader, echo=False, memory=False, hint=False))
             self.seen[id(loader)] = seen
         if self.state == "ladder" and self.handoff is not None:
+            self._epoch_work()
             self.handoff.elsewhere()  # a new epoch or another loader between two steps: that step holds more
             if self.loop is not None:
                 self.loop.elsewhere()
@@ -222,25 +261,72 @@ class ScriptLadder:
         if seen.choice is not None and not seen.choice.chosen and seen.passed_over is not None:
             seen.second_epoch = all(self._delivered(i) == n for i, n in seen.passed_over.items())
         seen.choice = None
+        cap, fresh = epoch_length(loader), functools.partial(original, loader)
         if seen is self.trained and self.state == "ladder":
-            return _ScriptIterator(self, seen, None)  # a new epoch while the ladder runs: the ladder goes on
-        return _ScriptIterator(self, seen, original(loader))
+            return _ScriptIterator(self, seen, None, cap=cap, fresh=fresh)  # a new epoch while the ladder runs: it goes on
+        return _ScriptIterator(self, seen, fresh(), cap=cap, fresh=fresh)
 
     # ----- the script's next() -------------------------------------------------------------
     def next_batch(self, it: _ScriptIterator) -> Any:
         if self.state == "before" and it.real is not None and self._due(it.seen):
             self._start(it)
-        if self.state == "ladder" and it.seen is self.trained:
-            return self._serve(it)
-        if it.real is None:
-            it.real = self.held  # an epoch begun during the ladder carries on where the real one was held
-            if it.real is None:
-                raise StopIteration
-        batch = next(it.real)
+        if it.seen is self.trained and self.state != "before":
+            return self._trained_batch(it)
+        assert it.real is not None
+        return self._counted(it, next(it.real))
+
+    def _counted(self, it: _ScriptIterator, batch: Any) -> Any:
+        it.count += 1
         it.seen.batches += 1
         it.seen.total += 1
         it.seen.most = max(it.seen.most, it.seen.batches)
         return batch
+
+    def _trained_batch(self, it: _ScriptIterator) -> Any:
+        """The training loader's ``next()`` once the ladder has taken over: the ladder's batches while it runs, the real
+        ones after it (``--then-continue``); either way the epoch ends after ``len(loader)`` batches."""
+        if it.ended or (it.cap is not None and it.count >= it.cap):
+            self._end_epoch(it)
+            raise StopIteration
+        if self.state == "ladder":
+            ok, batch = self._serve()
+            if ok:
+                return self._counted(it, batch)
+        elif not self.options.then_continue:
+            raise StopScript(self.code or 0)  # the dry run is over: a script that caught the stop is stopped again
+        return self._real_after(it)
+
+    def _real_after(self, it: _ScriptIterator) -> Any:
+        """A real batch after the ladder: from the held iterator (the batches the script would have had next), then, if
+        it runs out before this epoch's length (the ladder ended in a later epoch), from a fresh epoch of the loader."""
+        while True:
+            if it.real is None or it.real is self.held:
+                if self.held is not None:
+                    it.real, self.held, it.from_held = self.held, None, True
+                else:
+                    it.real, it.from_held = it.fresh(), False
+            try:
+                return self._counted(it, next(it.real))
+            except StopIteration:
+                short = it.from_held and it.cap is not None and it.count < it.cap
+                it.real, it.from_held = None, False
+                if not short:
+                    it.ended = True
+                    raise
+
+    def _end_epoch(self, it: _ScriptIterator) -> None:
+        """The epoch's last batch was handed out: end it as the real loader would. During the ladder the script's state
+        is put back first, so its end-of-epoch work (validation, a checkpoint) sees its own model, not the ladder's;
+        and once more when that work begins (:meth:`_epoch_work`): a wrapper that prefetches (timm's PrefetchLoader)
+        asked for the next batch before handing the script its last, which the script trained on after this."""
+        it.ended = True
+        if self.state == "ladder":
+            self.epoch_ends += 1
+            self.epoch_ended = True
+            self._put_back("epoch end")
+        real, it.real = it.real, None
+        if real is not None and real is not self.held:  # the held one waits for --then-continue (or its release)
+            shutdown_iterator(real)  # what is left of a real epoch after the ladder is not this epoch's
 
     def _due(self, seen: _Seen) -> bool:
         if seen.batches < self.options.start_after:
@@ -281,6 +367,13 @@ class ScriptLadder:
             name=f"{Path(self.script).name} ({seen.label})",
         )
         extras = [UserState(optimizer=o) for o in optimizers[1:]] + [UserState(scaler=s) for s in scalers[1:]]
+        self.saved = [
+            UserState(workload.model, workload.optimizer, seen.loader, schedulers=workload.schedulers, scaler=workload.scaler),
+            *extras,
+        ]
+        self.guard = ExitGuard(
+            self.found, self._state_read, self._interrupted, busy=lambda: self.handoff is not None and self.handoff.script_busy()
+        )
         self.echo(self._announcement(seen))
         self.state = "ladder"
         self.started_at = time.perf_counter()
@@ -333,6 +426,7 @@ class ScriptLadder:
         from fastpipe.diagnosis._diagnose import diagnose
 
         assert self.handoff is not None and self.device is not None
+        _block_interrupts()
         o, report, error = self.options, None, None
         try:
             report = diagnose(
@@ -354,9 +448,16 @@ class ScriptLadder:
         except BaseException as exc:  # handed to the script's thread, which reports it
             error = exc
         finally:
-            for state in extras:
-                state.restore()
-        self.handoff.finish(report, error)
+            try:
+                for state in extras:
+                    state.restore()
+            finally:
+                while True:  # an EngineStopped that lands here must not lose the outcome the script's thread waits for
+                    try:
+                        self.handoff.finish(report, error)
+                        break
+                    except KeyboardInterrupt:
+                        continue
 
     def _runner(self, *args: Any, **kwargs: Any) -> WindowRunner:
         """The engine's point runner (kept: the notes read its plan and runs), with its progress lines."""
@@ -366,8 +467,11 @@ class ScriptLadder:
         self.runner = WindowRunner(*args, handoff=self.handoff, lines=lines, **kwargs)
         return self.runner
 
-    def _serve(self, it: _ScriptIterator) -> Any:
+    def _serve(self) -> tuple[bool, Any]:
+        """The ladder's batch for the script's ``next()``: ``(True, batch)``; ``(False, None)`` once the ladder has ended and
+        its report is shown, with ``--then-continue`` (else the script is stopped here)."""
         assert self.handoff is not None
+        self.epoch_ended = False
         try:
             ok, batch = self.handoff.request()
         except KeyboardInterrupt:
@@ -377,17 +481,52 @@ class ScriptLadder:
         if ok:
             if self.loop is not None:
                 self.loop.arrived()
-            return batch
+            return True, batch
         self.conclude(None)
         if not self.options.then_continue:
             self._release_held()
             self.code = 0 if self.error is None else 1
             raise StopScript(self.code)
-        self.state = "after"
-        it.real = self.held
-        batch = next(it.real)
-        it.seen.batches += 1
-        return batch
+        return False, None
+
+    def _put_back(self, why: str, *more: Any) -> None:
+        """Put the script's state back in place as it was when the ladder took over (model, optimizers, schedulers,
+        scalers, RNGs, the loader's generators), once for each ``(why, *more)`` until the ladder or an optimizer takes
+        a step (a ``state_dict`` read meets the hook of every submodule). Only from the script's thread while the
+        engine waits on its step (never at once with the engine's own restores), or once the engine is done."""
+        trained = self.guard.optimizer_steps if self.guard is not None else None
+        key = (why, self.handoff.steps if self.handoff is not None else None, trained, *more)
+        if key == self.put_back_for:
+            return
+        for state in self.saved:
+            state.restore()
+        self.put_back_for = key
+
+    def _epoch_work(self) -> None:
+        """The script's own work after an epoch ended during the ladder (it iterates another loader or reads its state):
+        what it sees and saves is its own state."""
+        if self.state == "ladder" and self.epoch_ended:
+            self._put_back("epoch work")
+
+    def _state_read(self, exc: BaseException | None) -> None:
+        """The script reads its state (``state_dict``, :class:`~fastpipe.diagnosis._exitguard.ExitGuard`): on its way out
+        (``exc`` in flight: a crash, ``sys.exit``, Ctrl-C) or at an epoch's end during the ladder, put it back first."""
+        if self.state != "ladder":
+            return
+        if exc is not None:
+            self._put_back("exit", id(exc))
+        else:
+            self._epoch_work()
+
+    def _interrupted(self) -> None:
+        """A Ctrl-C landed in the script's own step: put its state back before Python raises KeyboardInterrupt there."""
+        if self.state == "ladder":
+            self._put_back("ctrl-c")
+
+    def _close_guard(self) -> None:
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            guard.close()
 
     def close_loop(self) -> None:
         """Remove the loop timer's hooks from the script's models (once), keeping what it timed."""
@@ -407,13 +546,18 @@ class ScriptLadder:
             return
         if why is not None:
             self.handoff.gone(f"the script {why}")
-        outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S)
-        self.state = "after"
-        self.close_loop()
+        try:
+            outcome = self._wait_for_engine()
+        finally:
+            self.state = "after"
+            self.close_loop()
+            self._close_guard()
         if outcome is None:
-            self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
+            self._put_back("engine still running")  # the script's state from the snapshot taken at the handover
             return
         self.report, self.error = outcome
+        if self.nudged:
+            self._put_back("engine stopped")  # the engine's own restore may be what EngineStopped cut short
         for sampler, epoch in self.epochs:
             sampler.epoch = epoch
         if self.thread is not None:
@@ -428,6 +572,29 @@ class ScriptLadder:
             )
         elif self.error is not None:
             self._explain(self.error)
+
+    def _wait_for_engine(self) -> tuple[Any, BaseException | None] | None:
+        """The engine's ``(report, error)``; None when it did not finish in ``ENGINE_EXIT_WAIT_S`` or a second Ctrl-C
+        asked to leave without it (both said on stderr)."""
+        assert self.handoff is not None
+        try:
+            outcome = self.handoff.wait_outcome(ENGINE_NUDGE_S)
+            if outcome is None and self.handoff.is_gone and self.thread is not None:
+                # a pass that takes no step of the script (the loader's memory pass) has not seen it go: stop it there
+                self.nudged = _raise_in(self.thread, EngineStopped)
+                outcome = self.handoff.wait_outcome(ENGINE_SLOW_S)
+            if outcome is None:
+                self.echo(
+                    "fastpipe diagnose: waiting for the ladder to stop its workers and write its report "
+                    f"(at most {ENGINE_EXIT_WAIT_S:.0f} s; Ctrl-C leaves without it)"
+                )
+                outcome = self.handoff.wait_outcome(ENGINE_EXIT_WAIT_S - ENGINE_SLOW_S - ENGINE_NUDGE_S)
+        except KeyboardInterrupt:
+            self.echo("fastpipe diagnose: left without the ladder's report (Ctrl-C while it stopped)")
+            return None
+        if outcome is None:
+            self.echo(f"fastpipe diagnose: the ladder did not finish within {ENGINE_EXIT_WAIT_S:.0f} s of the script's end; no report")
+        return outcome
 
     def _annotate(self, report: Report, why: str | None) -> None:
         assert self.handoff is not None and self.trained is not None
@@ -451,6 +618,13 @@ class ScriptLadder:
             report.notes.append(
                 f"put back after the ladder: {self.found.describe()}, the RNGs and the loader's generators; the script's own "
                 "counters (its step number, a framework's global step) counted the ladder's steps"
+            )
+        if self.epoch_ends:
+            report.notes.append(
+                f"the script's epochs were kept: {self.epoch_ends} of {seen.label}'s epochs ended during the ladder, each after "
+                "len(loader) batches as the real loader's would; the steps across each epoch's end were left out, and the "
+                "script's state was put back before its end-of-epoch work (validation, checkpoints), so what it saved there "
+                "is its own"
             )
         if self.device is not None and self.device.kind == "cpu":
             report.caveats.insert(0, CPU_STEP_CAVEAT)
@@ -524,13 +698,58 @@ class ScriptLadder:
         )
 
 
+def _raise_in(thread: threading.Thread, kind: type[BaseException]) -> bool:
+    """Raise ``kind`` in ``thread`` at its next bytecode, as a Ctrl-C raises KeyboardInterrupt in the main thread of a
+    factory run (the engine's passes handle it so); a call blocked in C (a queue's get) sees it when it returns."""
+    import ctypes
+
+    if thread.ident is None or not thread.is_alive():
+        return False
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(kind))
+    if done > 1:  # never expected: undo rather than hit other threads
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
+    return done == 1
+
+
+def _block_interrupts() -> None:
+    """Block SIGINT in the engine's thread, so every process it starts (each cache point's DataLoader workers, forked or
+    spawned: both keep the starting thread's signal mask) ignores a Ctrl-C sent to the process group.
+
+    Why: a terminal's Ctrl-C reaches every process of the group. A cache point's worker that it interrupts dies mid-batch
+    or hangs in its exit (its queue's feeder flushing to a pipe nobody reads), and the engine's ``next()`` on that point
+    then waits for it for good: the partial report never came, and the workers killed at exit left their
+    ``pymp-*/listener-*`` folders in the temp folder. The engine stops its workers itself once the script is gone;
+    the script's own loader keeps the terminal's behaviour. The signal still reaches the script's thread, where Python
+    runs its handler.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _share_temp_dir() -> None:
+    """Make this process's multiprocessing temp folder (``pymp-*``) now, so every DataLoader worker forked later puts
+    its ``listener-*`` socket in it, and this process removes it, with whatever is left in it, when it exits.
+
+    Why: a worker passes each batch's shared memory by file descriptor, through a listener in a ``pymp-*`` folder of
+    its own, made the first time it sends one. A worker stopped just as it hands over a batch (a cache point's
+    loader closed mid-stream, most often on Ctrl-C) can make that folder in its queue's feeder thread while it is
+    already running its exit finalizers: the folder's removal is registered too late to run, and the folder stays
+    in the temp folder. A forked worker uses its parent's folder when there is one and never removes it.
+    """
+    import multiprocessing.util
+
+    multiprocessing.util.get_temp_dir()
+
+
 def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -> int:
     """Run the script as ``python`` would, in this process, under ``session``; its exit code (or fastpipe's)."""
     session.options.check()
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
+    _share_temp_dir()
     code: int = 0
+    exited = False  # the script left by SystemExit (its --help, an argument error, sys.exit)
     session.sampler = LoopSampler(target)
     try:
         with session.sampler, tap_dataloaders(session.select, session.source):
@@ -544,6 +763,7 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
             except SystemExit as exc:
                 session.conclude(f"exited (SystemExit {exc.code!r})")
                 code = _exit_code(exc)
+                exited = True
             except KeyboardInterrupt:
                 session.conclude("was interrupted (Ctrl-C)")
                 code = EXIT_INTERRUPTED
@@ -561,6 +781,8 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
         session._release_held()
     if session.code is not None:
         return session.code
+    if exited and not session.seen and not (session.sampler is not None and session.sampler.loop_calls()):
+        return code  # it left by itself before any loop (its --help, a bad argument): python's exit, no advice
     missing = session.nothing_measured()
     if missing is not None:
         session.echo(missing)
