@@ -182,7 +182,9 @@ def test_a_raw_load_that_sleeps_is_named_as_waiting_with_a_worker_count() -> Non
     assert_named_first(report, "raw load", ("FreeA",))
     advice = report.bottlenecks[0].recommendation
     assert report.bottlenecks[0].waits and "waits" in advice, advice
-    assert "about 5 workers would keep up" in advice or "about 6 workers would keep up" in advice, advice
+    # the worker count is the finding; whether those workers "keep up" or "reach what the free cores allow" depends on
+    # what other processes take from the 2 cores at the time (both wordings carry the count)
+    assert "about 5 workers would " in advice or "about 6 workers would " in advice, advice
 
 
 @pytest.mark.slow

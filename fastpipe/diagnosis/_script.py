@@ -648,7 +648,7 @@ class ScriptLadder:
             )
         elif why is not None:
             report.notes.append(
-                f"{why[0].upper()}{why[1:]}: the script stopped asking for batches during the ladder, so this report is partial"
+                f"the script {why} during the ladder and asked for no more batches, so this report is partial"
             )
 
     def _explain(self, error: BaseException) -> None:
