@@ -14,9 +14,12 @@ A delivered batch goes back to the free list, to be written again:
   the ring makes a new buffer in its place.
 
 The decoding threads never wait for a buffer: when every one is in use they write into a fresh
-one (``fallbacks``), so a loop that keeps batches cannot stall the loader. Buffers are sized from
-the batches received: a batch larger than the ring's buffers (a custom ``batch_sampler``) makes
-the ring drop its smaller free buffers and allocate larger ones (``grown``).
+one (``fallbacks``), so a loop that keeps batches cannot stall the loader. Which batches get the
+fresh ones depends on the threads' timing (the two decoding threads reach the ring in either order,
+not always the batches'); a fresh one is never the ring's, so a loop that keeps it is not counted
+``kept``, and nothing writes it again. Buffers are sized from the batches received: a batch larger
+than the ring's buffers (a custom ``batch_sampler``) makes the ring drop its smaller free buffers
+and allocate larger ones (``grown``).
 """
 
 from __future__ import annotations
