@@ -647,9 +647,7 @@ class ScriptLadder:
                 + f" (--budget-steps); without that cap each point has its --budget of {self.options.budget_s:g} s"
             )
         elif why is not None:
-            report.notes.append(
-                f"the script {why} during the ladder and asked for no more batches, so this report is partial"
-            )
+            report.notes.append(f"the script {why} during the ladder and asked for no more batches, so this report is partial")
 
     def _explain(self, error: BaseException) -> None:
         if isinstance(error, FastpipeError):
