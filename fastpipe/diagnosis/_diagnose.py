@@ -327,7 +327,7 @@ class _Diagnosis:
         loader = (
             loader_facts(self.workload, self.runner.device.kind, find_wrapper=any(COPY in b.stage for b in advised)) if advised else None
         )
-        for b in report.bottlenecks + report.unresolved:
+        for b in advised:
             _advise(
                 b,
                 self.runner.pipeline,

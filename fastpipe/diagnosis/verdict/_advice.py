@@ -593,7 +593,7 @@ def _transform(
     facts = facts_for(stage) if stage is not None else None
     # a library transform (by the catalog) is already native: its remedy comes from what it is, never "compile it"
     library = facts is not None and facts.library not in (CUSTOM, FASTPIPE) and not facts.compile_helps
-    converted = next((n for n in before if n in ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")), None)
+    converted = next((n for n in before if n in _TO_TENSOR), None)
     if name in _CROPS or (library and facts is not None and facts.crop is not None):
         return _decode_box(name, stage, transform, dataset, image_size, converted, name, loader.copies)
     fast = _fits.fast_path(transform, dataset) if library and transform is not None and _fits.generated_raw_load(dataset) is None else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastpipe.diagnosis.ladder._cachepoint import CachePoint
+from fastpipe.diagnosis.ladder._plan import has_copy
 from fastpipe.diagnosis.verdict._attribute import IN_WORKER, SPLIT, Attribution
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 
@@ -289,8 +290,6 @@ def skipped_files(facts: Facts) -> str | None:
 
 def no_copy(facts: Facts) -> str | None:
     """The device decides what exists: on one with no copy (``cpu``) there is no host point and no copy stage."""
-    from fastpipe.diagnosis.ladder._plan import has_copy
-
     if has_copy(facts.device_kind):
         return None
     return (

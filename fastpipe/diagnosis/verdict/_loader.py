@@ -43,7 +43,6 @@ def prefetching_wrapper(loader: Any) -> str | None:
     Script mode watches the DataLoader the script's wrapper iterates, so the wrapper itself never reaches the ladder;
     it is still alive (the script holds it), and :func:`~fastpipe.loading._unwrap.unwrap_loader` knows its kind.
     """
-    from fastpipe.errors import ConfigError
     from fastpipe.loading._unwrap import unwrap_loader
 
     holders: list[Any] = []
@@ -60,9 +59,7 @@ def prefetching_wrapper(loader: Any) -> str | None:
             continue
         try:
             found = unwrap_loader(holder)
-        except ConfigError:  # not a wrapper fastpipe knows
-            continue
-        except Exception:  # a wrapper whose attributes refuse to be read: not one to name
+        except Exception:  # a ConfigError: not a wrapper fastpipe knows; any other: its attributes refuse to be read
             continue
         if found.loader is loader and found.prefetch_depth:
             return type(holder).__name__
