@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
         "fastpipe._system",
         "fastpipe._tree",
         "fastpipe._render",
+        "fastpipe._deprecated",
         "fastpipe.devices",
         "fastpipe.stages",
         "fastpipe._C",

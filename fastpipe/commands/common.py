@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +75,101 @@ def toy_option_values(args: argparse.Namespace, is_toy: bool) -> dict[str, Any]:
     return options
 
 
+def _default(name: str) -> Any:
+    """A knob's default, read from the options class itself: the command line and Python share one set of defaults."""
+    from fastpipe.diagnosis._options import DiagnoseOptions
+
+    return next(f.default for f in dataclasses.fields(DiagnoseOptions) if f.name == name)
+
+
 def add_step_arguments(parser: argparse.ArgumentParser, per: str) -> None:
-    """--steps and --warmup, measured per experiment, variant or setting (``per``)."""
-    parser.add_argument("--steps", type=int, default=10, help=f"measured steps per {per} (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help=f"untimed warm-up steps per {per} (default 3)")
+    """--steps and --warmup, measured per experiment, variant or setting (``per``): the whole of the measuring flags of
+    the commands that only count steps (``run``, ``costs``)."""
+    parser.add_argument("--steps", type=int, default=_default("steps"), help=f"measured steps per {per} (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=_default("warmup"), help=f"untimed warm-up steps per {per} (default %(default)s)")
+
+
+def add_measure_flags(parser: argparse.ArgumentParser, per: str, *, budget_help: str = "") -> None:
+    """The flags of :class:`~fastpipe.MeasureOptions` (--steps, --warmup, --budget, --precision), for every command that
+    measures (diagnose and script mode, compare, tune, fix); :func:`measure_options_from` reads them back."""
+    add_step_arguments(parser, per)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=_default("budget"),
+        help=f"seconds of measuring per {per} before it stops short of the precision target (default %(default)s{budget_help})",
+    )
+    parser.add_argument(
+        "--precision",
+        type=float,
+        default=_default("precision"),
+        help=f"target relative standard error of each {per}'s mean step time (default %(default)s)",
+    )
+
+
+def add_diagnose_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of :class:`~fastpipe.DiagnoseOptions` beyond the measuring ones (``fastpipe diagnose``, a SPEC or a
+    script); :func:`diagnose_options_from` reads them back."""
+    from fastpipe.diagnosis._options import STRATEGIES
+
+    parser.add_argument(
+        "--pool",
+        type=int,
+        default=_default("pool"),
+        help="different samples/batches each cache point cycles through (default: 1, or 8 when the first samples differ in size)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=_default("threshold"),
+        help="smallest added time per step that counts, as a fraction of the device step (default %(default)s)",
+    )
+    parser.add_argument(
+        "--strategy", choices=STRATEGIES, default=_default("strategy"), help="measure every point, or bisect over the stages"
+    )
+    parser.add_argument(
+        "--no-stage-costs", action="store_true", help="skip the extra pass that times each stage when a drop appears at a saturated CPU"
+    )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the short pass after the ladder that reads the loader for worker memory growth and the shared-memory peak "
+        "(each cache point's memory at its end is read either way)",
+    )
+    parser.add_argument(
+        "--no-startup",
+        action="store_true",
+        help="skip the pass that starts the loader twice more to split the wait for its first batch (worker start, "
+        "dataset transfer, worker_init_fn, first fetch) and project each fix's saving",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def measure_options_from(args: argparse.Namespace) -> Any:
+    """The :class:`~fastpipe.MeasureOptions` the command line asks for (checked here, before any work)."""
+    from fastpipe.diagnosis._options import MeasureOptions
+
+    return MeasureOptions(steps=args.steps, warmup=args.warmup, budget=args.budget, precision=args.precision)
+
+
+def diagnose_options_from(args: argparse.Namespace) -> Any:
+    """The :class:`~fastpipe.DiagnoseOptions` ``fastpipe diagnose``'s flags ask for (checked here, before any work);
+    the progress bar only on a terminal."""
+    from fastpipe.diagnosis._options import DiagnoseOptions
+
+    return DiagnoseOptions(
+        steps=args.steps,
+        warmup=args.warmup,
+        budget=args.budget,
+        precision=args.precision,
+        pool=args.pool,
+        threshold=args.threshold,
+        strategy=args.strategy,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        stage_costs=not args.no_stage_costs,
+        loader_memory=not args.no_memory,
+        startup=not args.no_startup,
+    )
 
 
 def check_steps(args: argparse.Namespace) -> None:

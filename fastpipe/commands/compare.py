@@ -9,8 +9,10 @@ from typing import Any
 
 from fastpipe.commands.common import (
     add_device_argument,
+    add_measure_flags,
     add_toy_options,
     check_output_paths,
+    measure_options_from,
     resolve_device,
     toy_option_values,
     write_outputs,
@@ -24,17 +26,7 @@ def add_parser(subparsers: Any) -> None:
         "specs", metavar="SPEC", nargs="+", help="'toy' or 'jpeg' for a built-in ladder, or two or more SPECs (module:function)"
     )
     add_device_argument(parser)
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per variant (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per variant (default 3)")
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=20.0,
-        help="seconds of measuring per rung before it stops short of the precision target (default 20)",
-    )
-    parser.add_argument(
-        "--precision", type=float, default=0.03, help="target relative standard error of each rung's step time (default 0.03)"
-    )
+    add_measure_flags(parser, "rung")
     parser.add_argument("--json", type=Path, default=None, help="write the comparison as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the comparison as Markdown here")
     parser.add_argument("--plot", type=Path, default=None, help="write a bar chart PNG here (needs matplotlib)")
@@ -53,20 +45,16 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.workloads._workload import family_of
 
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
-    if args.steps < 1 or args.warmup < 0:
-        raise ConfigError("--steps must be at least 1 and --warmup at least 0")
+    options = measure_options_from(args)
     if args.specs not in (["toy"], ["jpeg"]) and len(args.specs) < 2:
         raise ConfigError("compare needs 'toy', 'jpeg' or at least two SPECs, e.g. fastpipe compare mypkg.before:make mypkg.after:make")
     is_builtin = all(family_of(spec) is not None for spec in args.specs)
     comparison = compare(
         args.specs,
-        resolve_device(args.device, args.specs),
-        steps=args.steps,
-        warmup=args.warmup,
+        device=resolve_device(args.device, args.specs),
+        options=options,
         progress=not args.no_progress and sys.stderr.isatty(),
         toy_options=toy_option_values(args, is_builtin),
-        budget=args.budget,
-        precision=args.precision,
         memory=not args.no_memory,
     )
     write_outputs(comparison, args)

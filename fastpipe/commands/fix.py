@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
+from fastpipe.commands.common import (
+    add_measure_flags,
+    add_workload_arguments,
+    check_output_paths,
+    measure_options_from,
+    workload_from_args,
+    write_outputs,
+)
 
 
 def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +39,7 @@ def add_parser(subparsers: Any) -> None:
         "fix", help="measure the fixes that apply to the pipeline against the original, each input checked, and rank them"
     )
     add_workload_arguments(parser)
-    add_step_arguments(parser, "fix rung")
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds of measuring per rung (default 20)")
-    parser.add_argument(
-        "--precision", type=float, default=0.03, help="target relative standard error of each rung's step time (default 0.03)"
-    )
+    add_measure_flags(parser, "fix rung")
     parser.add_argument("--json", type=Path, default=None, help="write the measured fixes as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the measured fixes as Markdown here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -45,19 +48,14 @@ def add_parser(subparsers: Any) -> None:
 
 def run_fix(workload: Any, device: Any, args: argparse.Namespace, named: list[str] | None = None) -> Any:
     """Run the fix engine with the command line's settings (shared with ``diagnose --fix``)."""
+    import dataclasses
+
     from fastpipe.experiments._fix import fix
 
-    budget = args.fix_budget if getattr(args, "fix_budget", None) is not None else args.budget
-    return fix(
-        workload,
-        device,
-        steps=args.steps,
-        warmup=args.warmup,
-        budget=budget,
-        precision=args.precision,
-        named=named,
-        progress=not args.no_progress and sys.stderr.isatty(),
-    )
+    options = measure_options_from(args)
+    if getattr(args, "fix_budget", None) is not None:
+        options = dataclasses.replace(options, budget=args.fix_budget)
+    return fix(workload, device=device, options=options, named=named, progress=not args.no_progress and sys.stderr.isatty())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -75,14 +75,14 @@ def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
 
 
 def run_script(args: argparse.Namespace) -> int:
-    from fastpipe.commands.common import check_steps, write_outputs
+    from fastpipe.commands.common import diagnose_options_from, write_outputs
     from fastpipe.diagnosis._script import DEFAULT_BUDGET_S, ScriptLadder, ScriptOptions, run_script
 
-    check_steps(args)
+    ladder = diagnose_options_from(args)  # the ladder's knobs, checked before the script starts
     if args.check_step:
         raise ConfigError("--check-step runs a factory's step; with a script, the script's own step runs in the ladder")
     kind, target, script_args = script_command(args)
-    budget = DEFAULT_BUDGET_S if args.budget is None else args.budget
+    budget = ladder.budget
     options = ScriptOptions(
         loader=args.loader,
         budget_s=budget,
@@ -90,14 +90,14 @@ def run_script(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         then_continue=args.then_continue,
         device=args.device,
-        steps=args.steps,
-        warmup=args.warmup,
-        pool=args.pool,
-        threshold=args.threshold,
-        precision=args.precision,
-        strategy=args.strategy,
-        stage_costs=not args.no_stage_costs,
-        loader_memory=not args.no_memory,
+        steps=ladder.steps,
+        warmup=ladder.warmup,
+        pool=ladder.pool,
+        threshold=ladder.threshold,
+        precision=ladder.precision,
+        strategy=ladder.strategy,
+        stage_costs=ladder.stage_costs,
+        loader_memory=ladder.loader_memory,
     )
     options.check()
 

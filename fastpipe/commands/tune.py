@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastpipe.commands.common import add_step_arguments, add_workload_arguments, check_output_paths, workload_from_args, write_outputs
+from fastpipe.commands.common import (
+    add_measure_flags,
+    add_workload_arguments,
+    check_output_paths,
+    measure_options_from,
+    workload_from_args,
+    write_outputs,
+)
 from fastpipe.errors import ConfigError
 
 
@@ -24,7 +31,7 @@ def _factors(text: str) -> list[int]:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("tune", help="sweep num_workers and prefetch_factor; recommend the cheapest setting that keeps up")
     add_workload_arguments(parser)
-    add_step_arguments(parser, "setting")
+    add_measure_flags(parser, "setting")
     parser.add_argument("--max-workers", type=int, default=None, help="most workers to try (default: usable cores + 2)")
     parser.add_argument(
         "--prefetch-factors", type=_factors, default=[2, 4], help="prefetch_factor values to try at the chosen count (default 2,4)"
@@ -37,15 +44,6 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--shm-budget-mb", type=float, default=None, help="shared memory the loader may use, in MB (default: what /dev/shm has free)"
-    )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=20.0,
-        help="seconds of measuring per setting before it stops short of the precision target (default 20)",
-    )
-    parser.add_argument(
-        "--precision", type=float, default=0.03, help="target relative standard error of each setting's mean step time (default 0.03)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the sweep as JSON here")
     parser.set_defaults(handler=run)
@@ -68,19 +66,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-workers must be at least 1, got {args.max_workers}")
     if args.shm_budget_mb is not None and args.shm_budget_mb <= 0:
         raise ConfigError(f"--shm-budget-mb must be positive, got {args.shm_budget_mb}")
+    options = measure_options_from(args)
     device, workload = workload_from_args(args)
     result = tune(
         workload,
-        device,
-        steps=args.steps,
-        warmup=args.warmup,
+        device=device,
+        options=options,
         max_workers=args.max_workers,
         prefetch_factors=args.prefetch_factors,
         tolerance=args.tolerance,
         shm_budget_bytes=None if args.shm_budget_mb is None else int(args.shm_budget_mb * 1e6),
         on_trial=_progress,
-        budget=args.budget,
-        precision=args.precision,
     )
     write_outputs(result, args)
     return 130 if result.interrupted else 0

@@ -18,9 +18,10 @@ from typing import Any, Callable
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from fastpipe._deprecated import moved_keywords
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._options import DiagnoseOptions
+from fastpipe.diagnosis._options import DiagnoseOptions, TrainState, as_options
 from fastpipe.diagnosis._unseen import add_unseen
 from fastpipe.diagnosis.ladder._cache import UnavailablePoint
 from fastpipe.diagnosis.ladder._cachepoint import ANCHORS, BASELINE, DEVICE
@@ -62,7 +63,7 @@ CPU_BACKED = 0.25
 """A span whose CPU time per step (over its workers) is at least this share of its added time counts as CPU work."""
 VARIABLE_POOL = 8
 """Samples (or batches) cached per worker when the inputs vary in size."""
-__all__ = ["COLLATE", "COPY", "SATURATED_CPU", "SATURATION_CAVEAT_START", "diagnose", "point_label", "verdict_for"]
+__all__ = ["COLLATE", "COPY", "SATURATED_CPU", "SATURATION_CAVEAT_START", "diagnose", "point_label", "run_diagnosis", "verdict_for"]
 
 
 # ----- the strategy ------------------------------------------------------------------------
@@ -459,119 +460,112 @@ def _advise(
         component.recommendation += " " + recommend(component.stage, "too few workers").summary
 
 
+@moved_keywords({"options": DiagnoseOptions, "train_state": TrainState}, positional=("device",))
 def diagnose(
     loader: "DataLoader | Workload",
     step: Callable[[Any], Any] | None = None,
-    device: "str | Device | None" = None,
     *,
-    steps: int = 10,
-    warmup: int = 3,
-    pool: int | None = None,
-    threshold: float = 0.05,
-    strategy: str = "linear",
-    budget: float = 20.0,
-    precision: float = 0.03,
+    device: "str | Device | None" = None,
+    options: DiagnoseOptions | None = None,
+    train_state: TrainState | None = None,
     device_transform: Callable[[Any], Any] | None = None,
     prefetch_depth: int = 0,
-    model: Any = None,
-    optimizer: Any = None,
-    schedulers: Any = (),
-    scaler: Any = None,
-    progress: bool = True,
-    worker_timeout: float = 300.0,
-    name: str | None = None,
-    stage_costs: bool = True,
-    loader_memory: bool = False,
-    on_warning: Callable[[str], None] | None = None,
-    startup: bool = False,
-    runner: Callable[..., PointRunner] = PointRunner,
 ) -> Report:
     """Find where an input pipeline loses time, by caching data at successive points.
 
     Args:
-        loader: the user's DataLoader (never modified), or a :class:`~fastpipe.Workload`.
-        step: ``step(batch)``, one training step on a batch already on the device.
+        loader: the user's DataLoader (never modified), or a :class:`~fastpipe.Workload`, which carries its own
+            step, training state, device transform and prefetch depth.
+        step: ``step(batch)``, one training step on a batch already on the device (with a DataLoader only).
         device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS[,...]`` or a Device (default: cuda if present, else sim:290).
-        steps, warmup: the fewest measured steps and the untimed steps per point; steps round up to whole rounds of workers.
-        pool: samples (or batches) each cache point keeps and cycles through; by default 1, or 8 when
-            the first samples differ in size (the report says so).
-        threshold: the smallest added time that counts, as a fraction of the device step.
-        strategy: ``"linear"`` measures every point; ``"bisect"`` measures the endpoints, then bisects.
-        budget: seconds of measuring per point before it stops short of the precision target.
-        precision: target relative standard error of each point's mean step time.
-        device_transform, prefetch_depth: how the user's loop moves batches to the device.
-        model, optimizer, schedulers, scaler: restored afterwards (the diagnosis really trains): parameters,
-            buffers, gradients and train/eval mode, the optimizer's, each LR scheduler's and the GradScaler's state.
-        progress: show a progress line on the terminal.
-        worker_timeout: seconds a worker may take for a batch before the run stops, used only
-            when the loader sets no timeout of its own.
-        stage_costs: when a stage in the workers is named, time each stage inside the workers in
-            one more short pass, to check the ladder against it and settle saturation caveats.
-        loader_memory: after the ladder, read the user's loader in one more short pass (at most ``budget``
-            seconds) for each worker's memory growth per 1,000 samples, copy-on-read growth named, and the
-            shared-memory peak against its prediction (:mod:`fastpipe.diagnosis.memory._section`). Off by default
-            here for its time; ``fastpipe diagnose`` runs it. Each point's memory at its end is read either way.
-        startup: after the ladder, start the loader twice more and split the wait for its first batch (worker start,
-            the dataset's transfer, ``worker_init_fn``, first fetch), with each fix's projected saving
-            (:mod:`fastpipe.diagnosis.unseen._startup`). Off by default here for its time; ``fastpipe diagnose`` runs
-            it. The main process's share and a stream's duplicates are checked either way (:mod:`fastpipe.diagnosis.unseen`).
-        on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
-            batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
-        runner: what measures the points, called as :class:`PointRunner` is (script mode passes one that measures
-            windows of a running script's own loop, :class:`fastpipe.diagnosis._windows.WindowRunner`).
+        options: everything measured and decided by, a :class:`~fastpipe.DiagnoseOptions` (steps, warmup, budget,
+            precision, pool, threshold, strategy, progress, stage costs, the loader-memory and start-up passes, the
+            report's name); None: its defaults, which are ``fastpipe diagnose``'s.
+        train_state: what the diagnosis trains and puts back afterwards (the diagnosis really trains): a
+            :class:`~fastpipe.diagnosis.TrainState` of the model, optimizer, LR schedulers and GradScaler
+            (with a DataLoader only).
+        device_transform, prefetch_depth: how the user's loop moves batches to the device (with a DataLoader only).
 
     Returns:
         A :class:`~fastpipe.diagnosis.verdict._report.Report`; if interrupted with Ctrl-C, a partial one with ``interrupted`` set.
 
     Raises:
-        ConfigError: bad arguments.
+        ConfigError: bad arguments, or arguments a Workload already carries (it keeps its own).
         PipelineError: a worker, transform or the step raised; ``.stage`` says where.
+
+    The old keywords (``steps=``, ``model=``, ... and a positional device) still work for one release, with a
+    :class:`DeprecationWarning` naming the new spelling.
     """
+    options = as_options(DiagnoseOptions, options)
+    workload = _workload_of(loader, step, train_state, device_transform, prefetch_depth)
+    return run_diagnosis(workload, parse_device(device), options)
+
+
+def _workload_of(loader: Any, step: Any, train_state: TrainState | None, device_transform: Any, prefetch_depth: int) -> Workload:
+    """The Workload ``diagnose`` was given, or the one its DataLoader and step make; what a Workload carries itself
+    cannot be given beside it (it would be silently ignored, or silently override what the Workload was built with)."""
     if isinstance(loader, Workload):
-        workload = loader
-        if step is not None:
-            workload = dataclasses.replace(workload, step=step)
-    else:
-        if step is None or not callable(step):
-            raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
-        workload = Workload(
-            loader=loader,
-            step=step,
-            device_transform=device_transform,
-            model=model,
-            optimizer=optimizer,
-            schedulers=list(schedulers) if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers],
-            scaler=scaler,
-            prefetch_depth=prefetch_depth,
-            name=name or "workload",
-        )
+        given = [
+            name
+            for name, value in (
+                ("step", step if loader.step is not None else None),
+                ("train_state", train_state),
+                ("device_transform", device_transform),
+                ("prefetch_depth", prefetch_depth or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} cannot be given with a Workload, which carries its own: set them on the Workload "
+                f"(dataclasses.replace(workload, {given[0]}=...); train_state's parts are its model, optimizer, "
+                "schedulers and scaler)"
+            )
+        return loader if step is None else dataclasses.replace(loader, step=step)
+    if step is None or not callable(step):
+        raise ConfigError("diagnose needs step, a function step(batch) that runs one training step")
+    state = train_state or TrainState()
+    return Workload(
+        loader=loader,
+        step=step,
+        device_transform=device_transform,
+        model=state.model,
+        optimizer=state.optimizer,
+        schedulers=list(state.schedulers),
+        scaler=state.scaler,
+        prefetch_depth=prefetch_depth,
+        name="workload",
+    )
+
+
+def run_diagnosis(
+    workload: Workload,
+    device: "str | Device | None",
+    options: DiagnoseOptions | None = None,
+    *,
+    runner: Callable[..., PointRunner] = PointRunner,
+    on_warning: Callable[[str], None] | None = None,
+) -> Report:
+    """The engine behind :func:`diagnose`, for a Workload: what the command line and script mode call.
+
+    Args:
+        workload: what to diagnose (a wrapped loader is unwrapped here); ``options.name``, if set, relabels it.
+        device: as for :func:`diagnose`.
+        options: as for :func:`diagnose` (validated when built).
+        runner: what measures the points, called as :class:`PointRunner` is, ``runner(workload, device,
+            options=..., pool=..., progress=...)`` (script mode passes one that measures windows of a running
+            script's own loop, :class:`fastpipe.diagnosis._windows.WindowRunner`; tests plant measurements).
+        on_warning: called, before any worker starts, with the shared-memory budget's warning when the loader's
+            batches would not fit ``/dev/shm`` or the memory cgroup (default: :func:`warnings.warn`).
+    """
+    options = as_options(DiagnoseOptions, options)
+    if options.name is not None:
+        workload = dataclasses.replace(workload, name=options.name)
     # a wrapped loader (timm's PrefetchLoader, accelerate's, fastpipe's prefetcher) is unwrapped; anything else is refused
     workload = unwrapped_workload(workload, workload.name)
-    options = DiagnoseOptions(
-        steps=steps,
-        warmup=warmup,
-        budget=budget,
-        precision=precision,
-        worker_timeout=worker_timeout,
-        pool=pool,
-        threshold=threshold,
-        strategy=strategy,
-        progress=progress,
-        stage_costs=stage_costs,
-    )
     device = parse_device(device)
     started = time.perf_counter()
-    runner = runner(
-        workload,
-        device,
-        steps=options.steps,
-        warmup=options.warmup,
-        pool=options.pool or 1,
-        budget_s=options.budget,
-        target=options.precision,
-        progress=options.progress,
-        worker_timeout=options.worker_timeout,
-    )
+    runner = runner(workload, device, options=options, pool=options.pool or 1, progress=options.progress)
     pool_reason = None
     if options.pool is None:
         with preserve_user_state(loader=workload.loader):  # the probe reads samples: what they draw is put back
@@ -622,11 +616,11 @@ def diagnose(
         report.notes += _ray_notes(workload.loader)
         report.memory = finish_memory_section(
             memory, runner.memory, [e.cache_point for e in report.experiments], workload, device,
-            loader_pass=loader_memory and not report.interrupted, budget_s=options.budget,
+            loader_pass=options.loader_memory and not report.interrupted, budget_s=options.budget,
         )  # fmt: skip
         report.interrupted = report.interrupted or memory.interrupted
         if not report.interrupted:
-            add_unseen(report, workload.loader, startup=startup, timeout=options.worker_timeout)
+            add_unseen(report, workload.loader, startup=options.startup, timeout=options.worker_timeout)
     report.elapsed_s = time.perf_counter() - started
     return report
 

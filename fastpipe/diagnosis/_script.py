@@ -423,15 +423,14 @@ class ScriptLadder:
         )
 
     def _engine(self, workload: Workload, extras: list[UserState]) -> None:
-        from fastpipe.diagnosis._diagnose import diagnose
+        from fastpipe.diagnosis._diagnose import run_diagnosis
+        from fastpipe.diagnosis._options import DiagnoseOptions
 
         assert self.handoff is not None and self.device is not None
         _block_interrupts()
         o, report, error = self.options, None, None
         try:
-            report = diagnose(
-                workload,
-                device=ScriptDevice(self.device),
+            options = DiagnoseOptions(
                 steps=o.steps,
                 warmup=o.warmup,
                 pool=o.pool,
@@ -442,8 +441,14 @@ class ScriptLadder:
                 progress=False,  # the factory's live bar would draw over the script's output: LadderProgress's lines instead
                 stage_costs=o.stage_costs,
                 loader_memory=o.loader_memory,
-                on_warning=lambda text: self.echo(f"fastpipe: warning: {text}"),
+                startup=False,  # as before this change: script mode does not run the start-up pass
+            )
+            report = run_diagnosis(
+                workload,
+                ScriptDevice(self.device),
+                options,
                 runner=self._runner,
+                on_warning=lambda text: self.echo(f"fastpipe: warning: {text}"),
             )
         except BaseException as exc:  # handed to the script's thread, which reports it
             error = exc

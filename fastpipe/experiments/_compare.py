@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from fastpipe._deprecated import moved_keywords
 from fastpipe._render import COLORS, pyplot, render_table
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._options import MeasureOptions, as_options
 from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE
 from fastpipe.diagnosis.ladder._noise import difference_noise, pool
 from fastpipe.diagnosis.ladder._points import measure_points
@@ -276,31 +277,24 @@ def rung_memory(workload: Any, device: Device, budget_s: float) -> RungMemory | 
 
 
 def measure_rungs(
-    workloads: list[Any],
-    device: Device,
-    *,
-    steps: int,
-    warmup: int,
-    progress: bool = False,
-    budget: float = 20.0,
-    precision: float = 0.03,
+    workloads: list[Any], device: Device, options: MeasureOptions | None = None, *, progress: bool = False
 ) -> tuple[float, list[ExperimentResult]]:
     """The first workload's device bound (steps/s) and each workload's pooled baseline, measured in one run as the
-    module docstring says: a discarded warm-up pass of each, then :data:`ROUNDS` rounds in rotated order."""
+    module docstring says: a discarded warm-up pass of each, then :data:`ROUNDS` rounds in rotated order, each
+    measurement as ``options`` says (its budget shared by the rounds)."""
+    options = MeasureOptions() if options is None else options
 
     def measure(i: int, points: list[str], budget_s: float) -> dict[str, ExperimentResult]:
-        return measure_points(
-            workloads[i], device, points, steps=steps, warmup=warmup, progress=progress, budget=budget_s, precision=precision
-        )
+        return measure_points(workloads[i], device, points, options=replace(options, budget=budget_s), progress=progress)
 
     for i in range(len(workloads)):  # warm-up: file cache, workers, compilation; discarded
-        measure(i, [BASELINE], min(WARMUP_BUDGET_S, budget))
-    bound = measure(0, [DEVICE], budget)[DEVICE].steps_per_s
+        measure(i, [BASELINE], min(WARMUP_BUDGET_S, options.budget))
+    bound = measure(0, [DEVICE], options.budget)[DEVICE].steps_per_s
     runs: list[list[ExperimentResult]] = [[] for _ in workloads]
     for r in range(ROUNDS):
         for k in range(len(workloads)):
             i = (r + k) % len(workloads)  # each round starts one variant later
-            runs[i].append(measure(i, [BASELINE], budget / ROUNDS)[BASELINE])
+            runs[i].append(measure(i, [BASELINE], options.budget / ROUNDS)[BASELINE])
     return bound, [_pooled(variant_runs, workloads[i]) for i, variant_runs in enumerate(runs)]
 
 
@@ -317,18 +311,16 @@ def resolve_variants(specs: list[str]) -> list[tuple[str, str]]:
     return [(spec, spec) for spec in specs]
 
 
+@moved_keywords({"options": MeasureOptions}, positional=("device",))
 def compare(
     specs: list[str],
-    device: "str | Device | None" = None,
     *,
-    steps: int = 10,
-    warmup: int = 3,
-    progress: bool = False,
+    device: "str | Device | None" = None,
+    options: MeasureOptions | None = None,
     toy_options: dict[str, Any] | None = None,
     drift: float = 0.05,
-    budget: float = 20.0,
-    precision: float = 0.03,
-    memory: bool = False,
+    memory: bool = True,
+    progress: bool = False,
 ) -> Comparison:
     """Measure each variant's baseline, and the first variant's device bound, in one run, interleaved in rounds.
 
@@ -336,14 +328,25 @@ def compare(
     rung above exceeds two standard errors of the difference and also ``drift`` times the rung
     above's time over the device step (the standard error only sees the noise within a run, not
     the drift between runs on a shared machine). Each rung is measured until its step time reaches
-    ``precision`` (relative standard error) or ``budget`` seconds are spent, over :data:`ROUNDS` interleaved rounds
-    after a discarded warm-up pass of each variant (see the module docstring).
+    ``options.precision`` (relative standard error) or ``options.budget`` seconds are spent, over :data:`ROUNDS`
+    interleaved rounds after a discarded warm-up pass of each variant (see the module docstring).
 
-    With ``memory`` (``fastpipe compare`` sets it; off here for its time), each rung's loader is then read once more,
-    within ``budget`` seconds, at least 10 (:func:`rung_memory`): its shared-memory peak against the prediction, its workers'
-    unique memory and its pinned bytes.
+    Args:
+        specs: the variants' SPECs, each a rung, or ``["toy"]``/``["jpeg"]`` for a built-in ladder.
+        device: as for :func:`fastpipe.diagnose`.
+        options: how each rung is measured (:class:`~fastpipe.MeasureOptions`; None: its defaults).
+        toy_options: the built-in workloads' size options (``num_workers``, ``batch_size``, ...).
+        drift: a gain must also exceed this fraction of the rung above's time over the device step.
+        memory: each rung's loader is then read once more, within ``options.budget`` seconds, at least 10
+            (:func:`rung_memory`): its shared-memory peak against the prediction, its workers' unique memory and
+            its pinned bytes (``fastpipe compare --no-memory`` turns it off).
+        progress: show a progress line on the terminal.
+
+    The old keywords (``steps=``, ``budget=``, ... and a positional device) still work for one release, with a
+    :class:`DeprecationWarning` naming the new spelling.
     """
-    MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
+    options = as_options(MeasureOptions, options)
+    budget, precision = options.budget, options.precision
     device = parse_device(device)
     variants = resolve_variants(specs)
     workloads = []
@@ -352,7 +355,7 @@ def compare(
         for name, spec in variants:
             options = dict(toy_options or {}) if family_of(spec) is not None else {}
             workloads.append(load_workload(spec, device, **options))
-        bound, pooled = measure_rungs(workloads, device, steps=steps, warmup=warmup, progress=progress, budget=budget, precision=precision)
+        bound, pooled = measure_rungs(workloads, device, options, progress=progress)
         memories = [rung_memory(workload, device, budget) if memory else None for workload in workloads]
     finally:
         for workload in workloads:
@@ -361,7 +364,9 @@ def compare(
                 close()
         rngs.restore()
     results = [(name, spec, pooled[i]) for i, (name, spec) in enumerate(variants)]
-    comparison = Comparison(device=device.spec, device_bound_steps_per_s=bound, steps=steps, warmup=warmup, precision_target=precision)
+    comparison = Comparison(
+        device=device.spec, device_bound_steps_per_s=bound, steps=options.steps, warmup=options.warmup, precision_target=precision
+    )
     device_ms = 1000.0 / bound
     previous = None
     for name, spec, result in results:

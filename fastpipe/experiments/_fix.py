@@ -24,10 +24,11 @@ from typing import Any, Sequence
 
 from torch.utils.data import DataLoader
 
+from fastpipe._deprecated import moved_keywords
 from fastpipe._render import render_table
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._options import MeasureOptions, as_options
 from fastpipe.diagnosis.ladder._noise import difference_noise
 from fastpipe.diagnosis.runtime._snapshot import UserState
 from fastpipe.errors import ConfigError
@@ -191,7 +192,7 @@ def _sweep_size(workload: Workload) -> int:
     return 1 + len(sweep_counts(usable_cores())) + len(SWEEP_PREFETCH) if isinstance(workload.loader, DataLoader) else 0
 
 
-def tune_candidate(workload: Workload, device: Device, *, steps: int, warmup: int, budget: float, precision: float) -> Candidate | None:
+def tune_candidate(workload: Workload, device: Device, options: MeasureOptions | None = None) -> Candidate | None:
     """The loader settings a short ``tune`` sweep recommends, as a candidate; None when the loader is not a DataLoader.
 
     The sweep is :func:`fastpipe.tune` itself, bounded: the worker counts of :func:`sweep_counts` (1, 2, 4, ... and
@@ -205,15 +206,12 @@ def tune_candidate(workload: Workload, device: Device, *, steps: int, warmup: in
     try:
         result = tune(
             workload,
-            device,
-            steps=steps,
-            warmup=warmup,
+            device=device,
+            options=options,
             worker_counts=sweep_counts(usable_cores()),
             prefetch_factors=SWEEP_PREFETCH,
             tolerance=THRESHOLD,
             extensions=0,
-            budget=budget,
-            precision=precision,
         )
     except Exception as exc:  # noqa: BLE001 - the other candidates still run; this one says why it was not tried
         return Candidate(
@@ -224,15 +222,17 @@ def tune_candidate(workload: Workload, device: Device, *, steps: int, warmup: in
     return tuned_settings(workload, result)
 
 
-def plan(workload: Workload, *, step_ms: float | None = None, steps: int = 10, warmup: int = 3, budget: float = 20.0) -> FixPlan:
-    """Which fixes :func:`fix` would try on ``workload`` and how long it would take (nothing is measured)."""
+def plan(workload: Workload, options: MeasureOptions | None = None, *, step_ms: float | None = None) -> FixPlan:
+    """Which fixes :func:`fix` would try on ``workload`` and how long it would take, measured as ``options`` says
+    (nothing is measured)."""
+    options = MeasureOptions() if options is None else options
     candidates, _ = build_candidates(workload)
     tried = [c.name for c in candidates if c.workload is not None and c.not_tried is None]
     not_tried = [f"{c.name}, because {c.not_tried}" for c in candidates if c.not_tried is not None]
     sweep = _sweep_size(workload)
     if sweep:
         tried.append(f"the num_workers and prefetch_factor a short tune sweep picks (up to {sweep} measurements first)")
-    typical, at_most = _estimate(len(tried) + 1, step_ms, steps, warmup, budget, sweep)
+    typical, at_most = _estimate(len(tried) + 1, step_ms, options.steps, options.warmup, options.budget, sweep)
     _discard(candidates)
     return FixPlan(tried, not_tried, typical, at_most)
 
@@ -260,30 +260,43 @@ def check_candidate(original: Workload, candidate: Candidate, unit: Any) -> Inpu
     )
 
 
+@moved_keywords({"options": MeasureOptions}, positional=("device",))
 def fix(
     source: "Workload | str",
-    device: "str | Device | None" = None,
     *,
-    steps: int = 10,
-    warmup: int = 3,
-    budget: float = 20.0,
-    precision: float = 0.03,
+    device: "str | Device | None" = None,
+    options: MeasureOptions | None = None,
     drift: float = 0.05,
     named: Sequence[str] | None = None,
-    candidates: Sequence[Candidate] | None = None,
     progress: bool = False,
 ) -> FixReport:
     """Build, check and measure the candidate fixes of ``source`` (a Workload or a SPEC); see the module docstring.
 
     Args:
         device: as for :func:`fastpipe.compare`; every rung runs on it, in the same run.
-        steps, warmup, budget, precision: each rung's measurement, as in ``compare``.
+        options: how each rung is measured, as in ``compare`` (:class:`~fastpipe.MeasureOptions`; None: its defaults).
         drift: a gain must also exceed this fraction of the original's time over the device step.
         named: the stages a diagnosis named; the report says which fixes address them (all applicable ones are tried).
-        candidates: the candidates to try instead of :func:`build_candidates`' (tests plant a broken one this way);
-            given, no tune sweep runs.
+        progress: show a progress line on the terminal.
+
+    The old keywords (``steps=``, ``budget=``, ... and a positional device) still work for one release, with a
+    :class:`DeprecationWarning` naming the new spelling.
     """
-    MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision)  # validates
+    return run_fix(source, device, as_options(MeasureOptions, options), drift=drift, named=named, progress=progress)
+
+
+def run_fix(
+    source: "Workload | str",
+    device: "str | Device | None",
+    options: MeasureOptions,
+    *,
+    drift: float = 0.05,
+    named: Sequence[str] | None = None,
+    progress: bool = False,
+    candidates: Sequence[Candidate] | None = None,
+) -> FixReport:
+    """The engine behind :func:`fix`; ``candidates``: the candidates to try instead of :func:`build_candidates`'
+    (tests plant a broken one this way); given, no tune sweep runs."""
     if not 0 <= drift < 1:
         raise ConfigError(f"drift is a fraction of the original's time over the device step, e.g. 0.05; got {drift}")
     device = parse_device(device)
@@ -291,7 +304,7 @@ def fix(
     started = time.perf_counter()
     notes = list(workload.notes)
     if candidates is None:
-        tuned = tune_candidate(workload, device, steps=steps, warmup=warmup, budget=budget, precision=precision)
+        tuned = tune_candidate(workload, device, options)
         if tuned is not None:
             notes.append(f"the loader settings come from a short tune sweep, {time.perf_counter() - started:.0f} s before the compare run")
         candidates, view = build_candidates(workload, tuned)
@@ -320,15 +333,7 @@ def fix(
                 continue
             measured.append(candidate)
         if measured:
-            bound, pooled = measure_rungs(
-                [workload, *(c.workload for c in measured)],
-                device,
-                steps=steps,
-                warmup=warmup,
-                progress=progress,
-                budget=budget,
-                precision=precision,
-            )
+            bound, pooled = measure_rungs([workload, *(c.workload for c in measured)], device, options, progress=progress)
             _judge(report, bound, pooled, measured, outcomes, drift)
     finally:
         _discard(candidates)

@@ -38,9 +38,10 @@ from typing import Any, Callable, Iterable
 
 from torch.utils.data import DataLoader
 
+from fastpipe._deprecated import moved_keywords
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
-from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._options import MeasureOptions, as_options
 from fastpipe.diagnosis.ladder._cachepoint import BASELINE
 from fastpipe.diagnosis.ladder._noise import SIGNIFICANCE, difference_noise, pool
 from fastpipe.diagnosis.memory._probes import SHM_PATH, MemoryWatch, shm_estimate, shm_free
@@ -70,22 +71,21 @@ def _memory_failure(exc: BaseException, setting: str) -> str | None:
     return None
 
 
-def _measure_bound(workload: Workload, device: Device, **options: Any) -> tuple[Any, int]:
-    """The device bound and one batch's bytes. The seam where the bound's measurement comes in (tests plant it here).
-
-    ``options``: steps, warmup, worker_timeout, budget, precision, as :func:`fastpipe.diagnosis.ladder._points.measure_device_bound` takes them.
-    """
+def _measure_bound(workload: Workload, device: Device, options: MeasureOptions) -> tuple[Any, int]:
+    """The device bound and one batch's bytes, measured as ``options`` says. The seam where the bound's measurement
+    comes in (tests plant it here)."""
     from fastpipe.diagnosis.ladder._points import measure_device_bound
 
-    return measure_device_bound(workload, device, **options)
+    return measure_device_bound(workload, device, options=options)
 
 
-def _measure_setting(workload: Workload, device: Device, **options: Any) -> Any:
-    """One run of the user's loop (nothing cached) with the loader at one setting: an ExperimentResult-like object
-    with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam where each setting's measurement comes in."""
+def _measure_setting(workload: Workload, device: Device, options: MeasureOptions) -> Any:
+    """One run of the user's loop (nothing cached) with the loader at one setting, measured as ``options`` says: an
+    ExperimentResult-like object with ``steps_per_s``, ``noise``, ``cpu_util`` and ``system_cpu_util``. The seam
+    where each setting's measurement comes in."""
     from fastpipe.diagnosis.ladder._points import measure_points
 
-    return measure_points(workload, device, [BASELINE], **options)[BASELINE]
+    return measure_points(workload, device, [BASELINE], options=options)[BASELINE]
 
 
 class _Sweep:
@@ -93,21 +93,16 @@ class _Sweep:
         self,
         workload: Workload,
         device: Device,
+        options: MeasureOptions,
         *,
-        steps: int,
-        warmup: int,
         tolerance: float,
         extensions: int,
         shm_budget: int | None,
-        worker_timeout: float,
         on_trial: Callable[[Trial], None] | None,
-        budget: float = 20.0,
-        precision: float = 0.03,
     ) -> None:
-        self.workload, self.device = workload, device
-        self.budget, self.precision = budget, precision
-        self.steps, self.warmup, self.tolerance, self.extensions = steps, warmup, tolerance, extensions
-        self.shm_budget, self.worker_timeout, self.on_trial = shm_budget, worker_timeout, on_trial
+        self.workload, self.device, self.options = workload, device, options
+        self.tolerance, self.extensions = tolerance, extensions
+        self.shm_budget, self.on_trial = shm_budget, on_trial
         self.bound = math.nan
         self.bound_noise = 0.0
         self.batch_bytes = 0
@@ -117,15 +112,7 @@ class _Sweep:
     # ----- measuring --------------------------------------------------------------------
     def measure_bound(self) -> None:
         """One batch cached on the device, the step repeated: the diagnosis's device point."""
-        result, self.batch_bytes = _measure_bound(
-            self.workload,
-            self.device,
-            steps=self.steps,
-            warmup=self.warmup,
-            worker_timeout=self.worker_timeout,
-            budget=self.budget,
-            precision=self.precision,
-        )
+        result, self.batch_bytes = _measure_bound(self.workload, self.device, self.options)
         self.bound = result.steps_per_s
         self.bound_noise = result.noise
 
@@ -148,20 +135,11 @@ class _Sweep:
         loader = loader_with(self.workload.loader, self.workload.loader.dataset, num_workers=workers, prefetch_factor=prefetch)
         workload = dataclasses.replace(self.workload, loader=loader)
         results: list[Any] = []
+        options = dataclasses.replace(self.options, warmup=max(self.options.warmup, workers))  # a step per worker at least
         try:
             with MemoryWatch() as memory:
                 for _ in range(1 + self.extensions):
-                    results.append(
-                        _measure_setting(
-                            workload,
-                            self.device,
-                            steps=self.steps,
-                            warmup=max(self.warmup, workers),
-                            worker_timeout=self.worker_timeout,
-                            budget=self.budget,
-                            precision=self.precision,
-                        )
-                    )
+                    results.append(_measure_setting(workload, self.device, options))
                     if not self.noisy(*pool(results, workers)):
                         break
         except PipelineError as exc:
@@ -363,31 +341,32 @@ def _summary(sweep: _Sweep, chosen: Trial) -> tuple[str, bool]:
     return text, False
 
 
+@moved_keywords({"options": MeasureOptions}, positional=("device",))
 def tune(
     source: "DataLoader | Workload",
-    device: "str | Device | None" = None,
     *,
     step: Callable[[Any], Any] | None = None,
-    steps: int = 10,
-    warmup: int = 3,
+    device: "str | Device | None" = None,
+    options: MeasureOptions | None = None,
     max_workers: int | None = None,
     worker_counts: Iterable[int] | None = None,
     prefetch_factors: Iterable[int] = (2, 4),
     tolerance: float = 0.05,
     extensions: int = 2,
     shm_budget_bytes: int | None = None,
-    worker_timeout: float = 300.0,
     on_trial: Callable[[Trial], None] | None = None,
     name: str | None = None,
-    budget: float = 20.0,
-    precision: float = 0.03,
 ) -> TuneResult:
     """Sweep num_workers, then prefetch_factor, and recommend the cheapest setting within noise of the best.
 
     Args:
         source: a :class:`~fastpipe.Workload`, or a DataLoader with ``step``. Never modified.
+        step: ``step(batch)``, one training step (with a DataLoader only: a Workload carries its own).
         device: ``cuda[:N]``, ``cpu``, ``sim:STEP_MS`` or a Device (default: cuda if present, else sim:290).
-        steps, warmup: measured and untimed steps per setting (warm-up is at least one step per worker).
+        options: how each setting is measured (:class:`~fastpipe.MeasureOptions`; None: its defaults): until its
+            mean step time has ``precision`` relative standard error or ``budget`` seconds have passed, as in
+            :func:`fastpipe.diagnose`, with at least ``steps`` measured steps after ``warmup`` untimed ones (at least
+            one per worker).
         max_workers: the largest count tried (default: usable cores + 2).
         worker_counts: the counts the worker sweep may try, in rising order, instead of every count from 1 to
             ``max_workers`` (``fix`` sweeps 1, 2, 4, ... and the usable cores, to bound its cost on many cores).
@@ -398,10 +377,8 @@ def tune(
         extensions: how many more runs a setting gets, pooled with the first, while two standard errors
             of its throughput exceed ``tolerance`` of the bound (a busy machine).
         shm_budget_bytes: shared memory the loader may use (default: what is free in /dev/shm now).
-        worker_timeout: seconds a worker may take for a batch, used when the loader sets no timeout.
         on_trial: called with each :class:`Trial` as it finishes (for progress output).
-        budget, precision: each measurement runs until its mean step time has ``precision`` relative standard
-            error or ``budget`` seconds have passed, as in :func:`fastpipe.diagnose`.
+        name: the result's label for a DataLoader (a Workload has its own).
 
     Returns:
         The sweep and the recommendation. Interrupted (Ctrl-C), the settings measured so far, with
@@ -409,13 +386,18 @@ def tune(
 
     Raises:
         ConfigError: bad arguments. PipelineError: the pipeline or step failed for a reason other than shared memory.
+
+    The old keywords (``steps=``, ``budget=``, ... and a positional device) still work for one release, with a
+    :class:`DeprecationWarning` naming the new spelling.
     """
+    options = as_options(MeasureOptions, options)
+    if isinstance(source, Workload) and step is not None and source.step is not None:
+        raise ConfigError("step cannot be given with a Workload, which carries its own: dataclasses.replace(workload, step=...)")
     workload = coerce_workload(source, step, name)
     factors = sorted({int(f) for f in prefetch_factors})
     cores = usable_cores()
     top = cores + 2 if max_workers is None else max_workers
     counts = list(range(1, top + 1)) if worker_counts is None else sorted({int(w) for w in worker_counts})
-    MeasureOptions(steps=steps, warmup=warmup, budget=budget, precision=precision, worker_timeout=worker_timeout)  # validates
     if top < 1:
         raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
     if not counts or counts[0] < 1:
@@ -429,19 +411,7 @@ def tune(
     device = parse_device(device)
     loader = workload.loader
     base_prefetch = loader.prefetch_factor if loader.num_workers > 0 and loader.prefetch_factor else 2
-    sweep = _Sweep(
-        workload,
-        device,
-        steps=steps,
-        warmup=warmup,
-        tolerance=tolerance,
-        extensions=extensions,
-        shm_budget=shm_budget_bytes,
-        worker_timeout=worker_timeout,
-        on_trial=on_trial,
-        budget=budget,
-        precision=precision,
-    )
+    sweep = _Sweep(workload, device, options, tolerance=tolerance, extensions=extensions, shm_budget=shm_budget_bytes, on_trial=on_trial)
     stops: list[str] = []
     interrupted = False
     try:

@@ -30,6 +30,7 @@ they were afterwards (None again, or the state they had); the model's weights an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from types import FrameType
@@ -37,9 +38,11 @@ from typing import Any, Callable
 
 import torch
 
+from fastpipe._deprecated import moved_keywords
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis import Report
 from fastpipe.diagnosis import diagnose as _diagnose
+from fastpipe.diagnosis._options import DiagnoseOptions, TrainState, as_options
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import require
 from fastpipe.monitor import SHARE_METRIC, WAIT_METRIC, Watch, close_tap, open_tap
@@ -204,15 +207,17 @@ def trainer_step(trainer: Any) -> Callable[[Any], None]:
     return step
 
 
-def diagnose(trainer: Any, device: "str | Device | None" = None, **options: Any) -> Report:
+@moved_keywords({"options": DiagnoseOptions}, positional=("device",))
+def diagnose(trainer: Any, *, device: "str | Device | None" = None, options: DiagnoseOptions | None = None) -> Report:
     """The cache ladder on a ``transformers.Trainer``'s training loader, step, optimizer and scheduler.
 
     Args:
         trainer: the Trainer (its model, optimizer and scheduler are put back afterwards).
         device: as for :func:`fastpipe.diagnose`; default the trainer's ``args.device``. A device that runs the
             model must be the trainer's own (its step moves inputs there).
-        options: passed to :func:`fastpipe.diagnose` (``steps``, ``budget``, ``progress``...).
+        options: as for :func:`fastpipe.diagnose` (a :class:`~fastpipe.DiagnoseOptions`).
     """
+    options = as_options(DiagnoseOptions, options)
     transformers = _transformers()
     if not isinstance(trainer, transformers.Trainer):
         raise ConfigError(f"diagnose needs a transformers.Trainer, not {type(trainer).__name__}")
@@ -234,11 +239,11 @@ def diagnose(trainer: Any, device: "str | Device | None" = None, **options: Any)
     if not had_accumulation:  # set by train() for each optimizer step; training_step divides the loss by it
         trainer.current_gradient_accumulation_steps = 1
     try:
-        options.setdefault("name", f"{type(trainer.model).__name__} (Hugging Face Trainer)")
+        if options.name is None:
+            options = dataclasses.replace(options, name=f"{type(trainer.model).__name__} (Hugging Face Trainer)")
         schedulers = [trainer.lr_scheduler] if trainer.lr_scheduler is not None else []
-        return _diagnose(
-            loader, trainer_step(trainer), dev, model=trainer.model, optimizer=trainer.optimizer, schedulers=schedulers, **options
-        )
+        state = TrainState(model=trainer.model, optimizer=trainer.optimizer, schedulers=schedulers)
+        return _diagnose(loader, trainer_step(trainer), device=dev, options=options, train_state=state)
     finally:
         if created[0]:
             trainer.optimizer = None

@@ -21,13 +21,16 @@ the parameters, buffers, modes (by :func:`fastpipe.diagnose`), the module's devi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import torch
 
+from fastpipe._deprecated import moved_keywords
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis import Report
 from fastpipe.diagnosis import diagnose as _diagnose
+from fastpipe.diagnosis._options import DiagnoseOptions, TrainState, as_options
 from fastpipe.errors import ConfigError
 from fastpipe.integrations._common import autocast_for, on_device, require
 from fastpipe.monitor import SHARE_METRIC, WAIT_METRIC, Watch, tap_dataloaders
@@ -185,8 +188,14 @@ def lightning_step(
     return step
 
 
+@moved_keywords({"options": DiagnoseOptions}, positional=("device",))
 def diagnose(
-    module: Any, datamodule_or_loader: Any, device: "str | Device | None" = None, *, precision: str | None = None, **options: Any
+    module: Any,
+    datamodule_or_loader: Any,
+    *,
+    device: "str | Device | None" = None,
+    options: DiagnoseOptions | None = None,
+    precision: str | None = None,
 ) -> Report:
     """The cache ladder on a LightningModule's own training step, optimizer, schedulers and precision.
 
@@ -195,14 +204,18 @@ def diagnose(
         datamodule_or_loader: a ``LightningDataModule`` (its ``train_dataloader()``) or the DataLoader.
         device: as for :func:`fastpipe.diagnose`; the module is moved there for the run and moved back.
         precision: Lightning's precision string; default the attached trainer's, else ``"32-true"``.
-        options: passed to :func:`fastpipe.diagnose` (``steps``, ``budget``, ``progress``...).
+        options: as for :func:`fastpipe.diagnose` (a :class:`~fastpipe.DiagnoseOptions`; its ``precision`` is the
+            measurement's, this function's ``precision`` Lightning's).
     """
+    options = as_options(DiagnoseOptions, options)
     loader, dev, precision, torch_device = _prepare(module, datamodule_or_loader, device, precision)
     with on_device(module, torch_device), _LoggingDropped(module):
         optimizer, schedulers = optimizers_of(module)
         step = lightning_step(module, optimizer, schedulers, precision, torch_device)
-        options.setdefault("name", f"{type(module).__name__} (Lightning, {precision})")
-        return _diagnose(loader, step, dev, model=module, optimizer=optimizer, schedulers=schedulers, **options)
+        if options.name is None:
+            options = dataclasses.replace(options, name=f"{type(module).__name__} (Lightning, {precision})")
+        state = TrainState(model=module, optimizer=optimizer, schedulers=schedulers)
+        return _diagnose(loader, step, device=dev, options=options, train_state=state)
 
 
 def _prepare(

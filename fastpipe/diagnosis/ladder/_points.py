@@ -29,6 +29,7 @@ from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.ladder._serve import cache_point_dataset
 from fastpipe.diagnosis.memory._section import PointMemory, child_pids, point_memory
 from fastpipe.diagnosis.runtime import _ddp as ddp
+from fastpipe.diagnosis.runtime._options import MeasureOptions
 from fastpipe.diagnosis.runtime._snapshot import preserve_user_state
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.loading._protocols import TimesOwnStages, batches_whole, stages_outside_workers
@@ -98,22 +99,21 @@ class PointRunner:
         self,
         workload: Workload,
         device: Device,
+        options: MeasureOptions | None = None,
         *,
-        steps: int,
-        warmup: int,
-        pool: int,
-        budget_s: float,
-        target: float,
-        progress: bool,
-        worker_timeout: float,
+        pool: int = 1,
+        progress: bool = False,
     ) -> None:
-        self.workload, self.device = workload, device
+        """``options``: how long and how precisely each point is measured (the defaults: ``MeasureOptions()``);
+        ``pool``: samples each cache point cycles through; ``progress``: the live progress line."""
+        options = MeasureOptions() if options is None else options
+        self.workload, self.device, self.options = workload, device, options
         loader = workload.loader
         self.workers = loader.num_workers
         self.round = max(1, self.workers)
-        self.steps = self.round * math.ceil(steps / self.round)  # whole rounds of workers: batches arrive in bursts
-        self.warmup, self.pool, self.budget_s, self.target = warmup, pool, budget_s, target
-        self.worker_timeout = worker_timeout
+        self.steps = self.round * math.ceil(options.steps / self.round)  # whole rounds of workers: batches arrive in bursts
+        self.warmup, self.pool, self.budget_s, self.target = options.warmup, pool, options.budget, options.precision
+        self.worker_timeout = options.worker_timeout
         self.pipeline, self.plan = loader_plan(loader)
         self.results: dict[str, ExperimentResult] = {}
         self.runs: dict[str, list[ExperimentResult]] = {}
@@ -422,30 +422,12 @@ def as_pipeline_error(exc: BaseException, point: str) -> PipelineError:
 
 
 def measure_device_bound(
-    workload: Workload,
-    device: "str | Device | None",
-    *,
-    steps: int = 10,
-    warmup: int = 3,
-    worker_timeout: float = 300.0,
-    budget: float = 20.0,
-    precision: float = 0.03,
+    workload: Workload, device: "str | Device | None", *, options: MeasureOptions | None = None
 ) -> tuple[ExperimentResult, int]:
     """The device point alone, and the bytes of its cached batch (what one batch weighs in shared memory)."""
     from fastpipe._tree import tree_nbytes
 
-    device = parse_device(device)
-    runner = PointRunner(
-        workload,
-        device,
-        steps=steps,
-        warmup=warmup,
-        pool=1,
-        budget_s=budget,
-        target=precision,
-        progress=False,
-        worker_timeout=worker_timeout,
-    )
+    runner = PointRunner(workload, parse_device(device), options)
     with preserve_user_state(workload.model, workload.optimizer, workload.loader, schedulers=workload.schedulers, scaler=workload.scaler):
         try:
             runner.measure(DEVICE)
@@ -460,30 +442,16 @@ def measure_points(
     device: "str | Device | None",
     points: list[str],
     *,
-    steps: int = 10,
-    warmup: int = 3,
+    options: MeasureOptions | None = None,
     pool: int = 1,
     progress: bool = False,
-    worker_timeout: float = 300.0,
-    budget: float = 20.0,
-    precision: float = 0.03,
 ) -> dict[str, ExperimentResult]:
-    """Measure only the named cache points of a workload (e.g. ``["device", "baseline"]``), user state preserved.
+    """Measure only the named cache points of a workload (e.g. ``["device", "baseline"]``), user state preserved,
+    each as ``options`` says (the defaults: ``MeasureOptions()``).
 
     ``fraction_of_bound`` is left unset (NaN): the caller decides which bound it is measured against.
     """
-    device = parse_device(device)
-    runner = PointRunner(
-        workload,
-        device,
-        steps=steps,
-        warmup=warmup,
-        pool=pool,
-        budget_s=budget,
-        target=precision,
-        progress=progress,
-        worker_timeout=worker_timeout,
-    )
+    runner = PointRunner(workload, parse_device(device), options, pool=pool, progress=progress)
     unknown = [p for p in points if p not in runner.plan.points]
     if unknown:
         raise ConfigError(f"cache points {unknown} are not available for {workload.name}; available: {runner.plan.points}")
