@@ -87,11 +87,13 @@ def run(name: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
     if args.diagnose:
         import fastpipe
 
-        report = fastpipe.diagnose(workload, device=args.device, steps=args.steps, budget=args.budget, loader_memory=False)
+        options = fastpipe.DiagnoseOptions(steps=args.steps, budget=args.budget, loader_memory=False, startup=False)
+        report = fastpipe.diagnose(workload, device=args.device, options=options)
         print(report.to_table())
         named = [b.stage for b in report.bottlenecks]
     started = time.perf_counter()
-    fixes = fix(workload, args.device, steps=args.steps, warmup=args.warmup, budget=args.budget, named=named)
+    measure = fastpipe.MeasureOptions(steps=args.steps, warmup=args.warmup, budget=args.budget)
+    fixes = fix(workload, device=args.device, options=measure, named=named)
     took = time.perf_counter() - started
     print(fixes.to_table())
     out: dict[str, Any] = {"pipeline": name, "fix_seconds": took, "report": fixes.to_dict()}

@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from fastpipe import MeasureOptions
 from fastpipe._system import usable_cores
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             device = parse_device(spec.strip())
             local_row, ray_row = Row(device.spec, "DataLoader"), Row(device.spec, "Ray Data")
             local = make_toy_variant(device, OPTIMIZED, name="toy:optimized", num_workers=args.workers, **sizes)
-            bounds[device.spec] = measure_points(local, device, ["device"], steps=args.steps, warmup=args.warmup)["device"].steps_per_s
+            bounds[device.spec] = measure_points(local, device, ["device"], options=MeasureOptions(steps=args.steps, warmup=args.warmup))[
+                "device"
+            ].steps_per_s
             ray_workload = make_ray(device, num_workers=args.workers, object_store_memory=args.object_store_mb * 1024**2, **sizes)
             for _ in range(args.rounds):
                 local_row.add(measure_workload(local, device, warmup=args.warmup, steps=args.steps))

@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 import torch
 
+from fastpipe import MeasureOptions
 from fastpipe._tree import map_tensors
 from fastpipe.devices import SimDevice
 from fastpipe.experiments._compare import compare
@@ -51,7 +52,7 @@ def scaled_device(steps: int, warmup: int) -> tuple[str, float]:
     Returns the device spec and toy:optimized's own time per step (ms) against sim:1, a device
     it cannot keep up with, i.e. what its loader can deliver on this machine.
     """
-    result = compare(["toy:optimized"], "sim:1", steps=steps, warmup=warmup)
+    result = compare(["toy:optimized"], device="sim:1", options=MeasureOptions(steps=steps, warmup=warmup), memory=False)
     own_ms = 1000.0 / result.variants[0].steps_per_s
     return f"sim:{max(1, round(own_ms * ISSUE_OPTIMIZED_OF_BOUND))}", own_ms
 
@@ -124,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 pinning = cached_pinning() if model.startswith("cached") else contextlib.nullcontext()
                 with pinning:
-                    result = compare(["toy:optimized", "toy:recycled"], spec, steps=args.steps, warmup=args.warmup)
+                    result = compare(
+                        ["toy:optimized", "toy:recycled"],
+                        device=spec,
+                        options=MeasureOptions(steps=args.steps, warmup=args.warmup),
+                        memory=False,
+                    )
                 optimized, recycled = result.variants
                 ratio = recycled.steps_per_s / optimized.steps_per_s
                 runs.append(

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import neighbour_job  # noqa: E402
 
-from fastpipe import diagnose  # noqa: E402
+from fastpipe import DiagnoseOptions, diagnose  # noqa: E402
 from fastpipe.workloads._workload import load_workload  # noqa: E402
 
 BATCH, WORKERS = 8, 2
@@ -178,7 +178,8 @@ def cases(small: bool) -> list[Case]:
 def run_one(case: Case, steps: int, budget: float) -> Any:
     source = case.build()
     step = None if not isinstance(source, DataLoader) else (lambda batch: None)
-    return diagnose(source, step, case.device, steps=steps, warmup=2, budget=budget, progress=False)
+    options = DiagnoseOptions(steps=steps, warmup=2, budget=budget, progress=False, loader_memory=False, startup=False)
+    return diagnose(source, step, device=case.device, options=options)
 
 
 def show(report: Any) -> list[str]:

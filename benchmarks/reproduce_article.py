@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from fastpipe import MeasureOptions
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.workloads._workload import load_workload
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         order = ["device", "host", "sample", "raw", "baseline"]
         points = sorted({ROWS[i][3] for i in rows}, key=order.index)
         print(f"measuring {spec} {extra_json} at {points} ...", file=sys.stderr, flush=True)
-        results = measure_points(workload, device, points, steps=args.steps, warmup=args.warmup)
+        results = measure_points(workload, device, points, options=MeasureOptions(steps=args.steps, warmup=args.warmup))
         for i in rows:
             measured[i] = results[ROWS[i][3]].steps_per_s
             # as it goes, so a run cut short (gpu_check's time caps) keeps what it measured

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from fastpipe import MeasureOptions
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.diagnosis.stagecost import loader_with, measure_stage_costs, round_noise
@@ -90,7 +91,7 @@ def stage_costs(device: str, workers: int, steps: int) -> bool:
 def tuner(device: str, steps: int) -> bool:
     workload = load_workload("toy:optimized", device)
     started = time.perf_counter()
-    result = tune(workload, device, steps=steps)
+    result = tune(workload, device=device, options=MeasureOptions(steps=steps))
     print(result.to_table())
     print(f"(sweep: {time.perf_counter() - started:.0f} s)")
     chosen = result.recommended
@@ -107,7 +108,10 @@ def tuner(device: str, steps: int) -> bool:
     for workers in (chosen.num_workers, chosen.num_workers + 1):
         loader = loader_with(workload.loader, workload.loader.dataset, num_workers=workers, prefetch_factor=chosen.prefetch_factor)
         measured = measure_points(
-            dataclasses.replace(workload, loader=loader), device, ["baseline"], steps=2 * steps, warmup=max(3, workers)
+            dataclasses.replace(workload, loader=loader),
+            device,
+            ["baseline"],
+            options=MeasureOptions(steps=2 * steps, warmup=max(3, workers)),
         )["baseline"]
         rates[workers] = (measured.steps_per_s, round_noise(measured.step_times, workers))
     (a, na), (b, nb) = rates[chosen.num_workers], rates[chosen.num_workers + 1]

@@ -80,7 +80,10 @@ def main() -> None:
             print("\n".join(check.lines()))
     if args.diagnose:
         report = fastpipe.diagnose(
-            DataLoader(Unsharded(), batch_size=8, num_workers=2), lambda b: None, "sim:20", budget=3, progress=False, stage_costs=False
+            DataLoader(Unsharded(), batch_size=8, num_workers=2),
+            lambda b: None,
+            device="sim:20",
+            options=fastpipe.DiagnoseOptions(budget=3, progress=False, stage_costs=False, loader_memory=False, startup=False),
         )
         print("\n== fastpipe.diagnose on the unsharded stream, its stream section:")
         print("\n".join(report.streams.lines()))

@@ -9,7 +9,9 @@ recycled batch memory), ``monitor`` (watch), ``workloads`` (Workload and the ref
 from fastpipe.devices import CpuDevice, CudaDevice, Device, SimDevice, default_device_spec, parse_device
 from fastpipe.diagnosis import (
     Advice,
+    DiagnoseOptions,
     Measurement,
+    MeasureOptions,
     Report,
     StageCosts,
     StepCheck,
@@ -52,9 +54,11 @@ __all__ = [
     "Device",
     "DevicePrefetcher",
     "DeviceUnavailableError",
+    "DiagnoseOptions",
     "ExtensionUnavailableError",
     "FastpipeError",
     "FixReport",
+    "MeasureOptions",
     "Measurement",
     "Normalize",
     "OptionalDependencyError",

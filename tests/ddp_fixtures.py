@@ -26,15 +26,15 @@ def _init(rank: int, world_size: int, port: int) -> None:
 
 def diagnose_rank(rank: int, world_size: int, port: int, out: str) -> None:
     from fastpipe import diagnose
+    from tests.fakes import quick_options
 
     _init(rank, world_size, port)
     try:
         # rank 1 is the slow one: its planted stage costs twice rank 0's
         dataset = PlantedDataset(length=4000, transform=T.Compose([Fast(), Slow(SLOW_MS * (1 + rank))]))  # no epoch ends mid-point
         loader = DataLoader(dataset, batch_size=4, num_workers=1, sampler=DistributedSampler(dataset, shuffle=True, seed=3))
-        report = diagnose(
-            loader, lambda batch: None, "sim:10", steps=4, warmup=1, budget=1.5, threshold=0.15, progress=False, stage_costs=False
-        )
+        options = quick_options(steps=4, warmup=1, budget=1.5, threshold=0.15, stage_costs=False)
+        report = diagnose(loader, lambda batch: None, device="sim:10", options=options)
         Path(out, f"rank{rank}.json").write_text(report.to_json())
         dist.barrier()
     finally:
@@ -59,6 +59,7 @@ def measure_points_rank(rank: int, world_size: int, port: int, out: str) -> None
     cannot serve them and rank 0's can. Writes each rank's plan: its points and the reasons for what it dropped."""
     from fastpipe.devices import parse_device
     from fastpipe.diagnosis._diagnose import _Diagnosis
+    from fastpipe.diagnosis._options import MeasureOptions
     from fastpipe.diagnosis.ladder._points import PointRunner
     from fastpipe.workloads._workload import Workload
 
@@ -67,9 +68,8 @@ def measure_points_rank(rank: int, world_size: int, port: int, out: str) -> None
         workload = Workload(
             loader=_loader(rank, Meddling if rank == 1 else PlantedDataset, [Fast(), Slow(5)]), step=lambda batch: None, name="ddp"
         )
-        runner = PointRunner(
-            workload, parse_device("sim:10"), steps=2, warmup=1, pool=1, budget_s=0.5, target=0.5, progress=False, worker_timeout=60
-        )
+        options = MeasureOptions(steps=2, warmup=1, budget=0.5, precision=0.5, worker_timeout=60)
+        runner = PointRunner(workload, parse_device("sim:10"), options)
         diagnosis = _Diagnosis(runner, workload, 0.15, "linear", None)
         measured = {point: diagnosis.measure(point) is not None for point in ("raw", "after:Fast")}
         runner.close()
@@ -84,6 +84,7 @@ def diagnose_rank_failing_baseline(rank: int, world_size: int, port: int, out: s
     """A stage raises on rank 1 alone, so its baseline fails. Each rank writes its report or its error."""
     from fastpipe import diagnose
     from fastpipe.errors import PipelineError
+    from tests.fakes import quick_options
 
     _init(rank, world_size, port)
     try:
@@ -92,13 +93,8 @@ def diagnose_rank_failing_baseline(rank: int, world_size: int, port: int, out: s
             report = diagnose(
                 _loader(rank, PlantedDataset, stages),
                 lambda batch: None,
-                "sim:10",
-                steps=2,
-                warmup=1,
-                budget=0.5,
-                threshold=0.15,
-                progress=False,
-                stage_costs=False,
+                device="sim:10",
+                options=quick_options(steps=2, warmup=1, budget=0.5, threshold=0.15, stage_costs=False),
             )
             result = {"report": json.loads(report.to_json())}
         except PipelineError as exc:

@@ -293,3 +293,11 @@ def within(seconds: float, call: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def quick_options(**knobs: Any) -> Any:
+    """``DiagnoseOptions`` for a test of the ladder: no progress bar, and the loader-memory and start-up passes off
+    (on by default, as in the CLI, and each costs seconds) unless the test names them in ``knobs``."""
+    from fastpipe.diagnosis._options import DiagnoseOptions
+
+    return DiagnoseOptions(**{"progress": False, "loader_memory": False, "startup": False, **knobs})

@@ -17,7 +17,7 @@ from fastpipe import diagnose
 from fastpipe.diagnosis.ladder._plan import make_plan
 from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.verdict._attribute import Attribution
-from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms
+from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms, quick_options
 
 BATCH, WORKERS = 4, 2
 
@@ -32,7 +32,7 @@ def run(dataset, device: str, **kwargs):
     kwargs.setdefault("warmup", 2)
     kwargs.setdefault("budget", 2.0)
     kwargs.setdefault("stage_costs", False)
-    return diagnose(loader, lambda batch: None, device, progress=False, **kwargs)
+    return diagnose(loader, lambda batch: None, device=device, options=quick_options(**kwargs))
 
 
 @pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it

@@ -24,6 +24,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fastpipe import diagnose
+from tests.fakes import quick_options
 
 BATCH, WORKERS = 4, 2
 LOOP_PARTS = ("collate/IPC", "host-to-device copy")
@@ -103,9 +104,8 @@ def diagnosed(dataset: Dataset, device: str, *, batch_sampler: Sampler | None = 
         loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=WORKERS)
     else:
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    options = dict(steps=6, warmup=2, budget=3.0, progress=False)
-    options.update(kwargs)
-    return diagnose(loader, lambda batch: None, device, **options)
+    options = quick_options(**{"steps": 6, "warmup": 2, "budget": 3.0, **kwargs})
+    return diagnose(loader, lambda batch: None, device=device, options=options)
 
 
 def assert_named_first(report, expensive: str, free: tuple[str, ...]) -> None:

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from fastpipe.cli import main
+from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.experiments._compare import TOY_LADDER, compare, resolve_variants
 
 M = "tests.compare_fixtures"
@@ -11,7 +12,12 @@ DEVICE = "sim:40"
 
 @pytest.mark.slow
 def test_ladder_closes_the_gap_and_flags_a_rung_that_does_not() -> None:
-    result = compare([f"{M}:slow", f"{M}:faster", f"{M}:same_as_faster", f"{M}:fastest"], DEVICE, steps=6, warmup=2, budget=3)
+    result = compare(
+        [f"{M}:slow", f"{M}:faster", f"{M}:same_as_faster", f"{M}:fastest"],
+        device=DEVICE,
+        options=MeasureOptions(steps=6, warmup=2, budget=3),
+        memory=False,
+    )
     assert result.device_bound_steps_per_s == pytest.approx(25, rel=0.1)
     slow, faster, same, fastest = result.variants
     assert slow.fraction_of_bound < 0.45 and fastest.fraction_of_bound > 0.85
@@ -91,9 +97,10 @@ def test_cli_compare_bad_input(argv, fix, capsys) -> None:
 @pytest.mark.slow
 def test_the_order_of_the_variants_does_not_change_the_verdicts() -> None:
     """Interleaved rounds after a warm-up pass: a real saving is found in either order, an equal pair in neither."""
-    forward = compare([f"{M}:slow", f"{M}:fastest"], DEVICE, steps=4, warmup=1, budget=3)
-    backward = compare([f"{M}:fastest", f"{M}:slow"], DEVICE, steps=4, warmup=1, budget=3)
+    quick = MeasureOptions(steps=4, warmup=1, budget=3)
+    forward = compare([f"{M}:slow", f"{M}:fastest"], device=DEVICE, options=quick, memory=False)
+    backward = compare([f"{M}:fastest", f"{M}:slow"], device=DEVICE, options=quick, memory=False)
     assert forward.variants[1].improved is True and backward.variants[1].improved is False
     for pair in ([f"{M}:faster", f"{M}:same_as_faster"], [f"{M}:same_as_faster", f"{M}:faster"]):
-        result = compare(pair, DEVICE, steps=4, warmup=1, budget=3)
+        result = compare(pair, device=DEVICE, options=quick, memory=False)
         assert result.variants[1].improved is False, result.to_table()

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from fastpipe import diagnose
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis.verdict._attribute import COMPETES, verdict_for
-from tests.fakes import PlantedDataset, Slow
+from tests.fakes import PlantedDataset, Slow, quick_options
 
 
 def test_the_cpu_verdict_is_its_own_and_the_bands_stay_elsewhere() -> None:
@@ -24,14 +24,8 @@ def test_a_cpu_diagnosis_says_the_pipeline_competes_for_the_cpu_and_when_watch_a
     report = diagnose(
         loader,
         lambda batch: None,
-        "cpu",
-        steps=3,
-        warmup=1,
-        budget=0.5,
-        threshold=0.15,
-        progress=False,
-        stage_costs=False,
-        loader_memory=False,
+        device="cpu",
+        options=quick_options(steps=3, warmup=1, budget=0.5, threshold=0.15, stage_costs=False),
     )
     assert report.gap_fraction is not None and report.gap_fraction >= 0.05, report.to_table()
     assert report.verdict == f"{COMPETES}: {report.gap_fraction:.0%} of the step" and "input-bound" not in report.verdict

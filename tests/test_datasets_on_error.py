@@ -18,6 +18,7 @@ from fastpipe.datasets import DecodeCropLoader, ImageFolder
 from fastpipe.datasets.crop import crop_params, draw_flip
 from fastpipe.datasets.folder import SkippedImageWarning
 from fastpipe.errors import ConfigError, CorruptImageError
+from tests.fakes import quick_options
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 requires_op = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())
@@ -208,7 +209,9 @@ def test_diagnose_runs_over_damaged_files_and_reports_the_skips(damaged: dict[st
     loader = DataLoader(dataset, batch_size=2, shuffle=True, num_workers=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedImageWarning)
-        report = fastpipe.diagnose(loader, lambda batch: None, "sim:10", steps=3, warmup=1, budget=2, progress=False, stage_costs=False)
+        report = fastpipe.diagnose(
+            loader, lambda batch: None, device="sim:10", options=quick_options(steps=3, warmup=1, budget=2, stage_costs=False)
+        )
     assert report.skipped_samples and report.skipped_samples > 0 and dataset.skipped.count == 0
     assert any(f"skipped {report.skipped_samples} damaged sample" in note for note in report.notes)
     assert '"skipped_samples"' in report.to_json()

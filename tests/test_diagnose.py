@@ -15,8 +15,9 @@ from torch.utils.data import DataLoader
 
 from fastpipe import PipelineError, diagnose
 from fastpipe.devices import parse_device
+from fastpipe.diagnosis._options import TrainState
 from fastpipe.errors import ConfigError
-from tests.fakes import AddOne, Fast, NoTransformDataset, PlantedDataset, Raise, Slow
+from tests.fakes import AddOne, Fast, NoTransformDataset, PlantedDataset, Raise, Slow, quick_options
 
 # Planted costs are twice the step, so they stand well above the DataLoader's own few milliseconds
 # per batch and the jitter of a busy 2-core machine; the threshold is raised to match.
@@ -34,7 +35,7 @@ def run(loader: DataLoader, **kwargs):
     kwargs.setdefault("warmup", 2)
     kwargs.setdefault("threshold", THRESHOLD)
     kwargs.setdefault("budget", 2.0)
-    return diagnose(loader, lambda batch: None, kwargs.pop("device", STEP), progress=False, **kwargs)
+    return diagnose(loader, lambda batch: None, device=kwargs.pop("device", STEP), options=quick_options(**kwargs))
 
 
 def test_slow_middle_transform_is_named_and_no_other() -> None:
@@ -133,7 +134,7 @@ def test_step_error() -> None:
         raise RuntimeError("CUDA out of memory (planted)")
 
     with pytest.raises(PipelineError, match="planted") as info:
-        diagnose(loader_for(PlantedDataset(), workers=0), step, "cpu", steps=2, warmup=0, progress=False)
+        diagnose(loader_for(PlantedDataset(), workers=0), step, device="cpu", options=quick_options(steps=2, warmup=0))
     assert info.value.stage == "step"
 
 
@@ -153,7 +154,7 @@ def test_ctrl_c_returns_a_partial_report_and_stops_workers() -> None:
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. multiprocessing's resource tracker
     loader = loader_for(PlantedDataset(transform=T.Compose([Slow(PLANTED_MS)])))
-    report = diagnose(loader, step, "cpu", steps=8, warmup=2, progress=False, budget=2)
+    report = diagnose(loader, step, device="cpu", options=quick_options(steps=8, warmup=2, budget=2))
     assert report.interrupted and 1 <= len(report.experiments) < 9
     assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
 
@@ -161,11 +162,11 @@ def test_ctrl_c_returns_a_partial_report_and_stops_workers() -> None:
 def test_bad_arguments() -> None:
     loader = loader_for(PlantedDataset(), workers=0)
     with pytest.raises(ConfigError, match="DataLoader"):
-        diagnose([1, 2, 3], lambda b: None, STEP)
+        diagnose([1, 2, 3], lambda b: None, device=STEP)
     with pytest.raises(ConfigError, match="step"):
-        diagnose(loader, None, STEP)
+        diagnose(loader, None, device=STEP)
     with pytest.raises(ConfigError, match="strategy"):
-        diagnose(loader, lambda b: None, STEP, strategy="random")
+        diagnose(loader, lambda b: None, device=STEP, options=quick_options(strategy="random"))
 
 
 def test_nothing_the_user_owns_changes() -> None:
@@ -192,7 +193,8 @@ def test_nothing_the_user_owns_changes() -> None:
     generator_before = generator.get_state().clone()
     rng_before = (torch.get_rng_state().clone(), pickle.dumps(np.random.get_state()))
 
-    report = diagnose(loader, step, "cpu", steps=4, warmup=1, budget=2.0, model=model, optimizer=optimizer, progress=False, threshold=0.0)
+    state = TrainState(model=model, optimizer=optimizer)
+    report = diagnose(loader, step, device="cpu", options=quick_options(steps=4, warmup=1, budget=2.0, threshold=0.0), train_state=state)
 
     assert report.experiments  # it really ran
     after = model.state_dict()
@@ -268,17 +270,18 @@ def test_hanging_worker_stops_at_the_timeout() -> None:
     loader, step = hanging_in_worker()
     started = time.perf_counter()
     with pytest.raises(PipelineError, match="timed out"):
-        diagnose(loader, step, STEP, steps=2, warmup=0, progress=False, worker_timeout=2)
+        diagnose(loader, step, device=STEP, options=quick_options(steps=2, warmup=0, worker_timeout=2))
     assert time.perf_counter() - started < 30
 
 
 @pytest.mark.parametrize("depth", [0, 2])
 def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
     # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
+    from fastpipe.diagnosis._options import MeasureOptions
     from fastpipe.diagnosis.ladder._points import measure_points
     from tests.diagnose_fixtures import heavy_copy
 
-    results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], steps=8, warmup=2)
+    results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], options=MeasureOptions(steps=8, warmup=2))
     fraction = results["host"].steps_per_s / results["device"].steps_per_s
     if depth:
         assert fraction > 0.85

@@ -13,7 +13,7 @@ from fastpipe.devices import parse_device
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.errors import DeviceUnavailableError
 from fastpipe.experiments._compare import Comparison, VariantResult
-from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms
+from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms, quick_options
 
 
 def small_loader(raw_ms: float = 20, slow_ms: float = 20) -> DataLoader:
@@ -24,7 +24,10 @@ def small_loader(raw_ms: float = 20, slow_ms: float = 20) -> DataLoader:
 def small_report(device: str = "sim:10", **kwargs) -> Report:
     loader = small_loader(kwargs.pop("raw_ms", 20), kwargs.pop("slow_ms", 20))
     return diagnose(
-        loader, lambda batch: None, device, steps=4, warmup=1, budget=1.0, threshold=0.15, progress=False, stage_costs=False, **kwargs
+        loader,
+        lambda batch: None,
+        device=device,
+        options=quick_options(steps=4, warmup=1, budget=1.0, threshold=0.15, stage_costs=False, **kwargs),
     )
 
 

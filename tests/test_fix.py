@@ -17,7 +17,8 @@ import torchvision.transforms as v1
 from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.cli import main
-from fastpipe.experiments._fix import NOT_HELPING, RECOMMENDED, fix
+from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.experiments._fix import NOT_HELPING, RECOMMENDED, fix, run_fix
 from fastpipe.experiments._fix_candidates import build_candidates
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.workloads import Workload
@@ -41,7 +42,7 @@ def test_decode_the_crop_is_measured_faster_beyond_noise_and_its_input_checked(p
     workload = _preset_workload(photos)
     candidates, _ = build_candidates(workload)
     decode = [c for c in candidates if c.name == "decode only the crop (the same transform)"]
-    report = fix(workload, "sim:5", steps=5, warmup=1, budget=9.0, candidates=decode)
+    report = run_fix(workload, "sim:5", MeasureOptions(steps=5, warmup=1, budget=9.0), candidates=decode)
     assert [r.status for r in report.results] == [RECOMMENDED], report.to_table()
     best = report.recommended[0]
     assert best.gain > 0.2 and best.ms_per_step < best.original_ms
@@ -65,7 +66,7 @@ class _Tiny(Dataset):
 
 def test_where_nothing_helps_the_report_says_so_and_recommends_nothing() -> None:
     workload = Workload(loader=DataLoader(_Tiny(), batch_size=4, num_workers=0), step=lambda b: None, name="tiny")
-    report = fix(workload, "sim:200", steps=4, warmup=1, budget=3.0)
+    report = fix(workload, device="sim:200", options=MeasureOptions(steps=4, warmup=1, budget=3.0))
     measured = [r for r in report.results if r.ms_per_step is not None]
     assert measured and all(r.status == NOT_HELPING for r in measured), report.to_table()
     assert not report.recommended and "nothing is recommended" in report.to_table()

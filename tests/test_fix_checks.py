@@ -16,7 +16,8 @@ from torchvision.transforms import functional as F
 from fastpipe.datasets import ImageFolder
 from fastpipe.datasets.absorb import absorb
 from fastpipe.datasets.crop import crop_params
-from fastpipe.experiments._fix import INPUT_CHANGED, fix, plan
+from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.experiments._fix import INPUT_CHANGED, plan, run_fix
 from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit
 from fastpipe.experiments._fix_checks import PIXEL_TOLERANCE, check_input, compare_boxes
 from fastpipe.ops import jpeg as jpeg_ops
@@ -147,7 +148,7 @@ def test_a_fix_with_wrong_labels_or_a_shifted_crop_is_never_measured_nor_recomme
         Candidate("wrong labels", ("raw load",), "", workload=_workload(wrong_labels)),
         Candidate("shifted crop", ("raw load",), "", workload=_workload(shifted_ds), compare_pixels="planted", boxes=boxes),
     ]
-    report = fix(original, "sim:5", steps=1, warmup=0, budget=1.0, candidates=broken)
+    report = run_fix(original, "sim:5", MeasureOptions(steps=1, warmup=0, budget=1.0), candidates=broken)
     assert [r.status for r in report.results] == [INPUT_CHANGED, INPUT_CHANGED]
     assert "labels DIFFER" in report.results[0].check and "DIFFERENT crop-box distribution" in report.results[1].check
     assert report.original_ms is None and not report.recommended  # nothing was measured
@@ -173,7 +174,7 @@ def test_the_checks_leave_the_users_random_generators_as_they_were(photos: Path)
 
 def test_without_fix_the_plan_names_the_fixes_and_the_time(photos: Path) -> None:
     workload = _workload(torchvision.datasets.ImageFolder(str(photos), PresetTrain(64)))
-    found = plan(workload, step_ms=50.0, steps=10, warmup=3, budget=20.0)
+    found = plan(workload, MeasureOptions(steps=10, warmup=3, budget=20.0), step_ms=50.0)
     assert "decode only the crop (the same transform)" in found.tried and 0 < found.typical_s <= found.at_most_s
     line = found.lines("train:make")[0]
     assert "fastpipe diagnose train:make --fix" in line and f"{found.typical_s:.0f} s" in line

@@ -10,7 +10,7 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import Dataset
 
-from tests.fakes import Fast, Slow
+from tests.fakes import Fast, Slow, quick_options
 from tests.watch_settings import FRAMEWORK_SETTINGS, IDS, TOLERANCE, Setting
 
 transformers = pytest.importorskip("transformers")
@@ -98,7 +98,7 @@ def test_diagnose_names_the_planted_stage_and_restores_the_trainer(tmp_path) -> 
     dataset = Samples(400, transform=T.Compose([Slow(40), Fast()]))
     trainer = make_trainer(tmp_path, model, dataset, per_device_train_batch_size=4, dataloader_num_workers=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = hf.diagnose(trainer, device="cpu", steps=6, warmup=2, threshold=0.25, budget=1.0, progress=False, stage_costs=False)
+    report = hf.diagnose(trainer, device="cpu", options=quick_options(steps=6, warmup=2, threshold=0.25, budget=1.0, stage_costs=False))
     print(report.to_table())
     named = [b.stage for b in report.bottlenecks]
     assert named and named[0] == "Slow" and "Fast" not in named, named

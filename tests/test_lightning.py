@@ -10,7 +10,7 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
-from tests.fakes import Fast, PlantedDataset, Slow
+from tests.fakes import Fast, PlantedDataset, Slow, quick_options
 from tests.watch_settings import FRAMEWORK_SETTINGS, IDS, TOLERANCE, Setting
 
 L = pytest.importorskip("lightning.pytorch")
@@ -113,7 +113,9 @@ def test_diagnose_names_the_planted_stage_and_restores_the_module() -> None:
     module = Tiny(step_ms=30)  # a 30 ms step against 4 x 40 ms of Slow over 2 workers: 80 ms a batch
     before = {k: v.clone() for k, v in module.state_dict().items()}
     data = Data(PlantedDataset(length=400, shape=(4,), transform=T.Compose([Slow(40), Fast()])), batch_size=4, num_workers=2)
-    report = fl.diagnose(module, data, device="cpu", steps=6, warmup=2, threshold=0.25, budget=1.0, progress=False, stage_costs=False)
+    report = fl.diagnose(
+        module, data, device="cpu", options=quick_options(steps=6, warmup=2, threshold=0.25, budget=1.0, stage_costs=False)
+    )
     print(report.to_table())
     named = [b.stage for b in report.bottlenecks]
     assert named[0] == "Slow" and "Fast" not in named, named

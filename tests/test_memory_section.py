@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastpipe.devices import parse_device
-from fastpipe.diagnosis._diagnose import diagnose
+from fastpipe.diagnosis._diagnose import diagnose, run_diagnosis
 from fastpipe.diagnosis.memory import _shm_budget
 from fastpipe.diagnosis.memory._loader import (
     GROWTH_FLOOR,
@@ -26,7 +26,7 @@ from fastpipe.diagnosis.memory._section import MemorySection, start_memory_secti
 from fastpipe.diagnosis.memory._shm_budget import MemoryLimits, predict_shm, size_text
 from fastpipe.experiments._compare import Comparison, RungMemory, VariantResult, rung_memory
 from fastpipe.workloads._workload import Workload
-from tests.fakes import PlantedDataset
+from tests.fakes import PlantedDataset, quick_options
 
 MB = 1 << 20
 BATCH = 32
@@ -89,9 +89,11 @@ def test_the_loader_grows_when_most_workers_do() -> None:
     assert not loader().grows
 
 
-def _run(loader: DataLoader, **kwargs):
+def _run(loader: DataLoader, on_warning=None, **kwargs):
+    """The diagnosis of ``loader`` (through the engine, which takes ``on_warning``), short, its passes off."""
     kwargs.setdefault("budget", 1.0)
-    return diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, progress=False, stage_costs=False, **kwargs)
+    options = quick_options(steps=4, warmup=1, stage_costs=False, **kwargs)
+    return run_diagnosis(Workload(loader=loader, step=lambda batch: None), "sim:5", options, on_warning=on_warning)
 
 
 @pytest.mark.slow  # 6-25 s on 2 cores: kept out of `make test` (under 10 min); `make test-all` runs it
@@ -171,11 +173,11 @@ def test_compare_shows_memory_per_rung() -> None:
 def test_diagnosis_names_copy_on_read_and_not_a_numpy_index() -> None:
     from tests.memory_fixtures import packed, records
 
-    options = dict(steps=4, warmup=1, budget=2.0, progress=False, stage_costs=False, loader_memory=True)
-    grown = diagnose(records(), device="sim:10", **options).memory
+    options = quick_options(steps=4, warmup=1, budget=2.0, stage_costs=False, loader_memory=True)
+    grown = diagnose(records(), device="sim:10", options=options).memory
     assert grown.loader is not None and grown.loader.grows, grown.loader.to_table()
     assert grown.copy_on_read is not None and [c.path for c in grown.copy_on_read.containers] == ["Records.records"]
-    flat = diagnose(packed(), device="sim:10", **options).memory
+    flat = diagnose(packed(), device="sim:10", options=options).memory
     assert flat.loader is not None and not flat.loader.grows and flat.copy_on_read is None, flat.loader.to_table()
 
 

@@ -21,6 +21,7 @@ from fastpipe.diagnosis.verdict._attribute import Attribution, worker_costs
 from fastpipe.diagnosis.verdict._report import Bottleneck
 from fastpipe.stages import RAW_STAGE
 from tests.benchmark_scripts import load_benchmark
+from tests.fakes import quick_options
 from tests.test_attribution import _plan_and_results
 
 _PLANTED = load_benchmark("neighbour")  # the benchmark's planted parts: a CPU burn, a free stage, random images
@@ -185,7 +186,7 @@ def test_planted_pipelines_beside_a_neighbour(neighbour: str, case: str) -> None
     proc = jobs.start(neighbour)
     try:
         loader = DataLoader(build(), batch_size=8, num_workers=2)
-        report = diagnose(loader, lambda batch: None, "sim:10", steps=6, warmup=2, budget=8.0, progress=False)
+        report = diagnose(loader, lambda batch: None, device="sim:10", options=quick_options(steps=6, warmup=2, budget=8.0))
     finally:
         jobs.stop(proc)
     named = [b.stage for b in report.bottlenecks]

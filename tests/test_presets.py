@@ -20,7 +20,7 @@ import torchvision.transforms.v2 as v2
 from fastpipe.diagnosis.discovery._catalog import NO, PER_SAMPLE, PER_SAMPLE_ONLY, YES, facts_for
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.verdict._advice import RAW, TRANSFORM, recommend
-from tests.fakes import Slow
+from tests.fakes import Slow, quick_options
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 COMPILE_WORDS = ("Numba", "C++", "TORCH_LIBRARY", "Compile it")
@@ -205,7 +205,7 @@ def test_the_ladder_names_a_stage_inside_a_preset() -> None:
     preset.transforms = T.Compose([T.CenterCrop(56), Slow(60), T.PILToTensor()])
     loader = torch.utils.data.DataLoader(FakeDataset(preset, length=64, raw_size=(96, 96)), batch_size=4, num_workers=2)
     report = diagnose(
-        loader, lambda batch: None, "sim:10", steps=4, warmup=1, budget=2.0, threshold=0.15, progress=False, stage_costs=False
+        loader, lambda batch: None, device="sim:10", options=quick_options(steps=4, warmup=1, budget=2.0, threshold=0.15, stage_costs=False)
     )
     points = [r.name for r in report.experiments]
     assert "after Slow" in points and "after CenterCrop" in points, points

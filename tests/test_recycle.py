@@ -447,14 +447,14 @@ def test_garbage_collection_unregisters_every_buffer() -> None:
 
 
 def test_the_diagnosis_unregisters_each_points_loader_once_measured() -> None:
+    from fastpipe.diagnosis._options import MeasureOptions
     from fastpipe.diagnosis.ladder._points import PointRunner
     from fastpipe.workloads._workload import Workload
 
     counter = CountingRegistrar()
     workload = Workload(loader=registered_ring(counter, workers=1), step=lambda batch: None, name="recycled")
-    runner = PointRunner(
-        workload, parse_device("sim:5"), steps=2, warmup=1, pool=1, budget_s=1.0, target=0.5, progress=False, worker_timeout=60
-    )
+    options = MeasureOptions(steps=2, warmup=1, budget=1.0, precision=0.5, worker_timeout=60)
+    runner = PointRunner(workload, parse_device("sim:5"), options)
     runner.measure("baseline")
     assert counter.registered > 0, "the baseline's loader registered its buffers"
     assert runner.baseline_loader is not None, "kept for its stats..."

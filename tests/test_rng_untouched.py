@@ -20,8 +20,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastpipe
+from fastpipe.diagnosis._options import DiagnoseOptions, MeasureOptions, TrainState
 
-FAST = dict(steps=2, warmup=1, budget=0.5)
+FAST = MeasureOptions(steps=2, warmup=1, budget=0.5)
+QUICK = DiagnoseOptions(steps=2, warmup=1, budget=0.5, progress=False, loader_memory=False, startup=False)
 
 
 class Drawing(Dataset):
@@ -85,12 +87,16 @@ def factory_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_diagnose() -> None:
     w = _workload()
-    _untouched(lambda: fastpipe.diagnose(w, device="sim:1", progress=False, **FAST))
+    _untouched(lambda: fastpipe.diagnose(w, device="sim:1", options=QUICK))
 
 
 def test_diagnose_with_the_loader_and_step() -> None:
     w = _workload()
-    _untouched(lambda: fastpipe.diagnose(w.loader, w.step, "sim:1", model=w.model, optimizer=w.optimizer, progress=False, **FAST))
+    _untouched(
+        lambda: fastpipe.diagnose(
+            w.loader, w.step, device="sim:1", options=QUICK, train_state=TrainState(model=w.model, optimizer=w.optimizer)
+        )
+    )
 
 
 def test_costs() -> None:
@@ -100,12 +106,12 @@ def test_costs() -> None:
 
 def test_tune() -> None:
     w = _workload()
-    _untouched(lambda: fastpipe.tune(w, "sim:1", max_workers=1, prefetch_factors=(2,), extensions=0, **FAST))
+    _untouched(lambda: fastpipe.tune(w, device="sim:1", options=FAST, max_workers=1, prefetch_factors=(2,), extensions=0))
 
 
 def test_compare(factory_module: str) -> None:
     """compare calls the user's factories itself (a model's initialisation draws): that is fastpipe's doing too."""
-    _untouched(lambda: fastpipe.compare([factory_module, factory_module], "sim:1", **FAST))
+    _untouched(lambda: fastpipe.compare([factory_module, factory_module], device="sim:1", options=FAST, memory=False))
 
 
 def test_hf_diagnose(tmp_path: Path) -> None:
@@ -134,7 +140,7 @@ def test_hf_diagnose(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = transformers.Trainer(model=Model(), args=args, train_dataset=Dicts())
-    _untouched(lambda: hf.diagnose(trainer, device="sim:1", progress=False, **FAST))
+    _untouched(lambda: hf.diagnose(trainer, device="sim:1", options=QUICK))
 
 
 def test_lightning_diagnose() -> None:
@@ -154,4 +160,4 @@ def test_lightning_diagnose() -> None:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     module, loader = Module(), DataLoader(Drawing(), batch_size=4, shuffle=True)
-    _untouched(lambda: fl.diagnose(module, loader, device="sim:1", progress=False, **FAST))
+    _untouched(lambda: fl.diagnose(module, loader, device="sim:1", options=QUICK))

@@ -23,6 +23,7 @@ from tests.fakes import (
     TransformProperty,
     TwoViews,
     hf_dataset,
+    quick_options,
 )
 
 DEVICE, BATCH, WORKERS, SLOW_MS = "sim:10", 4, 2, 40
@@ -35,7 +36,7 @@ def diagnosed(loader: DataLoader, **kwargs):
     kwargs.setdefault("budget", 2.0)
     kwargs.setdefault("threshold", 0.15)
     kwargs.setdefault("stage_costs", False)
-    return diagnose(loader, lambda batch: None, DEVICE, progress=False, **kwargs)
+    return diagnose(loader, lambda batch: None, device=DEVICE, options=quick_options(**kwargs))
 
 
 def loader(dataset, **kwargs) -> DataLoader:

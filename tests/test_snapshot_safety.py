@@ -49,8 +49,12 @@ def test_non_persistent_buffers_are_restored_by_diagnose() -> None:
     model = Counting()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
-    fastpipe.diagnose(loader, lambda batch: model(batch).sum().backward(), "cpu", model=model, optimizer=optimizer,
-                      steps=2, warmup=1, budget=0.5, progress=False)  # fmt: skip
+    from fastpipe.diagnosis._options import TrainState
+    from tests.fakes import quick_options
+
+    fastpipe.diagnose(loader, lambda batch: model(batch).sum().backward(), device="cpu",
+                      train_state=TrainState(model=model, optimizer=optimizer),
+                      options=quick_options(steps=2, warmup=1, budget=0.5))  # fmt: skip
     assert model.calls.item() == 0 and model.inner.cache.tolist() == [1.0, 1.0, 1.0]
 
 

@@ -12,11 +12,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import fastpipe
+from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._points import measure_points
 from fastpipe.diagnosis.ladder._serve import cache_point_dataset, probe_point
 from fastpipe.diagnosis.stagecost import measure_stage_costs
 from fastpipe.workloads._workload import Workload
+from tests.fakes import quick_options
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "streaming"
 STEP = "sim:40"
@@ -223,7 +225,7 @@ def test_webdataset_slow_map_shows_between_its_points_and_in_its_cost(example) -
     wds_train, urls = example
     loader = DataLoader(wds_train.make_stream(urls), batch_size=None, num_workers=2)
     workload = Workload(loader=loader, step=lambda batch: None, name="wds")
-    results = measure_points(workload, STEP, ["after:slow_augment", "after:crop"], steps=6, warmup=2, budget=2.0)
+    results = measure_points(workload, STEP, ["after:slow_augment", "after:crop"], options=MeasureOptions(steps=6, warmup=2, budget=2.0))
     added = 1000 / results["after:crop"].steps_per_s - 1000 / results["after:slow_augment"].steps_per_s
     assert added > 0.5 * (PLANTED_MS * wds_train.BATCH / 2 - 40)  # the planted 80 ms of worker time a step, past the 40 ms step
     costs = measure_stage_costs(loader, STEP, step=lambda batch: None, steps=4, warmup=1)
@@ -236,7 +238,9 @@ def test_webdataset_slow_map_shows_between_its_points_and_in_its_cost(example) -
 def test_webdataset_diagnosis_names_the_slow_map_and_not_the_cheap_ones(example) -> None:
     wds_train, urls = example
     loader = DataLoader(wds_train.make_stream(urls), batch_size=None, num_workers=2)
-    report = fastpipe.diagnose(loader, lambda batch: None, STEP, steps=8, warmup=2, budget=2.0, threshold=0.15, progress=False)
+    report = fastpipe.diagnose(
+        loader, lambda batch: None, device=STEP, options=quick_options(steps=8, warmup=2, budget=2.0, threshold=0.15)
+    )
     named = [b.stage for b in report.bottlenecks]
     assert named and named[0] == "slow_augment", report.to_table()
     assert "to_tensor" not in named and "batched" not in named, report.to_table()
@@ -261,14 +265,8 @@ def test_declared_stream_diagnosis_names_its_slow_stage() -> None:
     report = fastpipe.diagnose(
         loader,
         lambda batch: None,
-        STEP,
-        steps=6,
-        warmup=2,
-        budget=1.5,
-        threshold=0.15,
-        strategy="bisect",
-        progress=False,
-        stage_costs=False,
+        device=STEP,
+        options=quick_options(steps=6, warmup=2, budget=1.5, threshold=0.15, strategy="bisect", stage_costs=False),
     )
     assert [b.stage for b in report.bottlenecks] == ["slow"], report.to_table()
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from fastpipe.datasets import ImageFolder, SkippedImageWarning, ThreadLoader
 from fastpipe.datasets._draws import draw_boxes
 from fastpipe.errors import ConfigError, CorruptImageError
-from tests.fakes import within
+from tests.fakes import quick_options, within
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 stats = pytest.importorskip("scipy.stats")
@@ -227,7 +227,7 @@ def test_diagnose_takes_it_as_a_loader(corpus: Path, slow_reads: None) -> None:
     from fastpipe.datasets.threaded import BATCHES_WHOLE_REASON, UNSUPPORTED_POINT_REASON
 
     loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, shuffle=True, threads=2)
-    report = diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, budget=1.0, progress=False)
+    report = diagnose(loader, lambda batch: None, device="sim:5", options=quick_options(steps=4, warmup=1, budget=1.0))
     for point in ("device", "host", "baseline"):
         assert report.experiment(point) is not None, point
     assert any(UNSUPPORTED_POINT_REASON in u.reason for u in report.unavailable)
@@ -278,7 +278,7 @@ def test_diagnose_reports_its_stage_costs(corpus: Path, slow_reads: None, monkey
 
     dataset = ImageFolder(corpus, size=16)
     loader = ThreadLoader(dataset, batch_size=4, shuffle=True, threads=1)
-    report = diagnose(loader, lambda batch: None, "sim:5", steps=4, warmup=1, budget=0.3, progress=False)
+    report = diagnose(loader, lambda batch: None, device="sim:5", options=quick_options(steps=4, warmup=1, budget=0.3))
     costs = report.loader_stage_costs
     assert costs is not None and costs.loader == "ThreadLoader" and costs.steps >= 4
     # no sample point: cached samples collated in the loop's thread would time a path this loader never runs

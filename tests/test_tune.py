@@ -12,6 +12,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, default_collate
 
 from fastpipe._tree import tree_nbytes
+from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.experiments._tune import TuneResult, _memory_failure, shm_estimate, tune
 from tests.fakes import Fast, PlantedDataset
@@ -27,10 +28,8 @@ def loader_for(raw_ms: float, shape: tuple[int, ...] = (3, 8, 8), workers: int =
 
 
 def run(loader: DataLoader, device: str, **kwargs) -> TuneResult:
-    kwargs.setdefault("steps", 8)
-    kwargs.setdefault("warmup", 2)
     kwargs.setdefault("tolerance", TOLERANCE)
-    return tune(loader, device, step=lambda batch: None, **kwargs)
+    return tune(loader, step=lambda batch: None, device=device, options=MeasureOptions(steps=8, warmup=2), **kwargs)
 
 
 def settings(result: TuneResult) -> list[tuple[int, int]]:
@@ -111,7 +110,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(ConfigError, match="prefetch"):
         run(loader, "sim:10", prefetch_factors=[0])
     with pytest.raises(ConfigError, match="step"):
-        tune(loader, "sim:10")
+        tune(loader, device="sim:10")
 
 
 def test_cli_tune(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,10 +158,10 @@ def planted(monkeypatch, rates: dict[int, float], bound: float, noise: float = 0
 
     measured: list[int] = []
 
-    def measure_bound(workload, device, **_):
+    def measure_bound(workload, device, options):
         return SimpleNamespace(steps_per_s=bound, noise=noise, step_times=[]), 1000
 
-    def measure_setting(workload, device, **_):
+    def measure_setting(workload, device, options):
         workers = workload.loader.num_workers
         if workers == interrupt_at:
             raise KeyboardInterrupt
@@ -178,7 +177,7 @@ def test_far_from_the_bound_halving_the_step_is_a_gain(monkeypatch) -> None:
     # issue 11: bound 10 steps/s; 1 worker 0.4, 2 workers 0.8. In steps/s the gain (0.4) is under 5% of the bound;
     # in time per step it halves the step (2500 -> 1250 ms against a 100 ms device step).
     planted(monkeypatch, {1: 0.4, 2: 0.8, 3: 0.8, 4: 0.8}, bound=10.0)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, max_workers=4, prefetch_factors=[2])
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", max_workers=4, prefetch_factors=[2])
     assert result.recommended is not None and result.recommended.num_workers >= 2, result.to_table()
     assert result.recommended.num_workers == 2  # 3 workers are no shorter than 2: the cheapest within noise of the best
     assert result.trials[0].step_ms == pytest.approx(2500.0) and "1250.0" in result.to_table()
@@ -187,7 +186,7 @@ def test_far_from_the_bound_halving_the_step_is_a_gain(monkeypatch) -> None:
 def test_gains_within_the_tolerance_of_the_device_step_do_not_count(monkeypatch) -> None:
     # 2 workers shorten the step by 3 ms against a 100 ms device step: under the 5% tolerance (5 ms)
     planted(monkeypatch, {1: 1000 / 203, 2: 1000 / 200, 3: 1000 / 200}, bound=10.0, noise=0.0)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, max_workers=3, prefetch_factors=[2])
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", max_workers=3, prefetch_factors=[2])
     assert [t.num_workers for t in result.trials] == [1, 2] and result.recommended.num_workers == 1, result.to_table()
 
 
@@ -197,7 +196,7 @@ def test_noise_in_time_from_both_settings_decides(monkeypatch, noise: float, tri
     # two standard errors of the difference are ~1230 ms: no gain beyond noise, so 3 workers are not tried; with 1%
     # noise (~62 ms) it is a gain and the sweep goes on.
     planted(monkeypatch, {1: 0.4, 2: 1 / 1.8, 3: 1 / 1.8}, bound=10.0, noise=noise)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, max_workers=3, prefetch_factors=[2], extensions=0)
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", max_workers=3, prefetch_factors=[2], extensions=0)
     assert [t.num_workers for t in result.trials] == tried, result.to_table()
     assert any(f"at {tried[-1]} workers: no gain beyond noise" in stop for stop in result.stops), result.stops
     # the recommendation may not claim 1 worker as good as 2: a 700 ms gap exceeds twice the tolerance of the longer
@@ -211,7 +210,7 @@ def test_far_from_the_bound_each_added_worker_keeps_counting(monkeypatch) -> Non
     # until a worker gains less than the tolerance of the device step (22 -> 23 workers: 113.6 -> 108.7 ms, under 5 ms);
     # the recommendation is the cheapest within 5% of the best (22 workers, 4.5% longer than 23's step)
     planted(monkeypatch, {w: 0.4 * w for w in range(1, 31)}, bound=10.0, noise=0.005)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, max_workers=30, prefetch_factors=[2])
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", max_workers=30, prefetch_factors=[2])
     assert [t.num_workers for t in result.trials if t.phase == "workers"] == list(range(1, 24)), result.to_table()
     assert any("at 23 workers: no gain beyond noise" in stop for stop in result.stops), result.stops
     assert result.recommended.num_workers == 22
@@ -221,7 +220,7 @@ def test_a_gain_under_half_of_what_the_added_workers_could_give_stops_the_sweep(
     # 52.2 -> 50.0 ms with a second worker (4% against the 50% it could give at most): drift between two runs on a
     # busy machine, or a gain not worth a worker's memory; the first worker is recommended
     planted(monkeypatch, {1: 1000 / 52.2, 2: 1000 / 50.0, 3: 1000 / 50.0}, bound=100.0, noise=0.0002)
-    result = tune(loader_for(raw_ms=0), "sim:10", step=lambda b: None, max_workers=3, prefetch_factors=[2])
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:10", max_workers=3, prefetch_factors=[2])
     assert [t.num_workers for t in result.trials if t.phase == "workers"] == [1, 2], result.to_table()
     assert any("under half of the 50% that the added workers could give" in stop for stop in result.stops), result.stops
     assert result.recommended.num_workers == 1
@@ -229,7 +228,7 @@ def test_a_gain_under_half_of_what_the_added_workers_could_give_stops_the_sweep(
 
 def test_interrupted_sweep_keeps_the_settings_it_measured(monkeypatch) -> None:
     planted(monkeypatch, {1: 0.4, 2: 0.8}, bound=10.0, interrupt_at=3)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, max_workers=4, prefetch_factors=[2])
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", max_workers=4, prefetch_factors=[2])
     assert result.interrupted and [t.num_workers for t in result.trials] == [1, 2]
     table = result.to_table()
     assert "Interrupted (Ctrl-C) after 2 setting(s)" in table and "2500.0" in table and "1250.0" in table
@@ -243,7 +242,7 @@ def test_interrupted_before_the_bound_says_so(monkeypatch) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(tune_module, "_measure_bound", measure_bound)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None)
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100")
     assert result.interrupted and result.trials == [] and "no setting was measured" in result.summary
     assert "device bound" in result.to_table()
 
@@ -266,27 +265,29 @@ def test_budget_and_precision_reach_every_measurement(monkeypatch) -> None:
     tune_module = importlib.import_module("fastpipe.experiments._tune")
     seen = []
 
-    def measure_bound(workload, device, **options):
+    def measure_bound(workload, device, options):
         seen.append(options)
         return SimpleNamespace(steps_per_s=10.0, noise=0.0, step_times=[]), 1000
 
-    def measure_setting(workload, device, **options):
+    def measure_setting(workload, device, options):
         seen.append(options)
         return SimpleNamespace(steps_per_s=10.0, noise=0.0, cpu_util=0.5, system_cpu_util=0.5, step_times=[])
 
     monkeypatch.setattr(tune_module, "_measure_bound", measure_bound)
     monkeypatch.setattr(tune_module, "_measure_setting", measure_setting)
-    tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, budget=3.0, precision=0.05, prefetch_factors=[2])
-    assert len(seen) >= 2 and all(o["budget"] == 3.0 and o["precision"] == 0.05 for o in seen)
+    given = MeasureOptions(budget=3.0, precision=0.05)
+    tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", options=given, prefetch_factors=[2])
+    assert len(seen) >= 2 and all(o.budget == 3.0 and o.precision == 0.05 for o in seen)
+    assert seen[0] is given  # the bound is measured with the object passed in, not a copy of its knobs
     with pytest.raises(ConfigError, match="budget"):
-        tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, budget=0)
+        tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", options=MeasureOptions(budget=0))
 
 
 def test_worker_counts_choose_the_counts_the_sweep_may_try(monkeypatch) -> None:
     # a pipeline that scales with its workers, far from the bound: the sweep tries exactly the counts given
     planted(monkeypatch, {w: 0.4 * w for w in range(1, 9)}, bound=10.0, noise=0.005)
-    result = tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, worker_counts=[4, 1, 2], prefetch_factors=[2])
+    result = tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", worker_counts=[4, 1, 2], prefetch_factors=[2])
     assert [t.num_workers for t in result.trials] == [1, 2, 4], result.to_table()
     assert "worker sweep: tried 1, 2, 4" in result.stops and result.recommended.num_workers == 4
     with pytest.raises(ConfigError, match="worker counts"):
-        tune(loader_for(raw_ms=0), "sim:100", step=lambda b: None, worker_counts=[0, 2])
+        tune(loader_for(raw_ms=0), step=lambda b: None, device="sim:100", worker_counts=[0, 2])

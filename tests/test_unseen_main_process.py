@@ -16,7 +16,7 @@ from fastpipe.diagnosis.ladder._plan import COLLATE
 from fastpipe.diagnosis.unseen._main_process import MainPart, MainProcess, measure_main_process
 from fastpipe.diagnosis.verdict._main_process import MAIN_PROCESS, name_main_process
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
-from tests.fakes import PlantedDataset, Sleep
+from tests.fakes import PlantedDataset, Sleep, quick_options
 
 SAMPLER_MS = 3.0  # per index
 COLLATE_MS = 20.0  # per batch
@@ -108,7 +108,7 @@ def test_diagnose_names_a_slow_sampler_as_the_main_processs_sampler_not_a_transf
     """Fails before this change: the ladder named the span 'collate/IPC', with advice to ship smaller batches."""
     dataset = PlantedDataset(4000, transform=Sleep(0.2))
     loader = DataLoader(dataset, batch_size=8, num_workers=2, sampler=SlowSampler(4000))
-    report = fastpipe.diagnose(loader, lambda b: None, "sim:10", steps=8, budget=3, progress=False, stage_costs=False)
+    report = fastpipe.diagnose(loader, lambda b: None, device="sim:10", options=quick_options(steps=8, budget=3, stage_costs=False))
     first = report.bottlenecks[0]
     assert (first.stage, first.kind) == ("sampler", "main process"), report.to_table()
     assert "sampler [main process]: adds" in report.to_table()

@@ -14,6 +14,7 @@ from fastpipe.experiments._fix_checks import seed_all
 from fastpipe.loading import DevicePrefetcher, unwrap_loader
 from fastpipe.transforms.device import Normalize
 from fastpipe.workloads._workload import as_workload
+from tests.fakes import quick_options
 from tests.fix_fixtures import corpus
 
 timm = pytest.importorskip("timm")
@@ -59,7 +60,7 @@ def test_timm_loader_diagnosed_with_no_unwrapping_by_the_user(photos: Path) -> N
     import fastpipe
 
     report = fastpipe.diagnose(
-        _timm_loader(photos), _step, device="sim:5", steps=2, warmup=1, budget=1.0, stage_costs=False, loader_memory=False
+        _timm_loader(photos), _step, device="sim:5", options=quick_options(steps=2, warmup=1, budget=1.0, stage_costs=False)
     )
     assert report.baseline_step_ms is not None and report.baseline_step_ms > 0
     assert any("PrefetchLoader unwrapped" in note for note in report.notes)

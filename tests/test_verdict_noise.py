@@ -1,6 +1,6 @@
 """One significance rule for every named stage (issue 38, item 2), on planted ladders: no timing runs.
 
-A :class:`PlantedRunner` stands where the ladder's runner measures points (``diagnose(runner=...)``, as script mode's
+A :class:`PlantedRunner` stands where the ladder's runner measures points (``run_diagnosis(runner=...)``, as script mode's
 ``WindowRunner`` does) and hands back the step times and noise each test plants, so the whole report path (naming,
 remeasuring, the verdict, caveats and the rendered text) runs on known figures. The shapes are the issue's:
 pytorch/examples' ``main.py`` on two busy cores (``device 2227 (±8.9%) | host 3544 | sample 1920``) named a
@@ -19,11 +19,13 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.diagnosis._diagnose import diagnose
+from fastpipe.diagnosis._diagnose import run_diagnosis
 from fastpipe.diagnosis.ladder._plan import COPY
 from fastpipe.diagnosis.ladder._points import PointRunner
 from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
+from fastpipe.workloads._workload import Workload
+from tests.fakes import quick_options
 
 
 class A:
@@ -79,8 +81,10 @@ def planted_report(points: dict[str, tuple[float, float, float]], device: str = 
     """The report of a diagnosis whose points measured ``points`` ({point: (ms, rel. standard error, others' CPU)})."""
     runner = type("Runner", (PlantedRunner,), {"planted": points})
     loader = DataLoader(Tiny(), batch_size=4, num_workers=0)
-    options = {"steps": 4, "warmup": 0, "pool": 1, "stage_costs": False, "progress": False, **options}
-    return diagnose(loader, lambda batch: None, device, runner=runner, **options)
+    workload = Workload(loader=loader, step=lambda batch: None)
+    return run_diagnosis(
+        workload, device, quick_options(**{"steps": 4, "warmup": 0, "pool": 1, "stage_costs": False, **options}), runner=runner
+    )
 
 
 def ladder(**ms: float) -> dict[str, tuple[float, float, float]]:

@@ -49,7 +49,10 @@ def main() -> None:
         dataset = Images(Decode())
         loader = DataLoader(dataset, batch_size=8, num_workers=2, sampler=DistributedSampler(dataset))
         report = fastpipe.diagnose(
-            loader, lambda batch: None, "cuda" if args.nccl else "sim:20", steps=6, warmup=2, budget=3.0, progress=False, stage_costs=False
+            loader,
+            lambda batch: None,
+            device="cuda" if args.nccl else "sim:20",
+            options=fastpipe.DiagnoseOptions(steps=6, warmup=2, budget=3.0, progress=False, stage_costs=False),
         )
         if dist.get_rank() == 0:
             print(report.to_table())

@@ -353,8 +353,8 @@ def compare(
     rngs = UserState()  # the user's factories run here (a model's initialisation draws): their generators are put back
     try:
         for name, spec in variants:
-            options = dict(toy_options or {}) if family_of(spec) is not None else {}
-            workloads.append(load_workload(spec, device, **options))
+            sizes = dict(toy_options or {}) if family_of(spec) is not None else {}
+            workloads.append(load_workload(spec, device, **sizes))
         bound, pooled = measure_rungs(workloads, device, options, progress=progress)
         memories = [rung_memory(workload, device, budget) if memory else None for workload in workloads]
     finally:

@@ -282,7 +282,7 @@ def diagnose_hint(loader: Any, name: str = "loader", device: Any = None) -> str:
         f"{PREFIX}: next step: find the slow stage with the cache ladder:\n"
         f"    report = fastpipe.diagnose({args}); print(report)\n"
         f"  where {name} is {what} and step(batch) runs one training step on a batch already on the device "
-        f"(pass model=, optimizer= to have them restored); from a shell: fastpipe diagnose your_module:make_workload "
+        f"(pass train_state=fastpipe.diagnosis.TrainState(model=, optimizer=) to have them restored); from a shell: fastpipe diagnose your_module:make_workload "
         f"--device {spec}, make_workload returning (loader, step)"
     )
 

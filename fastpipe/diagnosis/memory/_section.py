@@ -7,8 +7,8 @@ Measuring memory must not perturb the timing, so nothing here runs inside a time
   milliseconds a worker), the shared memory the loader's processes hold, the training process's RSS and the pinned
   bytes. This is what the point held at its end, not a peak: an input-bound point's loop takes batches as soon as
   they come, so fewer of them wait in shared memory than at the peak.
-* **The loader pass**, optional (``diagnose(..., loader_memory=True)``; ``fastpipe diagnose`` runs it unless
-  ``--no-memory``): after the ladder and the stage costs, one short pass of
+* **The loader pass**, on by default (``DiagnoseOptions(loader_memory=False)`` or ``fastpipe diagnose --no-memory``
+  turns it off): after the ladder and the stage costs, one short pass of
   :func:`~fastpipe.diagnosis.memory._loader.measure_loader_memory` over a rebuilt copy of the user's loader,
   bounded by the per-point budget (at least :data:`MIN_PASS_S`): the peak shared memory (the loop stalls until every batch in flight waits) against
   the prediction, and each worker's USS growth per 1,000 samples; copy-on-read growth is then named
@@ -260,7 +260,7 @@ def finish_memory_section(
 ) -> MemorySection:
     """The section with each measured point's figures (in the report's order) and, when asked, the loader pass's."""
     section.points = [points[p] for p in order if p in points]
-    why_not = None if loader_pass else "diagnose(..., loader_memory=True) or fastpipe diagnose without --no-memory runs it"
+    why_not = None if loader_pass else "turned off by DiagnoseOptions(loader_memory=False) or --no-memory"
     why_not = why_not or _why_no_pass(workload)
     if why_not is not None:
         section.not_run = why_not
