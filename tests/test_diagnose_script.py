@@ -226,7 +226,7 @@ def test_script_mode_flags(capsys) -> None:
     assert main(["diagnose", "--loader", "0", "--", "python", str(SCRIPT)]) == 2
     assert "counts the script's DataLoaders from 1" in capsys.readouterr().err
     assert main(["diagnose", "--budget", "0", "--", "python", str(SCRIPT)]) == 2
-    assert "seconds of measuring each cache point" in capsys.readouterr().err
+    assert "seconds of measuring per point and must be > 0 (--budget)" in capsys.readouterr().err
     assert main(["diagnose", "--then-continue", "toy:naive"]) == 2
     assert "apply to a script" in capsys.readouterr().err
     assert main(["diagnose", "--", "python", "missing.py"]) == 2
