@@ -218,3 +218,9 @@ def test_the_deprecation_helper_maps_positions_and_fields_of_any_dataclass() -> 
         warnings.simplefilter("ignore")
         entry(0, "x", where="y")
     assert list(inspect.signature(entry).parameters) == ["source", "where", "knobs"]
+
+
+def test_a_command_without_the_diagnose_flags_gets_their_defaults() -> None:
+    """``fastpipe fix -- python train.py`` runs script mode from a parser with only the measuring flags."""
+    args = build_parser().parse_args(["fix", "toy:naive", "--steps", "5"])
+    assert dataclasses.replace(diagnose_options_from(args), progress=True) == DiagnoseOptions(steps=5)

@@ -154,21 +154,25 @@ def measure_options_from(args: argparse.Namespace) -> Any:
 
 def diagnose_options_from(args: argparse.Namespace) -> Any:
     """The :class:`~fastpipe.DiagnoseOptions` ``fastpipe diagnose``'s flags ask for (checked here, before any work);
-    the progress bar only on a terminal."""
+    the progress bar only on a terminal. A command that measures without :func:`add_diagnose_flags` (``fastpipe fix --
+    python train.py`` runs script mode too) gets their defaults."""
     from fastpipe.diagnosis._options import DiagnoseOptions
+
+    def off(flag: str) -> bool:
+        return bool(getattr(args, flag, False))
 
     return DiagnoseOptions(
         steps=args.steps,
         warmup=args.warmup,
         budget=args.budget,
         precision=args.precision,
-        pool=args.pool,
-        threshold=args.threshold,
-        strategy=args.strategy,
-        progress=not args.no_progress and sys.stderr.isatty(),
-        stage_costs=not args.no_stage_costs,
-        loader_memory=not args.no_memory,
-        startup=not args.no_startup,
+        pool=getattr(args, "pool", _default("pool")),
+        threshold=getattr(args, "threshold", _default("threshold")),
+        strategy=getattr(args, "strategy", _default("strategy")),
+        progress=not off("no_progress") and sys.stderr.isatty(),
+        stage_costs=not off("no_stage_costs"),
+        loader_memory=not off("no_memory"),
+        startup=not off("no_startup"),
     )
 
 
