@@ -100,7 +100,7 @@ def _run(loader: DataLoader, on_warning=None, **kwargs):
 def test_report_has_each_points_memory_in_every_rendering(tmp_path) -> None:
     report = _run(DataLoader(PlantedDataset(length=64), batch_size=4, num_workers=2))
     memory = report.memory
-    assert memory is not None and memory.loader is None and "loader_memory=True" in memory.not_run
+    assert memory is not None and memory.loader is None and "loader_memory=False" in memory.not_run
     points = {p.cache_point: p for p in memory.points}
     assert list(points) == [e.cache_point for e in report.experiments]
     assert points["device"].uss == [] and points["device"].pss == []  # batches cached in this process: no workers
