@@ -47,10 +47,6 @@ class MeasureOptions:
         if not self.worker_timeout > 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds; got {self.worker_timeout}")
 
-    def measure_only(self) -> MeasureOptions:
-        """The measured knobs alone (a :class:`DiagnoseOptions` less what only the diagnosis decides by)."""
-        return MeasureOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MeasureOptions)})
-
 
 @dataclass(frozen=True)
 class DiagnoseOptions(MeasureOptions):
