@@ -315,7 +315,7 @@ _TUNE_SNIPPET = """\
 import fastpipe
 
 # sweeps num_workers and prefetch_factor against the device bound (or: fastpipe tune SPEC)
-print(fastpipe.tune(loader, step=step, device=device))
+print(fastpipe.tune(loader, device, step=step))
 """
 
 
