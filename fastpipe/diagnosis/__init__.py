@@ -6,6 +6,7 @@ checks around a run (step check, noise, CPU, DDP agreement). It may import the b
 """
 
 from fastpipe.diagnosis._diagnose import diagnose
+from fastpipe.diagnosis._options import DiagnoseOptions, MeasureOptions
 from fastpipe.diagnosis._stepcheck import StepCheck, check_step
 from fastpipe.diagnosis.discovery._catalog import TransformFacts, facts_for
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
@@ -19,7 +20,9 @@ from fastpipe.diagnosis.verdict._saturation import explain_saturation
 
 __all__ = [
     "Advice",
+    "DiagnoseOptions",
     "Measurement",
+    "MeasureOptions",
     "Report",
     "StageCosts",
     "StepCheck",

@@ -398,7 +398,7 @@ class _Diagnosis:
 
 
 def _loader_stat_notes(stats: LoaderStats) -> list[str]:
-    """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
+    """What a loader that reports its own statistics (fastpipe.loading.recycled) did during the baseline point."""
     if "reused" not in stats:
         return []
     line = (
