@@ -15,14 +15,15 @@ from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
 from fastpipe.diagnosis.unseen._startup import measure_startup
 from fastpipe.diagnosis.unseen._streams import check_stream
 from fastpipe.diagnosis.verdict._advice import Advice, recommend
-from fastpipe.diagnosis.verdict._report import Report
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.diagnosis.verdict._saturation import explain_saturation
 
 __all__ = [
     "Advice",
+    "Bottleneck",
     "DiagnoseOptions",
-    "Measurement",
     "MeasureOptions",
+    "Measurement",
     "Report",
     "StageCosts",
     "StepCheck",

@@ -5,54 +5,7 @@ the milliseconds it adds to each step between its two neighbouring cache points.
 (the device step plus every stage's added time is the baseline step); differences of steps/s
 do not, and ranked stages wrongly.
 
-JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
-
-    {
-      "schema": "fastpipe.report/2",
-      "workload": str, "device": str, "num_workers": int, "batch_size": int | null,
-      "steps": int, "warmup": int, "pool": int, "threshold": float, "strategy": "linear" | "bisect",
-      "precision_target": float, "budget_s": float,
-      "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
-      "gap_fraction": float | null,            # 1 - device step / baseline step
-      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "incomplete"
-                 | "too noisy to decide: <why>; to decide, <what to do>"   # noise, not the pipeline, decided
-                 | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
-      "experiments": [{
-          "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
-          "steps_per_s": float, "fraction_of_bound": float,
-          "ms_per_step": float, "stderr_ms": float,  # mean step time and its standard error
-          "spread": float,                     # relative std of step times
-          "noise": float,                      # relative standard error of the mean step time (the precision achieved)
-          "steps_measured": int,
-          "cpu_util": float,                   # process tree CPU / available cores, 0..1
-          "system_cpu_util": float, "pool_spread": float | null, "step_times": [float],
-          "copy_ms_per_sample": float,          # the cache's own copy, timed in the workers (0 when skipped)
-          "stage_added": str | null             # the stage that runs here but not at the point above (its time: components)
-      }],
-      "unavailable": [{"cache_point": str, "reason": str}],
-      "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
-      "components": [StageTime],               # every span between neighbouring points, named or not, in order
-      "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
-      "ranked_by": str,                        # what orders "bottlenecks"
-      "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
-      "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
-      "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
-                                               # timed steps: fastpipe.diagnosis.ladder._loader_stages.LoaderStageCosts.to_dict()
-      "memory": null | {...},                  # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
-      "startup": null | {...},                 # time to the first batch, split: fastpipe.diagnosis.unseen._startup
-      "main_process": null | {...},            # the loader's work in the training process: ...unseen._main_process
-      "streams": null | {...}                  # duplicate and uneven streams: ...unseen._streams.StreamCheck.to_dict()
-    }
-
-    StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
-                 "share_of_baseline": float, "at_least": bool,   # part may hide under the device step
-                 "between": [str, str], "cpu_saturated": bool, "recommendation": str,
-                 "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null,
-                 "basis": "ladder" | "saturated split" | "in-worker cost",   # where added_ms comes from
-                 "ladder_ms": float | null, "span": [str, str] | null,      # its own ladder step; the split span
-                 "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
-                 "why": str | null,                                         # why the ladder could not decide it
-                 "minor": bool}                        # under a tenth of the input time: a small cost, not a culprit
+The JSON schema is in :meth:`Report.to_dict`'s docstring (``schema`` is bumped on breaking changes).
 """
 
 from __future__ import annotations
@@ -148,7 +101,8 @@ class Report:
     for each, the verdict, and what the ladder cannot see (memory, start-up, the main process's share, streams).
 
     Read it as the console does (``print(report)``), or as data: ``report.bottlenecks`` lists the named stages largest
-    first, ``report.verdict`` says whether the loop waits for its input, and ``to_json()`` writes the schema above.
+    first, ``report.verdict`` says whether the loop waits for its input, and ``to_json()`` writes it all as JSON
+    (its schema is in :meth:`to_dict`).
     Times are milliseconds per step; a field is None where its part was not measured.
     """
 
@@ -237,11 +191,59 @@ class Report:
 
     # ----- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain data, in the schema of this module's docstring (``"schema": "fastpipe.report/2"``).
+        """The report as plain data, in the schema below (``"schema": "fastpipe.report/2"``).
 
         Each point also carries its ``ms_per_step``, ``stderr_ms`` and the ``stage_added`` between it and the point
         above; the sections with their own schema (memory, the loader's clocks, start-up, main process, streams) are
         their own ``to_dict()``; the rendered stage-cost table is left out. The dict shares nothing with the report.
+        ``schema`` is bumped on breaking changes::
+
+            {
+              "schema": "fastpipe.report/2",
+              "workload": str, "device": str, "num_workers": int, "batch_size": int | null,
+              "steps": int, "warmup": int, "pool": int, "threshold": float, "strategy": "linear" | "bisect",
+              "precision_target": float, "budget_s": float,
+              "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
+              "gap_fraction": float | null,            # 1 - device step / baseline step
+              "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "incomplete"
+                         | "too noisy to decide: <why>; to decide, <what to do>"   # noise, not the pipeline, decided
+                         | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
+              "experiments": [{
+                  "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
+                  "steps_per_s": float, "fraction_of_bound": float,
+                  "ms_per_step": float, "stderr_ms": float,  # mean step time and its standard error
+                  "spread": float,                     # relative std of step times
+                  "noise": float,                      # relative standard error of the mean step time (the precision achieved)
+                  "steps_measured": int,
+                  "cpu_util": float,                   # process tree CPU / available cores, 0..1
+                  "system_cpu_util": float, "pool_spread": float | null, "step_times": [float],
+                  "copy_ms_per_sample": float,          # the cache's own copy, timed in the workers (0 when skipped)
+                  "stage_added": str | null             # the stage that runs here but not at the point above (its time: components)
+              }],
+              "unavailable": [{"cache_point": str, "reason": str}],
+              "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
+              "components": [StageTime],               # every span between neighbouring points, named or not, in order
+              "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
+              "ranked_by": str,                        # what orders "bottlenecks"
+              "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
+              "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
+              "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
+                                                       # timed steps: fastpipe.diagnosis.ladder._loader_stages.LoaderStageCosts.to_dict()
+              "memory": null | {...},                  # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
+              "startup": null | {...},                 # time to the first batch, split: fastpipe.diagnosis.unseen._startup
+              "main_process": null | {...},            # the loader's work in the training process: ...unseen._main_process
+              "streams": null | {...}                  # duplicate and uneven streams: ...unseen._streams.StreamCheck.to_dict()
+            }
+
+            StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
+                         "share_of_baseline": float, "at_least": bool,   # part may hide under the device step
+                         "between": [str, str], "cpu_saturated": bool, "recommendation": str,
+                         "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null,
+                         "basis": "ladder" | "saturated split" | "in-worker cost",   # where added_ms comes from
+                         "ladder_ms": float | null, "span": [str, str] | null,      # its own ladder step; the split span
+                         "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
+                         "why": str | null,                                         # why the ladder could not decide it
+                         "minor": bool}                        # under a tenth of the input time: a small cost, not a culprit
         """
         added = self._added_by_point()
         data: dict[str, Any] = {"schema": SCHEMA}
