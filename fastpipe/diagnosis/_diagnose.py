@@ -74,6 +74,7 @@ class _Diagnosis:
         self.remeasured: set[tuple[str, str]] = set()
         self.inverted: list[tuple[str, str]] = []
         r = runner
+        # the settings, and what the run gathers before finish() makes the full report (notes, caveats, an interruption...)
         self.report = Report(
             workload=workload.name,
             device=r.device.spec,
@@ -283,9 +284,10 @@ class _Diagnosis:
         """The report: figures and names by the rules of :mod:`fastpipe.diagnosis.verdict._attribute` (with the in-worker
         ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis.verdict._caveats`.
 
-        Each part is computed first (the points measured, the figures, the named stages with their advice); the report is
+        Each part is computed first (the points measured, the figures, the stage costs, the named stages); the report is
         made from them and ``self.report`` (the settings and what the run gathered: notes, caveats, an interruption, the
-        loader's own clocks, skipped samples), then given the words the rules say about it (verdict, caveats, notes).
+        loader's own clocks, skipped samples) at once; its named stages are then advised, and the report given the words
+        the rules say about it (the verdict when noise decides, caveats, notes) in one more copy.
         """
         results = self.runner.results
         measured = {
