@@ -178,6 +178,7 @@ def test_the_planted_use_is_found(tmp_path: pathlib.Path) -> None:
 #: The classes a user gets back, by the file that defines them.
 RESULTS = {
     "fastpipe/diagnosis/verdict/_report.py": ("Report", "Bottleneck"),
+    "fastpipe/diagnosis/ladder/_results.py": ("ExperimentResult", "Unavailable"),
     "fastpipe/experiments/_compare.py": ("Comparison", "VariantResult"),
     "fastpipe/experiments/_fix.py": ("FixReport", "FixResult"),
     "fastpipe/experiments/_tune_result.py": ("TuneResult", "Trial"),

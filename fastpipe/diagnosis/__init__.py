@@ -11,6 +11,7 @@ from fastpipe.diagnosis._stepcheck import StepCheck, check_step
 from fastpipe.diagnosis.discovery._catalog import TransformFacts, facts_for
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
+from fastpipe.diagnosis.ladder._results import ExperimentResult, Unavailable
 from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
 from fastpipe.diagnosis.unseen._startup import measure_startup
 from fastpipe.diagnosis.unseen._streams import check_stream
@@ -22,12 +23,14 @@ __all__ = [
     "Advice",
     "Bottleneck",
     "DiagnoseOptions",
+    "ExperimentResult",
     "MeasureOptions",
     "Measurement",
     "Report",
     "StageCosts",
     "StepCheck",
     "TransformFacts",
+    "Unavailable",
     "check_step",
     "check_stream",
     "diagnose",
