@@ -8,7 +8,7 @@ which other processes' load disturbs less than wall time.
 1. **Worker collate**, measured inside a real DataLoader worker (``get_worker_info()`` is set, so
    ``default_collate`` does what it does there): stacking 256 uint8 3x256x256 samples (48 MB)
    * into a fresh shared-memory tensor (``default_collate``, the stock DataLoader),
-   * into a slot of fastpipe's ring, reused from the batch before (``fastpipe.recycled``),
+   * into a slot of fastpipe's ring, reused from the batch before (``fastpipe.loading.recycled``),
    * into a fresh heap tensor (reference: what a process-local collate pays).
    Target (issue 15): recycled collate at least 5x cheaper than stock, set on the 2-core, no-GPU development
    machine (``benchmarks/results/bench_collate.txt``: 9.1x there). The line says so: PASS or FAIL is

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import fastpipe  # noqa: E402
+import fastpipe.diagnosis  # noqa: E402
 
 
 class Unsharded(IterableDataset):
@@ -75,7 +75,7 @@ def main() -> None:
             ("WebDataset chain, split_by_worker", DataLoader(chain(urls, True), batch_size=None, num_workers=2)),
         ]
         for name, loader in cases:
-            check = fastpipe.check_stream(loader)
+            check = fastpipe.diagnosis.check_stream(loader)
             print(f"\n== {name}: the check took {check.seconds:.2f} s")
             print("\n".join(check.lines()))
     if args.diagnose:

@@ -46,7 +46,7 @@ class Stages:
         class Photos(torch.utils.data.Dataset):
             def __init__(self, files, labels):
                 self.files, self.labels = files, labels
-                self.stages = fastpipe.Stages(load=self.read, transforms=[RandomResizedCrop(224), ToTensor()])
+                self.stages = fastpipe.stages.Stages(load=self.read, transforms=[RandomResizedCrop(224), ToTensor()])
 
             def read(self, index):
                 return Image.open(self.files[index]).convert("RGB")
@@ -59,7 +59,7 @@ class Stages:
 
         class Stream(torch.utils.data.IterableDataset):
             def __init__(self, reader):
-                self.stages = fastpipe.Stages(source=reader, transforms=[decode, crop, to_tensor])
+                self.stages = fastpipe.stages.Stages(source=reader, transforms=[decode, crop, to_tensor])
 
             def __iter__(self):
                 return iter(self.stages)  # or: for x in self.stages: yield x, ...
@@ -86,19 +86,19 @@ class Stages:
         source: Iterable[Any] | None = None,
     ) -> None:
         if load is not None and not callable(load):
-            raise TypeError(f"fastpipe.Stages(load=...) must be callable, got {type(load).__name__}")
+            raise TypeError(f"fastpipe.stages.Stages(load=...) must be callable, got {type(load).__name__}")
         if source is not None and not hasattr(source, "__iter__"):
-            raise TypeError(f"fastpipe.Stages(source=...) must be iterable, got {type(source).__name__}")
+            raise TypeError(f"fastpipe.stages.Stages(source=...) must be iterable, got {type(source).__name__}")
         if source is not None and iter(source) is source:  # the diagnosis reads it again and again: an iterator would
             # be used up, and the items it read would be lost to the user's own training
             raise TypeError(
-                f"fastpipe.Stages(source=...) must be re-iterable (a list, a Dataset, an object whose __iter__ starts "
+                f"fastpipe.stages.Stages(source=...) must be re-iterable (a list, a Dataset, an object whose __iter__ starts "
                 f"anew), not a one-shot iterator such as a generator ({type(source).__name__})"
             )
         items = list(transforms) if isinstance(transforms, (list, tuple)) else [transforms]
         bad = [type(t).__name__ for t in items if not callable(t)]
         if bad:
-            raise TypeError(f"fastpipe.Stages(transforms=...) takes callables; these are not: {bad}")
+            raise TypeError(f"fastpipe.stages.Stages(transforms=...) takes callables; these are not: {bad}")
         self.load = load
         self.transforms = items
         self.source = source
@@ -112,7 +112,7 @@ class Stages:
     def __iter__(self) -> Iterator[Any]:
         """Each item of ``source`` through the stages (a declaration without ``source`` is not iterable)."""
         if self.source is None:
-            raise TypeError("this fastpipe.Stages has no source= to iterate; call it on each item instead")
+            raise TypeError("this fastpipe.stages.Stages has no source= to iterate; call it on each item instead")
         for item in self.source:
             yield self(item)
 

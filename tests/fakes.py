@@ -165,7 +165,7 @@ class OwnGetitem(Dataset):
 
 
 class DeclaredStages(OwnGetitem):
-    """OwnGetitem after following fastpipe's hint: its steps held in a fastpipe.Stages and called from __getitem__."""
+    """OwnGetitem after following fastpipe's hint: its steps held in a fastpipe.stages.Stages and called from __getitem__."""
 
     def __init__(self, length: int = 64, raw_ms: float = 0.0, steps: list[Callable[[Any], Any]] | None = None) -> None:
         from fastpipe.stages import Stages

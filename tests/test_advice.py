@@ -199,7 +199,7 @@ def test_collate_snippet_runs_and_names_float_output(capsys: pytest.CaptureFixtu
     loader = DataLoader([(torch.zeros(3, 8, 8), 0)] * 4, batch_size=4)
     namespace = run_snippet(advice, loader=loader)
     assert "torch.float32 (4, 3, 8, 8)" in capsys.readouterr().out
-    assert "fastpipe.recycled(loader" in advice.summary
+    assert "fastpipe.loading.recycled(loader" in advice.summary
     images, labels = next(iter(namespace["loader"]))  # the recycled loader yields the same batches
     assert torch.equal(images, torch.zeros(4, 3, 8, 8)) and labels.tolist() == [0] * 4
     assert recommend(COLLATE, COLLATE, transform=T.Compose([T.PILToTensor()])).caveat is None

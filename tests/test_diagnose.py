@@ -13,10 +13,10 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
-from fastpipe import PipelineError, diagnose
+from fastpipe import diagnose
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis._options import TrainState
-from fastpipe.errors import ConfigError
+from fastpipe.errors import ConfigError, PipelineError
 from tests.fakes import AddOne, Fast, NoTransformDataset, PlantedDataset, Raise, Slow, quick_options
 
 # Planted costs are twice the step, so they stand well above the DataLoader's own few milliseconds

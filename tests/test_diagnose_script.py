@@ -142,7 +142,7 @@ def test_then_continue_resumes_training_from_the_state_the_script_had(tmp_path, 
 def test_script_that_never_iterates_says_so(capsys, clean) -> None:
     code, out, err = diagnose(capsys, *QUICK, script_args=["--no-train", "--samples", "16"])
     assert code == 2 and "nothing to train" in out
-    assert "ended without iterating a DataLoader" in err and "fastpipe.Stages(source=" in err
+    assert "ended without iterating a DataLoader" in err and "fastpipe.stages.Stages(source=" in err
 
 
 def _stopped_mid_ladder(out: str, err: str, why: str) -> bool:
@@ -389,7 +389,7 @@ def test_get_batch_loop_names_get_batch_and_its_declaration(command, tmp_path, c
     assert feeder.lstrip().startswith("- get_batch (the function it calls") and call_site in feeder, err
     assert f"train_nanogpt.py:{_line_of('def get_batch')}, called at" in feeder
     assert "- step (the function it calls;" in err  # the model's step: named, not taken for the batches
-    assert "self.stages = fastpipe.Stages(source=<the raw items get_batch reads" in err
+    assert "self.stages = fastpipe.stages.Stages(source=<the raw items get_batch reads" in err
     assert "iterate it in place of get_batch(...) at" in err and call_site in err.split("in place of")[-1]
 
 

@@ -169,11 +169,11 @@ def test_declared_stages_split_a_custom_getitem() -> None:
 
 
 def test_the_hint_for_a_custom_getitem_leads_to_a_working_split() -> None:
-    # issue 14, item 3: a hint must lead to something that works; the hint names fastpipe.Stages
+    # issue 14, item 3: a hint must lead to something that works; the hint names fastpipe.stages.Stages
     pipeline, why = find_pipeline(HeldAsDs(OwnGetitem(steps=[Fast(), Double()])))
     assert pipeline is None
     assert "HeldAsDs -> HeldAsDs.ds (OwnGetitem)" in why
-    assert "self.stages = fastpipe.Stages(load=" in why and "OwnGetitem.__getitem__" in why
+    assert "self.stages = fastpipe.stages.Stages(load=" in why and "OwnGetitem.__getitem__" in why
     followed = HeldAsDs(DeclaredStages(steps=[Fast(), Double()]))  # OwnGetitem with the hint applied
     pipeline, why = find_pipeline(followed)
     assert why is None and pipeline.names() == ["Fast", "Double"]
@@ -184,7 +184,7 @@ def test_the_hint_for_a_custom_getitem_leads_to_a_working_split() -> None:
 
 def test_unsplittable_shapes_say_what_was_found() -> None:
     _, why = find_pipeline(NoTransformDataset())
-    assert "no stages found" in why and "fastpipe.Stages" in why
+    assert "no stages found" in why and "fastpipe.stages.Stages" in why
     _, why = find_pipeline(PlantedDataset(transform=None))
     assert "`transform` is None" in why
 

@@ -265,63 +265,6 @@ def test_the_circle_check_reads_a_planted_pair_of_files():
         second.unlink()
 
 
-#: The public API as it stood before the layout moved (every name a user could import from ``fastpipe``).
-PUBLIC_NAMES = [
-    "Advice",
-    "Comparison",
-    "ConfigError",
-    "ConvertColorScale",
-    "CpuDevice",
-    "CudaDevice",
-    "Device",
-    "DevicePrefetcher",
-    "DeviceUnavailableError",
-    "ExtensionUnavailableError",
-    "FastpipeError",
-    "Measurement",
-    "Normalize",
-    "OptionalDependencyError",
-    "PipelineError",
-    "RecycledLoader",
-    "Report",
-    "SimDevice",
-    "StageCosts",
-    "Stages",
-    "StepCheck",
-    "TuneResult",
-    "Workload",
-    "check_step",
-    "compare",
-    "default_device_for",
-    "default_device_spec",
-    "diagnose",
-    "explain_saturation",
-    "find_pipeline",
-    "load_workload",
-    "make_prefetcher",
-    "measure_stage_costs",
-    "measure_workload",
-    "parse_device",
-    "recommend",
-    "recycled",
-    "release",
-    "releasing",
-    "tune",
-    "watch",
-]
-
-
-@pytest.mark.parametrize("name", PUBLIC_NAMES)
-def test_public_name_imports(name):
-    assert hasattr(fastpipe, name)
-    assert name in fastpipe.__all__
-
-
-def test_all_is_sorted_and_complete():
-    assert fastpipe.__all__ == sorted(fastpipe.__all__)
-    assert set(PUBLIC_NAMES) <= set(fastpipe.__all__)
-
-
 @pytest.mark.parametrize(
     "package",
     ["fastpipe.diagnosis", "fastpipe.experiments", "fastpipe.loading", "fastpipe.monitor", "fastpipe.workloads"],

@@ -50,7 +50,7 @@ def test_budget_fits_or_warns_with_the_fixes() -> None:
     warning = check_shm_budget(loader, batch, float32_bytes=batch, limits=small, pin=False)
     assert warning is not None and "Bus error" in warning
     assert "prefetch_factor=2" in warning  # 10 MB x (2 x 2 + 1) = 52 MB fits in 60 MB; prefetch 3 (73 MB) does not
-    assert "uint8 batches" in warning and "fastpipe.recycled(loader" in warning and "--shm-size=" in warning
+    assert "uint8 batches" in warning and "fastpipe.loading.recycled(loader" in warning and "--shm-size=" in warning
     assert "uint8" not in check_shm_budget(loader, batch, float32_bytes=0, limits=small, pin=False)
 
 

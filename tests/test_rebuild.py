@@ -1,4 +1,4 @@
-"""fastpipe.loading._rebuild: one rebuild for the diagnosis (copies) and fastpipe.recycled (shares the user's sampler)."""
+"""fastpipe.loading._rebuild: one rebuild for the diagnosis (copies) and fastpipe.loading.recycled (shares the user's sampler)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""When ``cudaHostRegister`` refuses the ring's buffers, fastpipe.recycled warns once and pins each batch by a copy.
+"""When ``cudaHostRegister`` refuses the ring's buffers, fastpipe.loading.recycled warns once and pins each batch by a copy.
 
 Run on the CPU through CUDA's own registrar (``hostpin.CUDA``, what a GPU run uses), with only fastpipe's calls
 into the CUDA runtime replaced: ``register`` answers an error code as a locked-memory limit would, and

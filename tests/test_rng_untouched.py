@@ -101,7 +101,7 @@ def test_diagnose_with_the_loader_and_step() -> None:
 
 def test_costs() -> None:
     w = _workload()
-    _untouched(lambda: fastpipe.measure_stage_costs(w, fastpipe.parse_device("sim:1"), steps=2, warmup=1))
+    _untouched(lambda: fastpipe.diagnosis.measure_stage_costs(w, fastpipe.devices.parse_device("sim:1"), steps=2, warmup=1))
 
 
 def test_tune() -> None:

@@ -13,7 +13,6 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-from fastpipe import PipelineError
 from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.stagecost import (
     COLLATE_LABEL,
@@ -27,7 +26,7 @@ from fastpipe.diagnosis.stagecost import (
 )
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.diagnosis.verdict._saturation import explain_saturation
-from fastpipe.errors import ConfigError
+from fastpipe.errors import ConfigError, PipelineError
 from tests.fakes import Fast, NoTransformDataset, PlantedDataset, Raise, Slow
 
 # Input-bound by construction: a sample costs 30 + 2 + 15 = 47 ms, so a batch of 4 takes a worker

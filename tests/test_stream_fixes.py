@@ -11,7 +11,7 @@ import random
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-import fastpipe
+import fastpipe.stages
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._serve import probe_point
 from fastpipe.diagnosis.ladder._stream import CachePointIterable, TimedStream
@@ -124,7 +124,7 @@ class ShuffledStages(IterableDataset):
         import webdataset as wds
 
         source = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil")
-        self.stages = fastpipe.Stages(source=source, transforms=[planted, to_tensor])
+        self.stages = fastpipe.stages.Stages(source=source, transforms=[planted, to_tensor])
         self.buffer = buffer
 
     def __iter__(self):
@@ -153,7 +153,7 @@ def test_a_buffered_stream_gets_a_why_not_for_streams(urls, buffer: str) -> None
     assert reason is not None
     assert "Compose" not in reason and "return self.transform" not in reason, reason
     assert "buffer" in reason and "ShuffledStages.__iter__" in reason, reason
-    assert "fastpipe.Stages(source=" in reason, reason
+    assert "fastpipe.stages.Stages(source=" in reason, reason
 
 
 def test_an_unbuffered_stream_that_changes_its_output_keeps_its_own_why_not(urls) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, default_collate
 
-import fastpipe
+import fastpipe.stages
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._serve import probe_point
 from fastpipe.diagnosis.ladder._stream import CachePointIterable, TimedStream, epoch_limit
@@ -137,7 +137,7 @@ class Filtered(IterableDataset):
     """Drops its first sample after the transform (a quality filter), no buffer at all."""
 
     def __init__(self) -> None:
-        self.stages = fastpipe.Stages(source=[torch.full((3,), float(i)) for i in range(20)], transforms=[decode, scale])
+        self.stages = fastpipe.stages.Stages(source=[torch.full((3,), float(i)) for i in range(20)], transforms=[decode, scale])
 
     def __iter__(self):
         for out in self.stages:

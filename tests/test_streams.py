@@ -1,4 +1,4 @@
-"""Streaming datasets get the per-stage ladder: WebDataset chains of real-photo shards, fastpipe.Stages(source=...),
+"""Streaming datasets get the per-stage ladder: WebDataset chains of real-photo shards, fastpipe.stages.Stages(source=...),
 a transform attribute on an IterableDataset; every point replays in each worker, dict samples included."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-import fastpipe
+import fastpipe.stages
 from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._points import measure_points
@@ -49,7 +49,7 @@ class Numbers:
 
 class Declared(IterableDataset):
     def __init__(self, count: int = 64) -> None:
-        self.stages = fastpipe.Stages(source=Numbers(count), transforms=[double, plus_one])
+        self.stages = fastpipe.stages.Stages(source=Numbers(count), transforms=[double, plus_one])
 
     def __iter__(self):
         for sample in self.stages:  # the declared stages' output, as is (a dict here)
@@ -92,7 +92,7 @@ def test_declared_stream_stages_are_found_and_every_point_replays_the_same_items
 
 
 def test_a_transform_attribute_on_a_stream_is_split_and_dict_samples_work() -> None:
-    dataset = WithTransform(fastpipe.Stages(transforms=[double, plus_one]))
+    dataset = WithTransform(fastpipe.stages.Stages(transforms=[double, plus_one]))
     pipeline, why = find_pipeline(dataset)
     assert why is None and pipeline.names() == ["double", "plus_one"]
     truth = values(first(dataset, 2))
@@ -124,7 +124,7 @@ def test_a_stream_that_changes_its_transforms_output_says_why_its_points_are_una
             for item in self.source:
                 yield self.transform(item)["image"].float()
 
-    dataset = Changes(fastpipe.Stages(transforms=[double, plus_one]))
+    dataset = Changes(fastpipe.stages.Stages(transforms=[double, plus_one]))
     pipeline, _ = find_pipeline(dataset)
     reason = probe_point(dataset, pipeline, "after:double").reason
     assert reason is not None and "Changes.__iter__ changes its transform's output" in reason
@@ -132,8 +132,8 @@ def test_a_stream_that_changes_its_transforms_output_says_why_its_points_are_una
 
 def test_a_one_shot_source_is_refused_before_the_diagnosis_uses_up_the_users_items() -> None:
     with pytest.raises(TypeError, match="re-iterable"):
-        fastpipe.Stages(source=(i for i in range(3)), transforms=[lambda x: x])
-    assert fastpipe.Stages(source=range(3), transforms=[lambda x: x]).source == range(3)  # re-iterable: accepted
+        fastpipe.stages.Stages(source=(i for i in range(3)), transforms=[lambda x: x])
+    assert fastpipe.stages.Stages(source=range(3), transforms=[lambda x: x]).source == range(3)  # re-iterable: accepted
 
 
 def test_a_stream_without_stages_says_which_declaration_to_add() -> None:
@@ -142,7 +142,7 @@ def test_a_stream_without_stages_says_which_declaration_to_add() -> None:
             yield from range(3)
 
     pipeline, why = find_pipeline(Opaque())
-    assert pipeline is None and "fastpipe.Stages(source=" in why and "Opaque.__iter__" in why
+    assert pipeline is None and "fastpipe.stages.Stages(source=" in why and "Opaque.__iter__" in why
 
 
 def test_each_worker_replays_its_own_share_and_an_empty_worker_stays_empty() -> None:
@@ -162,11 +162,11 @@ def test_hugging_face_streaming_map_is_not_read_and_the_declaration_works() -> N
     datasets = pytest.importorskip("datasets")
     streamed = datasets.Dataset.from_dict({"image": [[float(i)] * 4 for i in range(8)], "label": list(range(8))}).to_iterable_dataset()
     pipeline, why = find_pipeline(streamed.map(double))
-    assert pipeline is None and "fastpipe.Stages(source=streamed" in why
+    assert pipeline is None and "fastpipe.stages.Stages(source=streamed" in why
 
     class Wrapped(IterableDataset):
         def __init__(self) -> None:
-            self.stages = fastpipe.Stages(source=streamed.with_format("torch"), transforms=[double, plus_one])
+            self.stages = fastpipe.stages.Stages(source=streamed.with_format("torch"), transforms=[double, plus_one])
 
         def __iter__(self):
             return iter(self.stages)
@@ -256,7 +256,7 @@ def test_declared_stream_diagnosis_names_its_slow_stage() -> None:
 
     class Planted(IterableDataset):
         def __init__(self) -> None:
-            self.stages = fastpipe.Stages(source=Numbers(100_000), transforms=[double, slow, plus_one])
+            self.stages = fastpipe.stages.Stages(source=Numbers(100_000), transforms=[double, slow, plus_one])
 
         def __iter__(self):
             return iter(self.stages)
@@ -279,7 +279,7 @@ def wait_10ms(sample: dict) -> dict:
 def test_declared_stream_stage_costs_are_per_stage() -> None:
     class Planted(IterableDataset):
         def __init__(self) -> None:
-            self.stages = fastpipe.Stages(source=Numbers(100_000), transforms=[double, wait_10ms, plus_one])
+            self.stages = fastpipe.stages.Stages(source=Numbers(100_000), transforms=[double, wait_10ms, plus_one])
 
         def __iter__(self):
             for sample in self.stages:

@@ -141,9 +141,9 @@ def test_release_gives_a_held_batch_back_at_once(corpus: Path) -> None:
     iterator = iter(loader)
     batch = next(iterator)
     assert loader.release(batch) and not loader.release(batch), "released once, then no longer held"
-    import fastpipe
+    import fastpipe.loading
 
-    assert fastpipe.release(next(iterator)), "the package-level release reaches thread-loader batches too"
+    assert fastpipe.loading.release(next(iterator)), "the package-level release reaches thread-loader batches too"
     assert not loader.release([torch.zeros(2)]), "not one of its batches"
     assert loader.stats()["released"] == 2
     iterator.close()
@@ -151,7 +151,7 @@ def test_release_gives_a_held_batch_back_at_once(corpus: Path) -> None:
 
 def test_prefetcher_releases_after_the_copy(corpus: Path) -> None:
     """On cpu the batches' values are checked; on sim each buffer goes back at its modelled copy's ready time, and the
-    sim "device" batch aliases host memory (fastpipe.recycled's rule), so only the release is checked there."""
+    sim "device" batch aliases host memory (fastpipe.loading.recycled's rule), so only the release is checked there."""
     from fastpipe.loading import DevicePrefetcher
 
     loader = ThreadLoader(ImageFolder(corpus, size=16), batch_size=4, threads=2, pin_memory=True)

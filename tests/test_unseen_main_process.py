@@ -68,7 +68,7 @@ def test_pinning_is_timed_with_cuda_and_skipped_cleanly_without() -> None:
         assert part.ms_per_step is not None and part.ms_per_step > 0
     else:
         assert part.ms_per_step is None and "no CUDA" in part.skipped
-    assert "fastpipe.recycled" in part.advice(0)
+    assert "fastpipe.loading.recycled" in part.advice(0)
 
 
 def report_with(collate_ms: float) -> Report:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import fastpipe
+import fastpipe.loading
 from fastpipe.monitor import WaitLedger, Watch, band_for, memory_snapshot
 from tests.fakes import PlantedDataset
 from tests.watch_settings import IDS, SETTINGS, TOLERANCE, Setting
@@ -155,11 +155,11 @@ def test_bad_arguments_say_what_to_fix() -> None:
 def test_watches_recycled_batches_unchanged() -> None:
     loader = DataLoader(PlantedDataset(length=8, shape=(3,)), batch_size=2, num_workers=1)
     expected = [b[0].clone() for b in loader]
-    watched = fastpipe.watch(fastpipe.recycled(loader), echo=False, memory=False)
+    watched = fastpipe.watch(fastpipe.loading.recycled(loader), echo=False, memory=False)
     got = []
     for images, _ in watched:
         got.append(images.clone())
-        fastpipe.release((images, _))
+        fastpipe.loading.release((images, _))
     assert all(torch.equal(a, b) for a, b in zip(expected, got)) and len(got) == len(expected)
     assert watched.summary()["steps"] == 4
 

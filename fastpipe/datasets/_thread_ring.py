@@ -1,8 +1,8 @@
-"""The thread loader's batch memory: a few reused buffers, given back as ``fastpipe.recycled`` gives its slots back.
+"""The thread loader's batch memory: a few reused buffers, given back as ``fastpipe.loading.recycled`` gives its slots back.
 
 Each buffer holds one batch: the uint8 (N, 3, H, W) images and the int64 (N,) labels, in one
 allocation (page-locked when the batch is for CUDA), so that whether anything still holds the
-batch is one count: the storage's use count (``storage_refs``, as ``fastpipe.recycled`` counts it).
+batch is one count: the storage's use count (``storage_refs``, as ``fastpipe.loading.recycled`` counts it).
 A delivered batch goes back to the free list, to be written again:
 
 * with :class:`~fastpipe.loading.DevicePrefetcher` (through ``release(batch, after)``), once its

@@ -17,7 +17,7 @@ are the DataLoader's, and so is the global RNG it consumes per epoch. The boxes 
 the dataset's ``RandomResizedCrop`` and flip settings with torchvision's rule, drawn from a
 generator seeded by the epoch's seed (:mod:`fastpipe.datasets._draws`): the same distribution,
 other boxes than worker processes would draw. Non-JPEG files are decoded by PIL; damaged files
-follow the dataset's ``on_error``. Batch memory is reused as :func:`fastpipe.recycled` reuses it
+follow the dataset's ``on_error``. Batch memory is reused as :func:`fastpipe.loading.recycled` reuses it
 (see :mod:`fastpipe.datasets._thread_ring`).
 
 The fast path applies when the dataset is fastpipe's :class:`~fastpipe.datasets.ImageFolder` (or
@@ -133,7 +133,7 @@ class ThreadLoader:
         self._counters: Counter[str] = Counter()
         self._ring: BufferRing | None = None
         self._epoch: weakref.ReferenceType[ThreadEpoch] | None = None  # weak: dropping the iterator stops its threads
-        register_releaser(self)  # fastpipe.release(batch) and releasing(batch) ask every live loader, recycled ones and this
+        register_releaser(self)  # fastpipe.loading.release(batch) and releasing(batch) ask every live loader, recycled ones and this
 
     # The DataLoader settings, for code (and the diagnosis) that reads them.
     batch_size = property(lambda self: self._indices.batch_size)
@@ -269,7 +269,7 @@ class ThreadLoader:
     def release(self, batch: Any, after: Any = None) -> bool:
         """Give ``batch``'s buffer back to the ring now, after a CUDA event, or at a ``time.perf_counter()`` time.
 
-        As ``fastpipe.release`` for recycled batches: call it once the batch is no longer needed (e.g. with
+        As ``fastpipe.loading.release`` for recycled batches: call it once the batch is no longer needed (e.g. with
         ``after=event`` recorded after your copy). False for a batch that is not one of this loader's held batches.
         """
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch

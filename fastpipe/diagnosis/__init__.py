@@ -11,16 +11,19 @@ from fastpipe.diagnosis._stepcheck import StepCheck, check_step
 from fastpipe.diagnosis.discovery._catalog import TransformFacts, facts_for
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.diagnosis.ladder._measure import Measurement, measure_workload
+from fastpipe.diagnosis.ladder._results import ExperimentResult, Unavailable
 from fastpipe.diagnosis.stagecost import StageCosts, measure_stage_costs
 from fastpipe.diagnosis.unseen._startup import measure_startup
 from fastpipe.diagnosis.unseen._streams import check_stream
 from fastpipe.diagnosis.verdict._advice import Advice, recommend
-from fastpipe.diagnosis.verdict._report import Report
+from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.diagnosis.verdict._saturation import explain_saturation
 
 __all__ = [
     "Advice",
+    "Bottleneck",
     "DiagnoseOptions",
+    "ExperimentResult",
     "MeasureOptions",
     "Measurement",
     "Report",
@@ -28,6 +31,7 @@ __all__ = [
     "StepCheck",
     "TrainState",
     "TransformFacts",
+    "Unavailable",
     "check_step",
     "check_stream",
     "diagnose",

@@ -75,6 +75,7 @@ class _Diagnosis:
         self.remeasured: set[tuple[str, str]] = set()
         self.inverted: list[tuple[str, str]] = []
         r = runner
+        # the settings, and what the run gathers before finish() makes the full report (notes, caveats, an interruption...)
         self.report = Report(
             workload=workload.name,
             device=r.device.spec,
@@ -282,48 +283,89 @@ class _Diagnosis:
     # ----- the report ------------------------------------------------------------------------
     def finish(self, elapsed: float, costs: Any = None, no_costs_reason: str | None = None) -> Report:
         """The report: figures and names by the rules of :mod:`fastpipe.diagnosis.verdict._attribute` (with the in-worker
-        ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis.verdict._caveats`."""
-        report, results = self.report, self.runner.results
-        report.elapsed_s = elapsed
-        report.batch_size = report.batch_size or self.batch_size()  # a custom batch sampler's: from its batches
-        report.unavailable = list(self.plan.unavailable)
-        measured = [p for p in self.plan.points if p in results]
-        report.experiments = [results[p] for p in measured]
+        ``costs`` when they were measured), advice for each named stage, and the caveats of :mod:`fastpipe.diagnosis.verdict._caveats`.
+
+        Each part is computed first (the points measured, the figures, the stage costs, the named stages); the report is
+        made from them and ``self.report`` (the settings and what the run gathered: notes, caveats, an interruption, the
+        loader's own clocks, skipped samples) at once; its named stages are then advised, and the report given the words
+        the rules say about it (the verdict when noise decides, caveats, notes) in one more copy.
+        """
+        results = self.runner.results
+        measured = {
+            "elapsed_s": elapsed,
+            "batch_size": self.report.batch_size or self.batch_size(),  # a custom batch sampler's: from its batches
+            "unavailable": list(self.plan.unavailable),
+            "experiments": [results[p] for p in self.plan.points if p in results],
+        }
         if DEVICE not in results:
-            return report
+            return dataclasses.replace(self.report, **measured)
         attribution = self.attribution(costs)
+        figures = self._figures(measured["experiments"])
+        named = self._named(attribution, figures)
+        report = dataclasses.replace(self.report, **measured, **figures, **self._stage_cost_parts(costs), **named)
+        notes = self._advise_named(report, attribution)
+        return self._with_words(report, attribution, costs, no_costs_reason, notes)
+
+    def _figures(self, experiments: list[ExperimentResult]) -> dict[str, Any]:
+        """The device bound, the baseline step, the gap between them and the verdict it gives; each point's share of the
+        bound is set on its result."""
+        results = self.runner.results
         bound = results[DEVICE].steps_per_s
-        report.device_bound_steps_per_s = bound
-        report.device_step_ms = 1000 / bound
-        for result in report.experiments:
+        for result in experiments:
             result.fraction_of_bound = result.steps_per_s / bound
+        figures: dict[str, Any] = {"device_bound_steps_per_s": bound, "device_step_ms": 1000 / bound}
         baseline = results.get(BASELINE)
-        baseline_s = None
         if baseline is not None:
             baseline_s = 1 / baseline.steps_per_s
-            report.baseline_step_ms = baseline_s * 1000
-            report.gap_fraction = max(0.0, 1 - (1 / bound) / baseline_s)
-            report.verdict = verdict_for(report.gap_fraction, shares_cores=self.runner.device.step_uses_worker_cores)
-        if costs is not None:
-            report.stage_costs = costs.to_dict()
-            report.stage_cost_lines = costs.table_lines()
-            report.ranked_by = (
-                "time per step: each stage's own ladder step, or its share by in-worker cost of a span the ladder cannot split"
+            gap = max(0.0, 1 - (1 / bound) / baseline_s)
+            figures.update(
+                baseline_step_ms=baseline_s * 1000,
+                gap_fraction=gap,
+                verdict=verdict_for(gap, shares_cores=self.runner.device.step_uses_worker_cores),
             )
-        report.components = attribution.components(baseline_s)
-        for component in report.components:
+        return figures
+
+    @staticmethod
+    def _stage_cost_parts(costs: Any) -> dict[str, Any]:
+        """The in-worker stage costs as the report holds them (nothing when they were not measured)."""
+        if costs is None:
+            return {}
+        return {
+            "stage_costs": costs.to_dict(),
+            "stage_cost_lines": costs.table_lines(),
+            "ranked_by": "time per step: each stage's own ladder step, or its share by in-worker cost of a span the ladder cannot split",
+        }
+
+    def _named(self, attribution: Attribution, figures: dict[str, Any]) -> dict[str, Any]:
+        """Every span between measured points (``components``), the ones named as costs (``bottlenecks``, largest first,
+        the small ones marked), the ones whose cost did not hold when remeasured (``unresolved``, each with a caveat)."""
+        baseline = self.runner.results.get(BASELINE)
+        components = attribution.components(None if baseline is None else 1 / baseline.steps_per_s)
+        bottlenecks: list[Bottleneck] = []
+        unresolved: list[Bottleneck] = []
+        caveats = list(self.report.caveats)
+        for component in components:
             if self.calls_per_sample and component.kind == "transform":
                 component.calls_per_sample = self.calls_per_sample
             why_by_cost = attribution.by_cost(component)
             if why_by_cost is not None:
-                report.bottlenecks += attribution.by_cost_parts(component, why_by_cost)
+                bottlenecks += attribution.by_cost_parts(component, why_by_cost)
             elif component.basis == LADDER and component.between in self.unresolved and not attribution.vetoed(component):
-                report.unresolved.append(component)
-                report.caveats.append(f"{component.stage}: {self.unresolved[component.between]}")
+                unresolved.append(component)
+                caveats.append(f"{component.stage}: {self.unresolved[component.between]}")
             elif attribution.named(component):
-                report.bottlenecks.append(component)
-        if attribution.costs and not report.bottlenecks and report.gap_fraction and report.gap_fraction >= 0.05:
-            report.bottlenecks += attribution.unnamed_costs(report.components)  # rule 4: never end with the costs unmentioned
+                bottlenecks.append(component)
+        gap = figures.get("gap_fraction")
+        if attribution.costs and not bottlenecks and gap and gap >= 0.05:
+            bottlenecks += attribution.unnamed_costs(components)  # rule 4: never end with the costs unmentioned
+        bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
+        if figures.get("baseline_step_ms") is not None:
+            mark_small_costs(bottlenecks, figures["baseline_step_ms"] - figures["device_step_ms"])
+        return {"components": components, "bottlenecks": bottlenecks, "unresolved": unresolved, "caveats": caveats}
+
+    def _advise_named(self, report: Report, attribution: Attribution) -> list[str]:
+        """Word the fix for each named and unresolved stage (their ``recommendation`` and ``snippet``); the notes a
+        loader that times its own stages adds when none of its stages is named."""
         advised = report.bottlenecks + report.unresolved
         loader = (
             loader_facts(self.workload, self.runner.device.kind, find_wrapper=any(COPY in b.stage for b in advised)) if advised else None
@@ -337,14 +379,15 @@ class _Diagnosis:
                 attribution.costs,
                 report,
                 attribution.batch_size,
-                free_cores=_free_cores(baseline),
+                free_cores=_free_cores(self.runner.results.get(BASELINE)),
                 loader=loader,
             )
-        self._advise_loader_stages()
-        report.bottlenecks.sort(key=lambda b: b.added_ms, reverse=True)
-        if report.baseline_step_ms is not None and report.device_step_ms is not None:
-            mark_small_costs(report.bottlenecks, report.baseline_step_ms - report.device_step_ms)
-        report.verdict = noise_verdict(attribution, report) or report.verdict  # rule 8: noise never passes for a finding
+        return self._advise_loader_stages(report)
+
+    def _with_words(self, report: Report, attribution: Attribution, costs: Any, no_costs_reason: str | None, notes: list[str]) -> Report:
+        """The report with what the rules say about it: the verdict when noise decides (rule 8: noise never passes for a
+        finding), the caveats and notes of :mod:`fastpipe.diagnosis.verdict._caveats`, and a recycling loader's own
+        statistics."""
         spread = None
         if self.runner.rank_spreads:
             point, widest = max(self.runner.rank_spreads.items(), key=lambda item: item[1].spread)
@@ -363,21 +406,23 @@ class _Diagnosis:
             inverted=self.inverted,
             rank_spread=spread,
         )
-        report.caveats += apply(CAVEATS, facts)
-        report.notes += apply(NOTES, facts)
-        if isinstance(self.runner.baseline_loader, ReportsStats):
-            report.notes += _loader_stat_notes(self.runner.baseline_loader.stats())
-        return report
+        stats = self.runner.baseline_loader.stats() if isinstance(self.runner.baseline_loader, ReportsStats) else None
+        return dataclasses.replace(
+            report,
+            verdict=noise_verdict(attribution, report) or report.verdict,
+            caveats=report.caveats + apply(CAVEATS, facts),
+            notes=report.notes + notes + apply(NOTES, facts) + (_loader_stat_notes(stats) if stats is not None else []),
+        )
 
-    def _advise_loader_stages(self) -> None:
+    def _advise_loader_stages(self, report: Report) -> list[str]:
         """An input-bound loader that times its own stages (the ThreadLoader): name its dominant stage, as the remedy of
-        each named stage of the loader (the host-to-device copy keeps its own), or in a note when none of them is named."""
+        each named stage of the loader (the host-to-device copy keeps its own), or in a note (returned) when none of them
+        is named."""
         from fastpipe.diagnosis.verdict._advice import recommend_loader_stage
 
-        report = self.report
         costs = report.loader_stage_costs
         if costs is None or not self.input_bound():
-            return
+            return []
         loader = self.workload.loader
         baseline = report.experiment(BASELINE)
         saturated = baseline is not None and (baseline.system_cpu_util or 0.0) >= SATURATED_CPU
@@ -390,16 +435,17 @@ class _Diagnosis:
             saturated=saturated,
         )
         if advice is None:
-            return
+            return []
         ours = [b for b in report.bottlenecks + report.unresolved if b.kind != COPY]
         for b in ours:
             b.recommendation, b.snippet = advice.text(), advice.snippet
         if not ours:
-            report.notes.append(f"the input costs time per step and no stage of the loader is named by the ladder: {advice.text()}")
+            return [f"the input costs time per step and no stage of the loader is named by the ladder: {advice.text()}"]
+        return []
 
 
 def _loader_stat_notes(stats: LoaderStats) -> list[str]:
-    """What a loader that reports its own statistics (fastpipe.recycled) did during the baseline point."""
+    """What a loader that reports its own statistics (fastpipe.loading.recycled) did during the baseline point."""
     if "reused" not in stats:
         return []
     line = (
@@ -495,6 +541,61 @@ def diagnose(
 
     The old keywords (``steps=``, ``model=``, ... and a positional device) still work for one release, with a
     :class:`DeprecationWarning` naming the new spelling.
+
+    Example:
+        A toy whose ``Decode`` waits 20 ms a sample, against a simulated 50 ms step (2 workers, batch 8)::
+
+            import time
+
+            import torch
+            import torchvision.transforms as T
+            from torch.utils.data import DataLoader, Dataset
+
+            import fastpipe
+
+            class Decode:
+                def __call__(self, x):
+                    time.sleep(0.02)  # 20 ms a sample: 8 samples over 2 workers = 80 ms a batch
+                    return x.float()
+
+            class Flip:
+                def __call__(self, x):
+                    return x.flip(-1)
+
+            class Toy(Dataset):
+                def __init__(self):
+                    self.transform = T.Compose([Decode(), Flip()])
+
+                def __len__(self):
+                    return 512
+
+                def __getitem__(self, i):
+                    return self.transform(torch.zeros(3, 32, 32, dtype=torch.uint8)), 0
+
+            loader = DataLoader(Toy(), batch_size=8, num_workers=2)
+            options = fastpipe.DiagnoseOptions(budget=5, progress=False, loader_memory=False, startup=False)
+            report = fastpipe.diagnose(loader, lambda batch: None, device="sim:50", options=options)
+            print(report)
+
+        printed, on 2 cores busy with other work (its figures vary from run to run; the first lines shown)::
+
+            fastpipe diagnosis: workload on sim:50 (2 workers, batch 8, at least 10 steps a point after 3 warm-up, precision target
+            3%)
+            ┏━━━━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━┓
+            ┃ cache point    ┃ ms/step ┃ stage added         ┃ its ms ┃ steps/s ┃ of device bound ┃ precision ┃ CPU ┃
+            ┡━━━━━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━┩
+            │ device (bound) │      50 │                     │        │  20.000 │          100.0% │     ±0.0% │  2% │
+            │ host           │      52 │ host-to-device copy │     +2 │  19.230 │           96.1% │     ±1.1% │  1% │
+            │ sample         │      53 │ collate/IPC         │     +1 │  18.757 │           93.8% │     ±1.4% │  4% │
+            │ after Decode   │      54 │ Flip                │    +0* │  18.609 │           93.0% │     ±1.1% │  4% │
+            │ raw            │      94 │ Decode              │   +44* │  10.613 │           53.1% │     ±2.2% │  5% │
+            │ baseline       │      98 │ raw load            │    +0* │  10.251 │           51.3% │     ±2.4% │  4% │
+            └────────────────┴─────────┴─────────────────────┴────────┴─────────┴─────────────────┴───────────┴─────┘
+            Each row's 'stage added' is the stage that runs at this point but not at the row above; 'its ms' is the time it adds per step (* its share, by in-worker cost, of a span the ladder cannot split).
+            Verdict: highly input-bound (the baseline step is 98 ms against the device's 50 ms: 49% of it is input)
+            Stages that cost time per step, largest first (by time per step: each stage's own ladder step, or its share by in-worker cost of a span the ladder cannot split):
+              - Decode [transform]: adds at least 44 ms per step (±4.8), its share by in-worker cost of the span from 'sample' down, 45% of the baseline step (its own ladder step: +40 ms); in the workers it costs 81 ms per step [...]
+              [... its advice; an unresolved collate/IPC, the caveats, notes, stage costs, the main process and memory follow]
     """
     options = as_options(DiagnoseOptions, options)
     workload = _workload_of(loader, step, train_state, device_transform, prefetch_depth)

@@ -679,7 +679,7 @@ class ScriptLadder:
             return (
                 f"fastpipe diagnose: {self.script} ended without iterating a DataLoader, so there was no loop to run the ladder in. "
                 "If it reads batches some other way (a generator, a get_batch function), iterate a DataLoader over a dataset that "
-                "declares its stages, fastpipe.Stages(source=..., transforms=[...]) (see help(fastpipe.Stages)), then run "
+                "declares its stages, fastpipe.stages.Stages(source=..., transforms=[...]) (see help(fastpipe.stages.Stages)), then run "
                 f"fastpipe diagnose -- python {self.script} again"
             )
         counts = ", ".join(f"{s.label}: {s.most} batches" for s in self.seen.values())

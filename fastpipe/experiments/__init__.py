@@ -6,8 +6,9 @@ other. It may import everything below it (``diagnosis``, ``workloads``, ``loadin
 only the CLI and the top-level package import it.
 """
 
-from fastpipe.experiments._compare import Comparison, compare
-from fastpipe.experiments._fix import FixReport, fix
-from fastpipe.experiments._tune import TuneResult, tune
+from fastpipe.experiments._compare import Comparison, VariantResult, compare
+from fastpipe.experiments._fix import FixReport, FixResult, fix
+from fastpipe.experiments._tune import tune
+from fastpipe.experiments._tune_result import Trial, TuneResult
 
-__all__ = ["Comparison", "FixReport", "TuneResult", "compare", "fix", "tune"]
+__all__ = ["Comparison", "FixReport", "FixResult", "Trial", "TuneResult", "VariantResult", "compare", "fix", "tune"]

@@ -56,11 +56,19 @@ TOY_LADDER: list[tuple[str, str]] = [
 
 @dataclass
 class VariantResult:
+    """One rung of a :class:`Comparison`: its step time, what it saved against the rung above, and whether that holds
+    beyond noise."""
+
     name: str
+    """The rung's label in the table (``toy:naive``, ``+ crop-first raw loading``...)."""
     spec: str
+    """The SPEC (or factory) the rung was built from."""
     steps_per_s: float
+    """Steps per second, pooled over the rung's rounds."""
     fraction_of_bound: float
+    """``steps_per_s`` as a share of the device bound (1.0: the device never waits)."""
     ms_per_step: float
+    """Mean time per step in milliseconds."""
     saved_ms: float | None
     """Milliseconds per step saved against the rung above (None for the first); negative when slower."""
     throughput_gain: float | None
@@ -72,7 +80,9 @@ class VariantResult:
     noise: float
     """Relative standard error of this rung's mean step time: the precision reached."""
     spread: float
+    """Relative standard deviation of the step times (how much single steps vary, not the mean's precision)."""
     cpu_util: float
+    """The process tree's CPU use over the available cores, 0..1, while the rung ran."""
     memory: RungMemory | None = None
     """What the rung's loader held, from a short pass after the timing rounds (None: not measured)."""
 
@@ -111,22 +121,36 @@ class RungMemory:
 
 @dataclass
 class Comparison:
+    """What :func:`fastpipe.compare` found: pipeline variants (rungs) measured side by side in interleaved rounds, each
+    against the one above it and the device bound.
+
+    ``print(comparison)`` prints the table; ``to_json()`` writes ``fastpipe.compare/1`` JSON; ``plot(path)`` draws it."""
+
     device: str
+    """The device the rungs ran on, as a spec (``cuda:0``, ``sim:290``)."""
     device_bound_steps_per_s: float
+    """Steps per second with every batch already on the device: the bound each rung is held against."""
     steps: int
+    """The fewest measured steps per rung and round."""
     warmup: int
+    """Untimed steps before each rung's measurement."""
     variants: list[VariantResult] = field(default_factory=list)
+    """The rungs in the order given, each against the one above."""
     flags: list[str] = field(default_factory=list)
+    """What weakens a verdict: a saving within noise or drift, a busy machine, a rung short of the precision target."""
     precision_target: float = 0.03
+    """The relative standard error each rung was measured to, unless its budget ran out first."""
 
     @property
     def device_step_ms(self) -> float:
         return 1000.0 / self.device_bound_steps_per_s
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as plain data: ``schema`` and every field, each rung's own fields included."""
         return {"schema": SCHEMA, **asdict(self)}
 
     def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text (what ``fastpipe compare --json`` writes)."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def _rows(self) -> list[tuple[str, ...]]:
@@ -168,6 +192,7 @@ class Comparison:
         )
 
     def to_markdown(self) -> str:
+        """The table and its flags as Markdown, for a pull request or an issue."""
         out = [f"### {self._title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 2) + "---|"]
         out += ["| " + " | ".join(row) + " |" for row in self._rows()]
         out += [""] + [f"Flag: {flag}  " for flag in self.flags]
@@ -178,6 +203,7 @@ class Comparison:
         return "\n".join(out) + "\n"
 
     def to_table(self) -> str:
+        """The console rendering: the table of rungs, then the flags (what ``fastpipe compare`` prints)."""
         columns = [(header, "left" if header in ("variant", "verdict") else "right") for header in self.HEADERS]
         lines = [f"Flag: {flag}" for flag in self.flags]
         if not self.flags and len(self.variants) > 1:
@@ -194,6 +220,7 @@ class Comparison:
         return text
 
     def __str__(self) -> str:
+        """``print(comparison)`` prints :meth:`to_table`."""
         return self.to_table()
 
     def colors(self) -> list[str]:

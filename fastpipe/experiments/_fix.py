@@ -55,16 +55,26 @@ class FixResult:
     """One candidate's outcome; times are milliseconds per step, measured in the same run as the original's."""
 
     name: str
+    """The fix, in words (``ThreadLoader over decode-the-crop``, ``uint8 over the copy``...)."""
     status: str
+    """``"recommended"``, ``"tried, not helping"``, ``"input changed"``, ``"not tried"`` or ``"failed"``."""
     code: str
+    """The change to make in the user's code to apply it."""
     addresses: list[str]
+    """The stages it takes over or changes (the pipeline's names; ``raw load`` for reading the file)."""
     ms_per_step: float | None = None
+    """Its mean step time, measured in the same run as the original's (None: not measured)."""
     original_ms: float | None = None
+    """The original's mean step time in that run."""
     gain: float | None = None
     """Throughput against the original, minus one (0.77 = 77% more steps per second)."""
     noise_ms: float | None = None
+    """The saving a fix must beat: two standard errors of the difference, or where larger the floor (run-to-run drift,
+    or 5% of the device step)."""
     check: str | None = None
+    """How its input was checked against the original's (labels, shapes and dtypes, pixels, crop boxes), and the outcome."""
     why: str | None = None
+    """Why it was not tried or failed."""
 
     def line(self) -> str:
         if self.status == RECOMMENDED:
@@ -91,15 +101,29 @@ class FixResult:
 
 @dataclass
 class FixReport:
+    """What :func:`fastpipe.fix` found: each fix that applies to the pipeline, its input checked against the original's,
+    measured against the original in one run; ``recommended`` lists the ones that shortened the step beyond noise.
+
+    ``print(report)`` prints the table; ``to_json()`` writes ``fastpipe.fix/1`` JSON."""
+
     workload: str
+    """The workload's name."""
     device: str
+    """The device the candidates ran on, as a spec."""
     device_step_ms: float | None
+    """The device step alone, in ms (None: not measured)."""
     original_ms: float | None
+    """The original pipeline's mean step time, measured with the candidates (None: not measured)."""
     original_noise: float | None
+    """The relative standard error of ``original_ms``."""
     results: list[FixResult] = field(default_factory=list)
+    """Each candidate's outcome: the recommended ones first, each group by gain, largest first."""
     flags: list[str] = field(default_factory=list)
+    """What weakens the result: a named stage no measured fix addresses, a busy machine..."""
     named_stages: list[str] | None = None
+    """The stages the diagnosis named, which the fixes should address (None: no diagnosis ran first)."""
     elapsed_s: float = 0.0
+    """Wall time of the whole run, in seconds."""
     notes: list[str] = field(default_factory=list)
     """The workload's notes (e.g. which wrapper was unwrapped and what of it runs on the device)."""
 
@@ -108,9 +132,11 @@ class FixReport:
         return [r for r in self.results if r.status == RECOMMENDED]
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data: ``schema`` and every field, each candidate's own fields included."""
         return {"schema": SCHEMA, **asdict(self)}
 
     def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text (what ``fastpipe fix --json`` writes)."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def _title(self) -> str:
@@ -131,6 +157,7 @@ class FixReport:
         return out + [f"Flag: {flag}" for flag in self.flags] + [f"Note: {note}" for note in self.notes]
 
     def to_table(self) -> str:
+        """The console rendering: one row per candidate, then each recommended fix's code, the flags and notes."""
         rows = [
             (
                 r.name,
@@ -145,11 +172,13 @@ class FixReport:
         return render_table(self._title(), columns, rows, self.lines())
 
     def to_markdown(self) -> str:
+        """The title and one bullet per candidate (with the code of each recommended one) as Markdown."""
         out = [f"### {self._title()}", ""]
         out += [f"- {line}" if not line.startswith("    ") else f"  `{line.strip()[7:]}`" for line in self.lines()]
         return "\n".join(out) + "\n"
 
     def __str__(self) -> str:
+        """``print(report)`` prints :meth:`to_table`."""
         return self.to_table()
 
 

@@ -13,7 +13,7 @@ object that holds its stages in a ``transforms`` Compose (torchvision's ``Classi
 * both together, and fastpipe's ThreadLoader over the result (batches decoded by native threads, one process);
 * **loader settings**: the ``num_workers`` and ``prefetch_factor`` a short ``tune`` sweep recommends (fix runs it over
   1, 2, 4, ... workers and the usable cores: :func:`sweep_counts`; ``fastpipe tune`` measures every count), and
-  recycled batch memory (:func:`fastpipe.recycled`) for a loader with workers;
+  recycled batch memory (:func:`fastpipe.loading.recycled`) for a loader with workers;
 * **a compiled kernel** for a transform of the user's own (the catalog's ``compile_helps``): advice only, never tried, since
   fastpipe does not write code that claims to be equivalent.
 
@@ -113,7 +113,7 @@ def view_of(workload: Workload) -> tuple[PipelineView | None, str | None]:
     owner = pipeline.owner(dataset)
     if pipeline.kind == "stages":
         if not _is_fastpipe_folder(owner):
-            return None, "its stages are declared (fastpipe.Stages): rewrite them in your own __getitem__"
+            return None, "its stages are declared (fastpipe.stages.Stages): rewrite them in your own __getitem__"
         transform = owner.transform
     elif pipeline.kind == "standard":
         transform = owner.transforms.transform
@@ -424,7 +424,7 @@ def _loader_candidates(workload: Workload, tuned: Candidate | None) -> list[Cand
             Candidate(
                 name,
                 ("collate", "copy"),
-                "loader = fastpipe.recycled(loader)  # workers collate into reused shared-memory buffers",
+                "loader = fastpipe.loading.recycled(loader)  # workers collate into reused shared-memory buffers",
                 workload=_rewritten(workload, name, loader=recycled(rebuild_loader(loader, loader.dataset))),
                 direct=True,
             )

@@ -19,25 +19,33 @@ class Trial:
     """One loader setting and what it did."""
 
     num_workers: int
+    """The ``num_workers`` tried."""
     prefetch_factor: int
+    """The ``prefetch_factor`` tried."""
     status: str
     """``"measured"``, ``"skipped"`` (not run, e.g. it would exhaust /dev/shm) or ``"failed"``."""
     steps_per_s: float | None = None
+    """Steps per second measured (None: not measured)."""
     noise: float | None = None
     """Relative standard error of ``steps_per_s``, over whole rounds of workers."""
     fraction_of_bound: float | None = None
+    """``steps_per_s`` as a share of the device bound."""
     cpu_util: float | None = None
+    """The process tree's CPU use over the available cores, 0..1."""
     system_cpu_util: float | None = None
     """The whole machine's CPU use meanwhile: other users of a shared machine show here."""
     runs: int = 0
     """Measurement runs pooled into this result: a noisy first run is extended (see ``tune(extensions=...)``)."""
     rss_peak_bytes: int | None = None
+    """Peak resident memory of the process tree during the run."""
     shm_peak_bytes: int | None = None
     """Peak rise of ``/dev/shm`` use during the run (other users of the machine show here too)."""
     shm_estimate_bytes: int = 0
+    """The shared memory this setting is predicted to need (batch bytes x workers x prefetch, and one more)."""
     phase: str = "workers"
     """``"workers"`` or ``"prefetch"``: which sweep tried it."""
     message: str = ""
+    """Why it was skipped or failed (a full ``/dev/shm``, the OOM killer...)."""
 
     @property
     def measured(self) -> bool:
@@ -59,23 +67,38 @@ class TuneResult:
     """The sweep, the recommendation and why."""
 
     workload: str
+    """The workload's name."""
     device: str
+    """The device the settings ran on, as a spec."""
     batch_size: int | None
+    """The loader's batch size."""
     cores: int
+    """The usable CPU cores, which bound the worker counts tried."""
     current: tuple[int, int | None]
     """The loader's own (num_workers, prefetch_factor)."""
     bound_steps_per_s: float
+    """Steps per second with every batch already on the device (NaN: interrupted before it was measured)."""
     bound_noise: float
+    """The relative standard error of ``bound_steps_per_s``."""
     batch_bytes: int
+    """One batch's size in bytes, for the shared-memory estimates."""
     shm_budget_bytes: int | None
+    """The shared memory free (or the budget given); a setting predicted to need more is not run."""
     tolerance: float
+    """Differences in time per step below this fraction of the device step count as noise."""
     trials: list[Trial] = field(default_factory=list)
+    """Every setting, in the order tried."""
     recommended: Trial | None = None
+    """The cheapest setting (fewest workers, then fewest queued batches) that reaches the device bound within noise;
+    failing that, the cheapest within noise of the fastest (None: nothing was measured)."""
     reaches_bound: bool = False
+    """Whether the recommended setting runs at the device bound."""
     summary: str = ""
+    """The recommendation and why, in words."""
     stops: list[str] = field(default_factory=list)
     """Why each sweep stopped where it did."""
     warnings: list[str] = field(default_factory=list)
+    """Settings skipped or failed for memory, and other warnings of the sweep."""
     interrupted: bool = False
     """Ctrl-C stopped the sweep: ``trials`` holds the settings measured before it."""
 
@@ -84,6 +107,7 @@ class TuneResult:
         return 1000.0 / self.bound_steps_per_s
 
     def to_dict(self) -> dict[str, Any]:
+        """The sweep as plain data (``fastpipe.tune/1``): every field, each trial's ``step_ms``, the recommendation's figures."""
         data = {"schema": SCHEMA, **dataclasses.asdict(self)}
         data["current"] = {"num_workers": self.current[0], "prefetch_factor": self.current[1]}
         data["recommended"] = (
@@ -103,6 +127,7 @@ class TuneResult:
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text (what ``fastpipe tune --json`` writes)."""
         return json.dumps(self.to_dict(), indent=indent)
 
     HEADERS = (
@@ -164,10 +189,12 @@ class TuneResult:
         return lines
 
     def to_table(self) -> str:
+        """The console rendering: one row per setting tried, then the summary, stops and warnings."""
         columns = [(header, "left" if i in (0, len(self.HEADERS) - 1) else "right") for i, header in enumerate(self.HEADERS)]
         return render_table(self.title(), columns, self.rows(), self.summary_lines(), width=140)
 
     def __str__(self) -> str:
+        """``print(result)`` prints :meth:`to_table`."""
         return self.to_table()
 
 

@@ -107,7 +107,7 @@ def keeps_workers(loader: Any) -> bool:
 def pinned_iter(loader: Any, device: Device) -> Iterator[Any]:
     """``iter(loader)``, with modelled pinning added when the loader wants pinning the machine cannot give.
 
-    A loader that pins its own memory for a device (``fastpipe.recycled``: ring buffers
+    A loader that pins its own memory for a device (``fastpipe.loading.recycled``: ring buffers
     registered on CUDA, marked pinned on sim) is asked for its batches through ``iter_for_device``.
     """
     if isinstance(loader, PinsForDevice):

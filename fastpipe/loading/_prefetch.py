@@ -20,7 +20,7 @@ device-side work. This module closes those gaps:
 
 A loader with persistent workers keeps them across epochs: an epoch's end stops only the
 prefetcher's own pin thread; ``close()`` stops the workers. With a recycled loader
-(:func:`fastpipe.recycled`) each host batch's buffer goes back to its worker as soon as its copy
+(:func:`fastpipe.loading.recycled`) each host batch's buffer goes back to its worker as soon as its copy
 is done: when the copy's event completes on ``cuda``, at the modelled copy's ready time on ``sim``
 (on ``cpu`` the step uses the host batch itself, and the loader releases it once unused).
 

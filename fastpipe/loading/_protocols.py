@@ -1,6 +1,6 @@
 """The hooks a loader may declare so that fastpipe's loops and the diagnosis can use it: declared, never probed.
 
-A plain ``torch.utils.data.DataLoader`` needs none of these. A loader of another class (``fastpipe.recycled``'s
+A plain ``torch.utils.data.DataLoader`` needs none of these. A loader of another class (``fastpipe.loading.recycled``'s
 :class:`RecycledLoader`, the Ray :class:`RayLoader`, a user's own) implements the ones that apply, and the
 diagnosis checks them with ``isinstance`` against these runtime-checkable protocols (as torchtnt declares its
 ``Callback`` hooks and SPDL its ``TaskHook``).

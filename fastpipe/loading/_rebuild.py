@@ -5,7 +5,7 @@ Two callers need it, with one difference between them, chosen by ``share_sampler
 * the diagnosis (cache points, the step check, stage costs) passes ``share_sampler=False``: the
   sampler (or custom batch sampler) and the loader's generator are deep copies, so iterating the
   new loader never moves the user's sampler position, generator or epoch;
-* ``fastpipe.recycled`` passes ``share_sampler=True`` for the loader it iterates in the user's
+* ``fastpipe.loading.recycled`` passes ``share_sampler=True`` for the loader it iterates in the user's
   stead: the user's own sampler and generator drive it, so ``loader.sampler.set_epoch(epoch)``
   (DistributedSampler) and a seeded generator behave exactly as they do on the loader it wraps.
 """
@@ -61,7 +61,7 @@ def rebuild_loader(
         dataset: what the new loader reads.
         share_sampler: False (the diagnosis): the sampler or batch sampler and the generator are
             copies, and iterating the new loader leaves the user's untouched. True
-            (``fastpipe.recycled``): the user's own objects, so ``set_epoch`` and seeding apply to both.
+            (``fastpipe.loading.recycled``): the user's own objects, so ``set_epoch`` and seeding apply to both.
         timeout: replaces the loader's own only when it has none and workers run, as a guard against hangs.
         plain: build a plain DataLoader whatever the loader's class (timm's MultiEpochsDataLoader, whose workers never
             end, is unwrapped this way).

@@ -159,8 +159,8 @@ def no_loader_text(calls: list[LoopCall], period_s: float = PERIOD_S) -> str:
     if first is None:
         lines.append(
             "  None of them hands what it returns to another call of the loop, so fastpipe cannot tell which makes the "
-            "batches: iterate a DataLoader over a dataset that declares its stages, fastpipe.Stages(source=..., "
-            "transforms=[...]) (see help(fastpipe.Stages))"
+            "batches: iterate a DataLoader over a dataset that declares its stages, fastpipe.stages.Stages(source=..., "
+            "transforms=[...]) (see help(fastpipe.stages.Stages))"
         )
         return "\n".join(lines)
     replaced = f"the loop over {first.name}(...) at {first.call_site}" if first.generator else f"{first.name}(...) at {first.call_site}"
@@ -170,7 +170,7 @@ def no_loader_text(calls: list[LoopCall], period_s: float = PERIOD_S) -> str:
         f"{first.name} runs (each a stage it can cache and time):",
         f"      class {_class_name(first.name)}(torch.utils.data.IterableDataset):  # what {first.name} makes, as a stream",
         "          def __init__(self):",
-        f"              self.stages = fastpipe.Stages(source=<the raw items {first.name} reads, re-iterable>, "
+        f"              self.stages = fastpipe.stages.Stages(source=<the raw items {first.name} reads, re-iterable>, "
         f"transforms=[<each step {first.name} runs on one item>])",
         "          def __iter__(self):",
         "              return iter(self.stages)",

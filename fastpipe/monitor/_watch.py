@@ -1,6 +1,6 @@
 """``fastpipe.watch(loader)``: is my accelerator waiting for data? Answered during the real run, in any loop.
 
-The watch wraps the iterable the loop already uses (a DataLoader, ``fastpipe.recycled``, a ``DevicePrefetcher``,
+The watch wraps the iterable the loop already uses (a DataLoader, ``fastpipe.loading.recycled``, a ``DevicePrefetcher``,
 any iterable of batches) and times each ``next()`` with the host clock (:mod:`fastpipe.monitor._ledger` says
 why that is the input-bound share, and why nothing is synchronized). The loop itself is unchanged::
 
@@ -288,7 +288,7 @@ def diagnose_hint(loader: Any, name: str = "loader", device: Any = None) -> str:
 
 
 def _describe(loader: Any) -> str:
-    source = getattr(loader, "source", loader)  # fastpipe.recycled keeps the user's DataLoader as .source
+    source = getattr(loader, "source", loader)  # fastpipe.loading.recycled keeps the user's DataLoader as .source
     settings = [f"{key}={getattr(source, key)}" for key in ("batch_size", "num_workers", "pin_memory") if hasattr(source, key)]
     kind = type(loader).__name__
     return (

@@ -3,7 +3,7 @@ array (written to ``--data-dir`` first, as nanoGPT's prepare.py does), and ``get
 random windows of ``--block-size`` tokens from it on each call; the loop is top-level code, as in nanoGPT.
 ``--slow-ms`` plants a wait in ``get_batch`` (a slow disk, say). ``--generator`` makes the loop iterate a generator
 of batches instead (``for X, Y in batches('train')``). Nothing in it knows fastpipe, except ``--declared``: the loop
-iterates a DataLoader over the declaration fastpipe prints for ``get_batch`` (``fastpipe.Stages(source=...,
+iterates a DataLoader over the declaration fastpipe prints for ``get_batch`` (``fastpipe.stages.Stages(source=...,
 transforms=[...])``: the raw items are the random offsets, the stages read a window and wait ``--slow-ms`` a sample).
 """
 
@@ -74,9 +74,9 @@ class SlowDisk:
 
 class GetBatchStream(torch.utils.data.IterableDataset):  # what get_batch makes, as a stream
     def __init__(self):
-        import fastpipe
+        import fastpipe.stages
 
-        self.stages = fastpipe.Stages(source=Offsets(), transforms=[read_window, SlowDisk()])
+        self.stages = fastpipe.stages.Stages(source=Offsets(), transforms=[read_window, SlowDisk()])
 
     def __iter__(self):
         return iter(self.stages)

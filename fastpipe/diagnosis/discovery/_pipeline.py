@@ -3,9 +3,9 @@
 :func:`find_pipeline` walks from the loader's dataset towards the object that holds the
 transform, and at each level tries, in order:
 
-1. a declared :class:`fastpipe.Stages` attribute (the way to describe a custom ``__getitem__``);
+1. a declared :class:`fastpipe.stages.Stages` attribute (the way to describe a custom ``__getitem__``);
 2. a Hugging Face ``datasets.Dataset`` given ``set_transform`` / ``with_transform`` (its one
-   transform is a stage per leaf: a plain function is one stage, a ``fastpipe.Stages`` of batch
+   transform is a stage per leaf: a plain function is one stage, a ``fastpipe.stages.Stages`` of batch
    functions is split);
 3. ``transform`` (torchvision's ``VisionDataset`` and most datasets), kept in step with its
    ``StandardTransform`` in ``transforms``;
@@ -17,7 +17,7 @@ transform, and at each level tries, in order:
    that holds a Dataset.
 
 A streaming dataset (an ``IterableDataset``) is searched the same way for a transform its ``__iter__`` calls
-on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages` with ``source=``); a WebDataset
+on each item (a ``transform`` attribute, or a :class:`fastpipe.stages.Stages` with ``source=``); a WebDataset
 ``DataPipeline`` is read through its public ``.pipeline`` (each sample filter a stage, see
 :func:`_webdataset_pipeline`); a Hugging Face streaming dataset's ``.map()`` chain is private, so the why-not
 says which declaration to add. :mod:`fastpipe.diagnosis.ladder._stream` replays their points.
@@ -32,9 +32,9 @@ replaced: a ``transform`` exposed through a property is looked through to the da
 owns it, so a replacement never reaches the user's objects. A pipeline that cannot be split
 gets a why-not text that says what was found and the exact declaration that makes it work.
 
-Declaring a custom ``__getitem__`` (see :class:`fastpipe.Stages`)::
+Declaring a custom ``__getitem__`` (see :class:`fastpipe.stages.Stages`)::
 
-    self.stages = fastpipe.Stages(load=self.read, transforms=[RandomResizedCrop(224), ToTensor()])  # __init__
+    self.stages = fastpipe.stages.Stages(load=self.read, transforms=[RandomResizedCrop(224), ToTensor()])  # __init__
     return self.stages(index), self.labels[index]                                                     # __getitem__
 """
 
@@ -60,10 +60,10 @@ _ABSENT = object()
 
 
 def declaration_hint(owner: str) -> str:
-    """The exact change that makes ``owner``'s stages visible: a fastpipe.Stages it holds and calls."""
+    """The exact change that makes ``owner``'s stages visible: a fastpipe.stages.Stages it holds and calls."""
     return (
-        f"hold the stages in a fastpipe.Stages on {owner} and call it where {owner}.__getitem__ ran them:\n"
-        f"    in {owner}.__init__:    self.stages = fastpipe.Stages(load=<index -> raw value, optional>, transforms=[<each step>, ...])\n"
+        f"hold the stages in a fastpipe.stages.Stages on {owner} and call it where {owner}.__getitem__ ran them:\n"
+        f"    in {owner}.__init__:    self.stages = fastpipe.stages.Stages(load=<index -> raw value, optional>, transforms=[<each step>, ...])\n"
         f"    in {owner}.__getitem__: x = self.stages(index)   (with load=; without it: x = self.stages(raw_value))"
     )
 
@@ -85,10 +85,10 @@ class _Miss:
 
 
 def stream_hint(owner: str) -> str:
-    """The exact change that makes a streaming dataset's stages visible: a fastpipe.Stages with a source, iterated."""
+    """The exact change that makes a streaming dataset's stages visible: a fastpipe.stages.Stages with a source, iterated."""
     return (
-        f"hold the stages in a fastpipe.Stages with the item source on {owner} and iterate it in {owner}.__iter__:\n"
-        f"    in {owner}.__init__: self.stages = fastpipe.Stages(source=<iterable of raw items>, transforms=[<each step>, ...])\n"
+        f"hold the stages in a fastpipe.stages.Stages with the item source on {owner} and iterate it in {owner}.__iter__:\n"
+        f"    in {owner}.__init__: self.stages = fastpipe.stages.Stages(source=<iterable of raw items>, transforms=[<each step>, ...])\n"
         f"    in {owner}.__iter__: return iter(self.stages)   (or: for x in self.stages: yield ...)"
     )
 
@@ -105,7 +105,7 @@ def find_pipeline(dataset: Any) -> tuple[TransformPipeline | None, str | None]:
 
 def _stream_pipeline(dataset: IterableDataset) -> tuple[TransformPipeline | None, str | None]:
     """The stages of a streaming dataset: a WebDataset chain's filters, else a transform its ``__iter__`` calls on each
-    item (a ``transform`` attribute, a fastpipe.Stages with ``source=``), found as in a map-style dataset."""
+    item (a ``transform`` attribute, a fastpipe.stages.Stages with ``source=``), found as in a map-style dataset."""
     name = type(dataset).__name__
     chain = _webdataset_pipeline(dataset)
     if chain is not None:
@@ -115,7 +115,7 @@ def _stream_pipeline(dataset: IterableDataset) -> tuple[TransformPipeline | None
         return None, (
             f"a Hugging Face streaming {name}: the functions given to its .map() are kept in private attributes, so "
             "fastpipe does not read them; to split its stages, stream the unmapped dataset through a declaration: "
-            "wrap it in a torch IterableDataset holding `self.stages = fastpipe.Stages(source=streamed, "
+            "wrap it in a torch IterableDataset holding `self.stages = fastpipe.stages.Stages(source=streamed, "
             "transforms=[step1, step2])` with `__iter__` returning `iter(self.stages)`"
         )
     found = _search(dataset, (), (), frozenset())
@@ -224,11 +224,11 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
 
     declared = [(attr, value) for attr, value in _own_items(obj) if isinstance(value, Stages)]
     if len(declared) > 1:
-        return _Miss(obj, route, f"it holds several fastpipe.Stages ({', '.join(a for a, _ in declared)}); keep one per dataset")
+        return _Miss(obj, route, f"it holds several fastpipe.stages.Stages ({', '.join(a for a, _ in declared)}); keep one per dataset")
     if declared:
         attr, value = declared[0]
         return TransformPipeline(
-            path, attr, split_transform(value, open_holder), kind="stages", source=f"{source}.{attr} (fastpipe.Stages)"
+            path, attr, split_transform(value, open_holder), kind="stages", source=f"{source}.{attr} (fastpipe.stages.Stages)"
         )
 
     hf = _hf_dataset_type()
@@ -304,7 +304,7 @@ def _search(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], ancestors: 
         obj,
         route,
         "no stages found: fastpipe looks for `transform`, a torchvision `transforms` (StandardTransform), "
-        "a Hugging Face set_transform, a fastpipe.Stages attribute, and inner datasets in .dataset, .ds, .base, .datasets "
+        "a Hugging Face set_transform, a fastpipe.stages.Stages attribute, and inner datasets in .dataset, .ds, .base, .datasets "
         "or the one attribute holding a Dataset",
         declaration_hint(name),
     )
@@ -321,7 +321,7 @@ def _hf_pipeline(obj: Any, path: tuple[Any, ...], route: tuple[str, ...], source
             "so its transforms (if any) run outside it",
             "give it its transform: `dataset = dataset.with_transform(preprocess)` with `def preprocess(batch): ...` "
             "returning the batch dict; to split preprocess into stages, pass "
-            "`fastpipe.Stages(transforms=[step1, step2])` of batch functions instead",
+            "`fastpipe.stages.Stages(transforms=[step1, step2])` of batch functions instead",
         )
     return TransformPipeline(path, "transform", split_transform(transform, open_holder), kind="hf", source=f"{source}.with_transform")
 

@@ -5,7 +5,7 @@ A stream cannot be re-read by index, so :class:`CachePointIterable` does in ``__
 ``pool`` items of that worker's own share of the stream (the dataset's own sharding decides which), keeps them at the
 point, and from then on replays them, rerunning only the stages after the point. Two shapes of stream:
 
-* a transform the dataset's ``__iter__`` calls on each item (a ``transform`` attribute, or a :class:`fastpipe.Stages`
+* a transform the dataset's ``__iter__`` calls on each item (a ``transform`` attribute, or a :class:`fastpipe.stages.Stages`
   with ``source=``): the transform is replaced on a copy by a recorder, exactly as for a map-style dataset, and each
   item the stream yields is a template the rerun outputs are put back into; the source is not read while replaying;
 * a WebDataset chain (``kind="webdataset"``): the chain is cut after the point's stage, the cut chain's first
@@ -261,7 +261,7 @@ def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream
             "item it yields was made by the transform for an earlier item), so a cached value cannot be put back in its "
             "place and the cache cannot stand in for the stages before the buffer, which reorders and holds samples; only "
             "finished samples are cached (the sample point). To measure each stage, put the buffer before the stages: "
-            "shuffle the raw items in the source, `self.stages = fastpipe.Stages(source=<shuffled raw items>, "
+            "shuffle the raw items in the source, `self.stages = fastpipe.stages.Stages(source=<shuffled raw items>, "
             "transforms=[<each step>, ...])`, and yield each output as it comes (`return iter(self.stages)`); a buffer of "
             "raw (encoded) items also holds less memory than one of decoded samples"
         )
@@ -274,13 +274,13 @@ def _why_unpaired(method: str, item: Any, calls: list[_Call], first: int, stream
             "that drops items after the transform), so a cached value cannot be paired with the item it belongs in and "
             "the cache cannot stand in for the stages before that step; only finished samples are cached (the sample "
             "point). To measure each stage, do the buffering or filtering before the stages, on the raw items: "
-            "`self.stages = fastpipe.Stages(source=<buffered or filtered raw items>, transforms=[<each step>, ...])`, "
+            "`self.stages = fastpipe.stages.Stages(source=<buffered or filtered raw items>, transforms=[<each step>, ...])`, "
             "and yield each output as it comes (`return iter(self.stages)`)"
         )
     return (
         f"{method} changes its transform's output before yielding it (e.g. `yield self.transform(x).float(), y`), so a "
         "cached value cannot be put back in its place; to get this point, make that last step the transform's final "
-        "stage (for a fastpipe.Stages(source=...), the last of its transforms=[...])"
+        "stage (for a fastpipe.stages.Stages(source=...), the last of its transforms=[...])"
     )
 
 

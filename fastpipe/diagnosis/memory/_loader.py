@@ -485,9 +485,9 @@ def measure_loader_memory(
     """Measure the memory a rebuilt copy of ``loader`` takes as it reads ``samples`` samples (see the module docstring).
 
     Args:
-        loader: the user's DataLoader (or a ``fastpipe.recycled`` one); never iterated itself.
+        loader: the user's DataLoader (or a ``fastpipe.loading.recycled`` one); never iterated itself.
         samples: samples to read (default :data:`DEFAULT_SAMPLES`, at least the batches in flight plus two).
-        device: a fastpipe Device, for a ``fastpipe.recycled`` loader's ring to be pinned for it.
+        device: a fastpipe Device, for a ``fastpipe.loading.recycled`` loader's ring to be pinned for it.
         interval_s: the sampling period.
         stall_max_s: the longest stall after the first batch (it ends sooner, once the workers stop reading).
         check: run :func:`~fastpipe.diagnosis.memory._shm_budget.check_shm_budget` first (on one batch read here, before any

@@ -243,7 +243,7 @@ def pinned_host_bytes() -> int | None:
     Two sources, because neither sees the other: the caching host allocator's statistics count every
     ``pin_memory()`` copy (a DataLoader's pin thread, a prefetcher pinning pageable batches), cached blocks
     included (it keeps them for reuse, so this is what the process holds, not what one batch needs);
-    ``cudaHostRegister`` on memory fastpipe.recycled mapped itself is counted by fastpipe
+    ``cudaHostRegister`` on memory fastpipe.loading.recycled mapped itself is counted by fastpipe
     (:func:`fastpipe.loading.recycle._hostpin.registered_bytes`). None without CUDA, or when neither
     source answers.
     """

@@ -9,7 +9,7 @@ the one the pin thread is copying)::
     shm peak    = batch bytes x (num_workers x prefetch_factor + 1)
     pinned peak = batch bytes x (num_workers x prefetch_factor + 1)      only with the pin path active
 
-``fastpipe.recycled`` replaces the fresh segments with a ring of ``slots`` buffers per worker, each
+``fastpipe.loading.recycled`` replaces the fresh segments with a ring of ``slots`` buffers per worker, each
 sized from the first batch (``num_workers x slots x batch bytes``), pinned in place: no pinned copies.
 
 Shared memory is a tmpfs: it fails with "Bus error" when the filesystem is full (64 MB by default in a
@@ -127,7 +127,7 @@ class ShmPrediction:
     prefetch_factor: int
     pin: bool
     ring_slots: int | None
-    """``fastpipe.recycled``'s buffers per worker; None for a stock loader."""
+    """``fastpipe.loading.recycled``'s buffers per worker; None for a stock loader."""
     batches: int
     """Batches in shared memory at the peak."""
     shm_bytes: int
@@ -148,7 +148,7 @@ class ShmPrediction:
 
 
 def loader_settings(loader: Any) -> tuple[int, int, int | None]:
-    """(num_workers, prefetch_factor, ring slots or None) of a DataLoader or a ``fastpipe.recycled`` loader."""
+    """(num_workers, prefetch_factor, ring slots or None) of a DataLoader or a ``fastpipe.loading.recycled`` loader."""
     source = getattr(loader, "source", loader)
     workers = int(getattr(source, "num_workers", 0) or 0)
     prefetch = int(getattr(source, "prefetch_factor", None) or (2 if workers else 0))
@@ -206,7 +206,7 @@ def _fixes(prediction: ShmPrediction, room: int, float32_bytes: int | None) -> l
     if prediction.ring_slots is None and w:
         slots = max(1, p)
         fixes.append(
-            f"recycled memory: fastpipe.recycled(loader, slots={slots}) writes into a fixed ring of {w} x {slots} buffers "
+            f"recycled memory: fastpipe.loading.recycled(loader, slots={slots}) writes into a fixed ring of {w} x {slots} buffers "
             f"({size_text(w * slots * b)}), sized once"
             + (
                 f", and pins it in place instead of copying each batch into pinned memory ({size_text(prediction.pinned_bytes)} "
@@ -229,7 +229,7 @@ def check_shm_budget(
     """A warning when ``loader`` would not fit its shared memory (or its cgroup's memory), with the fixes; None when it fits.
 
     Args:
-        loader: a DataLoader or a ``fastpipe.recycled`` loader (its settings are read, nothing is run).
+        loader: a DataLoader or a ``fastpipe.loading.recycled`` loader (its settings are read, nothing is run).
         batch_bytes: one batch's bytes (every tensor in it).
         float32_bytes: of those, the bytes in float32 tensors (uint8 would take a quarter); None when unknown.
         limits: the machine's limits; read now when None (tests pass their own).

@@ -89,7 +89,7 @@ class MainPart:
             )
         return (
             "pin_memory=True pins every batch in a thread of the training process, which competes with the loop for the "
-            "GIL: fastpipe.recycled(loader) pins each buffer once, or set pin_memory=False and copy with "
+            "GIL: fastpipe.loading.recycled(loader) pins each buffer once, or set pin_memory=False and copy with "
             f"fastpipe.DevicePrefetcher{'' if workers else ' (and num_workers > 0)'}."
         )
 

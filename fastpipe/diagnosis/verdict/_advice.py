@@ -308,7 +308,7 @@ print(images.dtype, tuple(images.shape), f"{images.element_size() * images.nelem
 _RECYCLED_LINES = """\
 import fastpipe
 
-loader = fastpipe.recycled(loader)  # workers collate into a ring of reused shared-memory buffers, no fresh pages per batch
+loader = fastpipe.loading.recycled(loader)  # workers collate into a ring of reused shared-memory buffers, no fresh pages per batch
 """
 
 _TUNE_SNIPPET = """\
@@ -886,7 +886,7 @@ def _collate(transform: object | None, dataset: object | None = None, loader: Lo
         else f"uint8 images (PILToTensor, normalize {_normalize_where(loader)} with fastpipe.transforms.Normalize), smaller dtypes, no padding"
     )
     summary = f"Collate/IPC: every batch is packed by a worker, passed through shared memory and unpacked. Send less: {send}"
-    summary += ", and reuse batch memory with fastpipe.recycled(loader, slots=...)." if recycled else "."
+    summary += ", and reuse batch memory with fastpipe.loading.recycled(loader, slots=...)." if recycled else "."
     if _thread_loader_fits(dataset):
         summary += f" Or {_THREAD_LOADER}."
     caveat = f"your transform ends in {', '.join(floats)}: float32 out, 4x the bytes of uint8" if floats else None
@@ -926,7 +926,7 @@ def _copy(transform: object | None = None, loader: LoaderFacts | None = None) ->
         summary += f" Already in place: {'; '.join(done)}" + (
             "." if todo else ": what is left is the bytes themselves (a lower resolution or smaller dtypes)."
         )
-    summary += " fastpipe.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."
+    summary += " fastpipe.loading.recycled(loader) also pins each batch buffer once, so no pin copy runs per batch."
     return Advice(summary=summary.replace(":  ", ": "), snippet=None if loader.prefetcher else _PREFETCH_SNIPPET)
 
 

@@ -5,61 +5,15 @@ the milliseconds it adds to each step between its two neighbouring cache points.
 (the device step plus every stage's added time is the baseline step); differences of steps/s
 do not, and ranked stages wrongly.
 
-JSON schema (``Report.to_dict()``; ``schema`` is bumped on breaking changes)::
-
-    {
-      "schema": "fastpipe.report/2",
-      "workload": str, "device": str, "num_workers": int, "batch_size": int | null,
-      "steps": int, "warmup": int, "pool": int, "threshold": float, "strategy": "linear" | "bisect",
-      "precision_target": float, "budget_s": float,
-      "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
-      "gap_fraction": float | null,            # 1 - device step / baseline step
-      "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "incomplete"
-                 | "too noisy to decide: <why>; to decide, <what to do>"   # noise, not the pipeline, decided
-                 | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
-      "experiments": [{
-          "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
-          "steps_per_s": float, "fraction_of_bound": float,
-          "ms_per_step": float, "stderr_ms": float,  # mean step time and its standard error
-          "spread": float,                     # relative std of step times
-          "noise": float,                      # relative standard error of the mean step time (the precision achieved)
-          "steps_measured": int,
-          "cpu_util": float,                   # process tree CPU / available cores, 0..1
-          "system_cpu_util": float, "pool_spread": float | null, "step_times": [float],
-          "copy_ms_per_sample": float,          # the cache's own copy, timed in the workers (0 when skipped)
-          "stage_added": str | null             # the stage that runs here but not at the point above (its time: components)
-      }],
-      "unavailable": [{"cache_point": str, "reason": str}],
-      "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
-      "components": [StageTime],               # every span between neighbouring points, named or not, in order
-      "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
-      "ranked_by": str,                        # what orders "bottlenecks"
-      "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
-      "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
-      "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
-                                               # timed steps: fastpipe.diagnosis.ladder._loader_stages.LoaderStageCosts.to_dict()
-      "memory": null | {...},                  # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
-      "startup": null | {...},                 # time to the first batch, split: fastpipe.diagnosis.unseen._startup
-      "main_process": null | {...},            # the loader's work in the training process: ...unseen._main_process
-      "streams": null | {...}                  # duplicate and uneven streams: ...unseen._streams.StreamCheck.to_dict()
-    }
-
-    StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
-                 "share_of_baseline": float, "at_least": bool,   # part may hide under the device step
-                 "between": [str, str], "cpu_saturated": bool, "recommendation": str,
-                 "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null,
-                 "basis": "ladder" | "saturated split" | "in-worker cost",   # where added_ms comes from
-                 "ladder_ms": float | null, "span": [str, str] | null,      # its own ladder step; the split span
-                 "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
-                 "why": str | null,                                         # why the ladder could not decide it
-                 "minor": bool}                        # under a tenth of the input time: a small cost, not a culprit
+The JSON schema is in :meth:`Report.to_dict`'s docstring (``schema`` is bumped on breaking changes).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from fastpipe._render import COLORS, pyplot, render_table
@@ -77,10 +31,19 @@ SCHEMA = "fastpipe.report/2"
 
 @dataclass
 class Bottleneck:
-    """The time one stage (or a span of stages between two measured points) adds to each step."""
+    """The time one stage (or a span of stages between two measured points) adds to each step.
+
+    The report holds three lists of these: ``components`` (every span between neighbouring measured points, in ladder
+    order, named or not), ``bottlenecks`` (the ones named as costs, largest first) and ``unresolved`` (a cost that did
+    not hold when its two points were remeasured back to back). ``added_text`` and the report's lines print them.
+    """
 
     stage: str
+    """The stage's name as the ladder knows it (``"RandomResizedCrop"``, ``"raw load"``, ``"collate/IPC"``,
+    ``"host-to-device copy"``), or several joined by ``" + "`` when no point between them could be measured."""
     kind: str
+    """What the stage is: ``"transform"``, ``"raw load"``, ``"collate/IPC"``, ``"host-to-device copy"``, the script's
+    hand-over, or ``"span"`` for a merge of several kinds."""
     added_ms: float
     """Milliseconds added to each step between its two neighbouring points, the cache's own copies discounted."""
     noise_ms: float
@@ -88,14 +51,19 @@ class Bottleneck:
     share_of_baseline: float
     """``added_ms`` as a share of the baseline step."""
     between: tuple[str, str]
+    """The two cache points it lies between, the upper (more cached) first, e.g. ``("after:Normalize", "after:ToTensor")``."""
     cpu_saturated: bool
+    """The lower point ran with the CPU saturated (at least 90% of the usable cores busy)."""
     recommendation: str = ""
+    """The fix advised for this stage, in words (empty for a span that is not named)."""
     at_least: bool = False
     """The upper point ran at the device bound, so part of this stage may hide under the device step."""
     snippet: str | None = None
+    """Runnable code for the recommended fix, when one fits the stage (printed under the report as "Fix for ...")."""
     in_worker_ms: float | None = None
     """The stage's in-worker cost x batch / workers, in ms per step, when stage costs were measured."""
     calls_per_sample: float | None = None
+    """How many times the dataset runs this transform per sample (two views: 2), when more than once."""
     basis: str = "ladder"
     """Where ``added_ms`` comes from: ``"ladder"`` (its own ladder step), ``"saturated split"`` (its share, by
     in-worker cost, of a span's ladder total), ``"in-worker cost"`` (the ladder could not decide; see ``why``) or
@@ -116,37 +84,82 @@ class Bottleneck:
 
     @property
     def added_text(self) -> str:
+        """``added_ms`` as the report words it: ``"12 ms per step"``, or ``"at least 12 ms per step"``."""
         return f"{'at least ' if self.at_least else ''}{ms_text(self.added_ms)} ms per step"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``StageTime`` of the JSON schema: every field, the point pairs as lists."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["between"] = list(self.between)
+        data["span"] = None if self.span is None else list(self.span)
+        return data
 
 
 @dataclass
 class Report:
+    """What :func:`fastpipe.diagnose` found: each cache point's step time, the stages that cost time per step with a fix
+    for each, the verdict, and what the ladder cannot see (memory, start-up, the main process's share, streams).
+
+    Read it as the console does (``print(report)``), or as data: ``report.bottlenecks`` lists the named stages largest
+    first, ``report.verdict`` says whether the loop waits for its input, and ``to_json()`` writes it all as JSON
+    (its schema is in :meth:`to_dict`).
+    Times are milliseconds per step; a field is None where its part was not measured.
+    """
+
     workload: str
+    """The workload's name (a SPEC such as ``toy:naive``, a factory's, or ``name=``)."""
     device: str
+    """The device the steps ran on, as a spec: ``cuda:0``, ``cpu``, ``sim:290``."""
     num_workers: int
+    """The loader's worker processes (0: it loads in the training process)."""
     batch_size: int | None
+    """Samples per batch: the loader's, or the batches its custom sampler delivered (None when neither tells)."""
     steps: int
+    """The fewest measured steps per point (after rounding up to whole rounds of workers)."""
     warmup: int
+    """Untimed steps before each point's measurement."""
     pool: int
+    """Samples (or batches) each cache point kept per worker and cycled through."""
     threshold: float
+    """The smallest added time that counts, as a fraction of the device step."""
     strategy: str
+    """``"linear"`` (every point measured) or ``"bisect"`` (the endpoints, then halves)."""
     precision_target: float = 0.03
+    """The relative standard error each point's mean step time was measured to (unless its budget ran out first)."""
     budget_s: float = 0.0
+    """Seconds of measuring allowed per point."""
     device_bound_steps_per_s: float | None = None
+    """Steps per second with every batch already on the device: the most the pipeline can reach."""
     device_step_ms: float | None = None
+    """The device step alone, in ms (``1000 / device_bound_steps_per_s``)."""
     baseline_step_ms: float | None = None
+    """The user's pipeline as it is, in ms per step (the ``baseline`` point)."""
     gap_fraction: float | None = None
+    """``1 - device step / baseline step``: the share of the baseline step that is input."""
     verdict: str = "incomplete"
+    """``"not input-bound"``, ``"moderately input-bound"``, ``"highly input-bound"``, ``"incomplete"``, ``"too noisy to
+    decide: <why>; to decide, <what to do>"``, or on ``--device cpu`` "the input pipeline competes with the step for the
+    CPU: X% of the step"."""
     experiments: list[ExperimentResult] = field(default_factory=list)
+    """Each measured cache point, most cached (``device``) first, down to ``baseline``."""
     unavailable: list[Unavailable] = field(default_factory=list)
+    """The cache points that could not be built or measured, each with its reason."""
     bottlenecks: list[Bottleneck] = field(default_factory=list)
+    """The stages named as costs, largest ``added_ms`` first (``minor`` ones are small costs, listed apart)."""
     unresolved: list[Bottleneck] = field(default_factory=list)
+    """Costs that did not hold when their two points were remeasured back to back (not named)."""
     components: list[Bottleneck] = field(default_factory=list)
+    """Every span between neighbouring measured points, named or not, in ladder order: they add up to the baseline."""
     caveats: list[str] = field(default_factory=list)
+    """What may make a figure or a name wrong here (a busy machine, a saturated CPU, the noise...)."""
     notes: list[str] = field(default_factory=list)
+    """What the reader should know besides: what was unwrapped or skipped, what the run could not do, settings found."""
     interrupted: bool = False
+    """Ctrl-C (or a failed pass) cut the run short: the report is partial."""
     elapsed_s: float = 0.0
+    """Wall time of the whole diagnosis, in seconds."""
     stage_costs: dict[str, Any] | None = None
+    """Each stage timed inside the workers (``StageCosts.to_dict()``), when that pass ran."""
     ranked_by: str = "the ladder's time"
     """How the named stages are ordered (the in-worker timing joins in when it was measured)."""
     skipped_samples: int | None = None
@@ -166,44 +179,93 @@ class Report:
 
     #: The sections of what the ladder cannot see, in the order the report shows them (each None when not measured).
     UNSEEN = ("startup", "main_process", "streams")
+    #: The fields that are objects with their own ``to_dict`` (their own schema), each None when not measured.
+    SECTIONS = ("memory", "loader_stage_costs", *UNSEEN)
 
     def _unseen(self) -> list[Any]:
         return [section for section in (getattr(self, name) for name in self.UNSEEN) if section is not None]
 
     def experiment(self, cache_point: str) -> ExperimentResult | None:
+        """The measured point named ``cache_point`` (``"device"``, ``"after:ToTensor"``...), or None."""
         return next((e for e in self.experiments if e.cache_point == cache_point), None)
 
     # ----- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        memory, self.memory = self.memory, None  # its own to_dict: asdict would copy every sampled point
-        loader_costs, self.loader_stage_costs = self.loader_stage_costs, None  # its own to_dict: its schema, NaN as null
-        unseen = {name: getattr(self, name) for name in self.UNSEEN}
-        for name in self.UNSEEN:
-            setattr(self, name, None)  # each its own to_dict
-        try:
-            data = asdict(self)
-        finally:
-            self.memory, self.loader_stage_costs = memory, loader_costs
-            for name, section in unseen.items():
-                setattr(self, name, section)
-        data.update({name: None if section is None else section.to_dict() for name, section in unseen.items()})
-        data.pop("stage_cost_lines")
-        data["memory"] = None if memory is None else memory.to_dict()
-        data["loader_stage_costs"] = None if loader_costs is None else loader_costs.to_dict()
-        data = {"schema": SCHEMA, **data}
+        """The report as plain data, in the schema below (``"schema": "fastpipe.report/2"``).
+
+        Each point also carries its ``ms_per_step``, ``stderr_ms`` and the ``stage_added`` between it and the point
+        above; the sections with their own schema (memory, the loader's clocks, start-up, main process, streams) are
+        their own ``to_dict()``; the rendered stage-cost table is left out. The dict shares nothing with the report.
+        ``schema`` is bumped on breaking changes::
+
+            {
+              "schema": "fastpipe.report/2",
+              "workload": str, "device": str, "num_workers": int, "batch_size": int | null,
+              "steps": int, "warmup": int, "pool": int, "threshold": float, "strategy": "linear" | "bisect",
+              "precision_target": float, "budget_s": float,
+              "device_bound_steps_per_s": float | null, "device_step_ms": float | null, "baseline_step_ms": float | null,
+              "gap_fraction": float | null,            # 1 - device step / baseline step
+              "verdict": "not input-bound" | "moderately input-bound" | "highly input-bound" | "incomplete"
+                         | "too noisy to decide: <why>; to decide, <what to do>"   # noise, not the pipeline, decided
+                         | "the input pipeline competes with the step for the CPU: X% of the step" (--device cpu),
+              "experiments": [{
+                  "name": str, "cache_point": "device" | "host" | "sample" | "after:<Stage>" | "raw" | "baseline",
+                  "steps_per_s": float, "fraction_of_bound": float,
+                  "ms_per_step": float, "stderr_ms": float,  # mean step time and its standard error
+                  "spread": float,                     # relative std of step times
+                  "noise": float,                      # relative standard error of the mean step time (the precision achieved)
+                  "steps_measured": int,
+                  "cpu_util": float,                   # process tree CPU / available cores, 0..1
+                  "system_cpu_util": float, "pool_spread": float | null, "step_times": [float],
+                  "copy_ms_per_sample": float,          # the cache's own copy, timed in the workers (0 when skipped)
+                  "stage_added": str | null             # the stage that runs here but not at the point above (its time: components)
+              }],
+              "unavailable": [{"cache_point": str, "reason": str}],
+              "bottlenecks": [StageTime], "unresolved": [StageTime],   # bottlenecks ranked by added_ms
+              "components": [StageTime],               # every span between neighbouring points, named or not, in order
+              "caveats": [str], "notes": [str], "interrupted": bool, "elapsed_s": float,
+              "ranked_by": str,                        # what orders "bottlenecks"
+              "skipped_samples": int | null,           # damaged samples ImageFolder(on_error="skip") replaced during the run
+              "stage_costs": null | {...},             # fastpipe.diagnosis.stagecost.StageCosts.to_dict()
+              "loader_stage_costs": null | {...},      # a loader that times its own stages (ThreadLoader), over the baseline's
+                                                       # timed steps: fastpipe.diagnosis.ladder._loader_stages.LoaderStageCosts.to_dict()
+              "memory": null | {...},                  # fastpipe.diagnosis.memory._section.MemorySection.to_dict()
+              "startup": null | {...},                 # time to the first batch, split: fastpipe.diagnosis.unseen._startup
+              "main_process": null | {...},            # the loader's work in the training process: ...unseen._main_process
+              "streams": null | {...}                  # duplicate and uneven streams: ...unseen._streams.StreamCheck.to_dict()
+            }
+
+            StageTime = {"stage": str, "kind": str, "added_ms": float, "noise_ms": float,
+                         "share_of_baseline": float, "at_least": bool,   # part may hide under the device step
+                         "between": [str, str], "cpu_saturated": bool, "recommendation": str,
+                         "snippet": str | null, "in_worker_ms": float | null, "calls_per_sample": float | null,
+                         "basis": "ladder" | "saturated split" | "in-worker cost",   # where added_ms comes from
+                         "ladder_ms": float | null, "span": [str, str] | null,      # its own ladder step; the split span
+                         "cpu_ratio": float | null, "waits": bool | null,           # in-worker CPU / wall; mostly waiting
+                         "why": str | null,                                         # why the ladder could not decide it
+                         "minor": bool}                        # under a tenth of the input time: a small cost, not a culprit
+        """
         added = self._added_by_point()
-        for experiment, result in zip(data["experiments"], self.experiments):
-            experiment["ms_per_step"], experiment["stderr_ms"] = result.ms_per_step, result.stderr_ms
-            stage = added.get(result.cache_point)
-            experiment["stage_added"] = stage[0] if stage else None
-        for key in ("bottlenecks", "unresolved", "components"):
-            for item in data[key]:
-                item["between"] = list(item["between"])
-                if item["span"] is not None:
-                    item["span"] = list(item["span"])
+        data: dict[str, Any] = {"schema": SCHEMA}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "stage_cost_lines":
+                continue  # text, rendered from stage_costs
+            if f.name == "experiments":
+                value = [_experiment_dict(e, added.get(e.cache_point)) for e in value]
+            elif f.name == "unavailable":
+                value = [asdict(u) for u in value]
+            elif f.name in ("bottlenecks", "unresolved", "components"):
+                value = [b.to_dict() for b in value]
+            elif f.name in self.SECTIONS:
+                value = None if value is None else value.to_dict()
+            else:
+                value = copy.deepcopy(value)  # lists of text, the stage costs' dict, numbers
+            data[f.name] = value
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text (NaN written as null), what ``fastpipe diagnose --json`` writes."""
         return json.dumps(self.to_dict(), indent=indent, default=_json_default)
 
     # ----- text -------------------------------------------------------------------------
@@ -317,12 +379,15 @@ class Report:
     STAGE_COSTS_TITLE = "Stage costs inside the workers (timed in one more pass, to check the ladder):"
 
     def title(self) -> str:
+        """The report's first line: the workload, the device, the loader's workers and batch, the measuring settings."""
         return (
             f"fastpipe diagnosis: {self.workload} on {self.device} ({self.num_workers} workers, batch {self.batch_size}, "
             f"at least {self.steps} steps a point after {self.warmup} warm-up, precision target {self.precision_target:.0%})"
         )
 
     def to_markdown(self) -> str:
+        """The report as Markdown (what ``--markdown`` writes): the title, the table of points, its summary lines, each
+        fix's snippet, the stage costs and the sections; for a pull request, an issue or a notebook."""
         out = [f"### {self.title()}", "", "| " + " | ".join(self.HEADERS) + " |", "|---|" + "---:|" * (len(self.HEADERS) - 1)]
         out += [f"| {' | '.join(row)} |" for row in self._rows()]
         out += ["", self.ROWS_NOTE] + [f"{line}  " if not line.startswith("  -") else f"- {line[4:]}" for line in self._summary_lines()]
@@ -340,7 +405,8 @@ class Report:
         return "\n".join(out) + "\n"
 
     def to_table(self) -> str:
-        """The console rendering (rich), as plain text."""
+        """The console rendering (rich), as plain text: the table of points, then the verdict, the named stages with
+        their fixes, caveats, notes and the sections (what ``fastpipe diagnose`` prints)."""
         columns = [(h, "left" if h in ("cache point", "stage added") else "right") for h in self.HEADERS]
         lines = [self.ROWS_NOTE, *self._summary_lines()]
         for b in self.bottlenecks:
@@ -356,6 +422,7 @@ class Report:
         return text if self.memory is None else text + "\n" + self.memory.to_text(_point_label)
 
     def __str__(self) -> str:
+        """``print(report)`` prints :meth:`to_table`."""
         return self.to_table()
 
     # ----- picture ----------------------------------------------------------------------
@@ -448,6 +515,12 @@ def _point_label(point: str) -> str:
     from fastpipe.diagnosis.ladder._cachepoint import CachePoint
 
     return CachePoint(point).label
+
+
+def _experiment_dict(result: ExperimentResult, added: tuple[str, str] | None) -> dict[str, Any]:
+    """One point of ``experiments`` in the JSON: its fields, its mean step time and standard error in ms, and the stage
+    that runs at this point but not at the one above (``added``: that stage and its time, from ``_added_by_point``)."""
+    return {**asdict(result), "ms_per_step": result.ms_per_step, "stderr_ms": result.stderr_ms, "stage_added": added[0] if added else None}
 
 
 def _json_default(value: Any) -> Any:

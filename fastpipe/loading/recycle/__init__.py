@@ -14,7 +14,7 @@ more than the loader's ``prefetch_factor x num_workers`` batches in flight) and 
 which become yours. Buffers are shared through file descriptors already unlinked from
 ``/dev/shm``, so a crashed worker or Ctrl-C leaves nothing behind.
 
-    loader = fastpipe.recycled(DataLoader(dataset, batch_size=256, num_workers=4, pin_memory=True))
+    loader = fastpipe.loading.recycled(DataLoader(dataset, batch_size=256, num_workers=4, pin_memory=True))
     for images, labels in DevicePrefetcher(loader, "cuda"):   # slots go back when each copy is done
         ...
 
@@ -44,7 +44,7 @@ __all__ = [
 
 
 def register_releaser(loader: Any) -> None:
-    """Make ``fastpipe.release(batch)`` and ``releasing(batch)`` ask ``loader.release(batch, after)`` too (held weakly).
+    """Make ``fastpipe.loading.release(batch)`` and ``releasing(batch)`` ask ``loader.release(batch, after)`` too (held weakly).
 
     For loaders outside this package that lend reused buffers (``fastpipe.datasets.ThreadLoader``).
     """

@@ -186,7 +186,7 @@ class HostPinner:
             return True
         self.failed = f"cudaHostRegister returned error {code}"
         warnings.warn(
-            f"fastpipe.recycled: could not register the ring's buffers as pinned memory ({self.failed}); "
+            f"fastpipe.loading.recycled: could not register the ring's buffers as pinned memory ({self.failed}); "
             "falling back to copying each batch into pinned memory, as DataLoader(pin_memory=True) does. "
             "Raise the locked-memory limit (ulimit -l) to avoid the copy.",
             RuntimeWarning,

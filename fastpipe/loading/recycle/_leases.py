@@ -1,6 +1,6 @@
 """When a lent batch's memory may be written again: one book for every ring that lends batches to the loop.
 
-``fastpipe.recycled``'s shared-memory slots and the ThreadLoader's batch buffers both lend a batch's memory to the
+``fastpipe.loading.recycled``'s shared-memory slots and the ThreadLoader's batch buffers both lend a batch's memory to the
 training loop and take it back:
 
 * at once, after a CUDA event, or at a ``time.perf_counter()`` time (:meth:`LeaseBook.release`, the prefetcher's

@@ -79,7 +79,7 @@ class _Lease:
 class RecycledLoader:
     """A DataLoader whose workers collate into a ring of reused shared-memory buffers.
 
-    Build it with :func:`fastpipe.recycled`. It iterates like the loader it wraps (same batches,
+    Build it with :func:`fastpipe.loading.recycled`. It iterates like the loader it wraps (same batches,
     same structure, same order) and exposes the same settings (``dataset``, ``num_workers``,
     ``batch_size``, ``pin_memory``, ...), so ``fastpipe diagnose`` accepts it.
     """
@@ -88,10 +88,10 @@ class RecycledLoader:
         self, loader: DataLoader, slots: int | None = None, *, poison: int | None = None, registrar: hostpin.Registrar | None = None
     ) -> None:
         if not isinstance(loader, DataLoader):
-            raise ConfigError(f"fastpipe.recycled wraps a torch.utils.data.DataLoader, not a {type(loader).__name__}")
+            raise ConfigError(f"fastpipe.loading.recycled wraps a torch.utils.data.DataLoader, not a {type(loader).__name__}")
         if loader.batch_size is None and loader.batch_sampler is None:
             raise ConfigError(
-                "fastpipe.recycled needs a batching DataLoader (batch_size or batch_sampler set); this one yields single samples"
+                "fastpipe.loading.recycled needs a batching DataLoader (batch_size or batch_sampler set); this one yields single samples"
             )
         slots = default_slots(loader) if slots is None else slots
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
@@ -243,7 +243,7 @@ class RecycledLoader:
                 mapped = maps.get(key)  # type: ignore[assignment]
                 if mapped is None or mapped.generation != message.generation:
                     raise RuntimeError(
-                        f"fastpipe.recycled: worker {message.worker} reused slot {message.slot} (generation {message.generation}) "
+                        f"fastpipe.loading.recycled: worker {message.worker} reused slot {message.slot} (generation {message.generation}) "
                         "that this process never mapped; please report this bug"
                     )
             message.buffer = None

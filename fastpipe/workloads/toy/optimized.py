@@ -15,7 +15,7 @@ Each variant adds one fix to the one before, so ``fastpipe compare`` can show wh
 ``toy:crop-first``        ``toy:optimized`` without the prefetcher: the compare ladder adds the
                           prefetcher last, where the copy is what remains of the gap
 ``toy:recycled``          ``toy:optimized`` + recycled batch memory: workers collate into a ring
-                          of reused shared-memory buffers (``fastpipe.recycled``), pinned once
+                          of reused shared-memory buffers (``fastpipe.loading.recycled``), pinned once
 ========================  =====================================================================
 
 All take the same options as ``toy:naive`` (batch size, workers, sizes, model), plus
@@ -61,7 +61,7 @@ class Optimizations:
     crop_first: bool = False
     """Only the crop region is generated (implies ``fast_raw``'s array output)."""
     recycled: bool = False
-    """The loader is wrapped by ``fastpipe.recycled``: batches are collated into reused buffers."""
+    """The loader is wrapped by ``fastpipe.loading.recycled``: batches are collated into reused buffers."""
 
 
 FAST_TRANSFORMS = Optimizations(fast_mask=True)
