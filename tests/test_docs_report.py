@@ -28,6 +28,7 @@ FIRST_CELL = {headers[0]: kind for kind, options in KINDS.items() for headers in
 
 RICH_HEAD = "┃"
 RICH_ROW = "│"
+CUT = "..."  # a page may cut a table's rows (never its columns) with a line of its own
 SEPARATOR = re.compile(r"^\|\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 
 
@@ -51,7 +52,8 @@ def _cells(line: str, bar: str) -> list[str]:
 
 def tables(text: str) -> list[Table]:
     """The Markdown tables (a header row, then ``|---|``) and the rich console tables (``┃`` header rows, a header
-    that wraps joined cell by cell) of a page, code blocks included: a pasted console report is in one."""
+    that wraps joined cell by cell) of a page, code blocks included: a pasted console report is in one. A ``...``
+    line among the rows is a cut, not the table's end."""
     lines = text.split("\n")
     found: list[Table] = []
     i = 0
@@ -60,9 +62,9 @@ def tables(text: str) -> list[Table]:
         if line.startswith("|") and i + 1 < len(lines) and SEPARATOR.match(lines[i + 1].strip()):
             header = tuple(_cells(line, "|"))
             end = i + 2
-            while end < len(lines) and lines[end].strip().startswith("|"):
+            while end < len(lines) and (lines[end].strip().startswith("|") or lines[end].strip() == CUT):
                 end += 1
-            widths = tuple(len(_cells(row, "|")) for row in lines[i + 2 : end])
+            widths = tuple(len(_cells(row, "|")) for row in lines[i + 2 : end] if row.strip() != CUT)
             found.append(Table(i + 1, header, widths))
             i = end
             continue
@@ -73,7 +75,7 @@ def tables(text: str) -> list[Table]:
                 i += 1
             header = tuple(" ".join(p[k] for p in parts if k < len(p) and p[k]).strip() for k in range(len(parts[0])))
             widths = []
-            while i < len(lines) and lines[i].strip()[:1] in (RICH_ROW, "├", "┡", "└", "╇"):
+            while i < len(lines) and (lines[i].strip()[:1] in (RICH_ROW, "├", "┡", "└", "╇") or lines[i].strip() == CUT):
                 if lines[i].strip().startswith(RICH_ROW):
                     widths.append(len(_cells(lines[i], RICH_ROW)))
                 i += 1
@@ -122,6 +124,8 @@ def test_a_drifted_header_and_a_short_row_are_caught() -> None:
     assert drifted(old, "page") == [f"page:1: a report table headed '{old.splitlines()[0][2:-2]}'; the code prints '{report}'"]
     short = f"| {report} |\n|---|---|\n| device (bound) | 40 |\n"
     assert drifted(short, "page") == [f"page:1: row 1 of a report table has 2 cells, its header {len(fastpipe.Report.HEADERS)}"]
+    cut = f"| {report} |\n|---|---|\n| device (bound) | 40 |  |  | 25.000 | 100.0% | ±0.0% | 2% |\n...\n| baseline | 112 |\n"
+    assert drifted(cut, "page") == [f"page:1: row 2 of a report table has 2 cells, its header {len(fastpipe.Report.HEADERS)}"]
     columns = "| column | what it says |\n|---|---|\n| cache point | what is cached |\n"
     assert drifted(columns, "page") == []  # a table about the columns is not a report's
 
