@@ -30,7 +30,7 @@ source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "README.md"]
 
-myst_enable_extensions = ["colon_fence"]
+myst_enable_extensions = ["colon_fence", "deflist"]  # deflist: the glossary of how-it-works.md
 myst_heading_anchors = 3  # [text](page.md#a-heading) links resolve, and broken ones warn (so fail under -W)
 
 autodoc_member_order = "bysource"
@@ -42,4 +42,6 @@ napoleon_numpy_docstring = False
 
 html_theme = "furo"
 html_title = "fastpipe"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+# wide code: Python and shell lines wrap, console output scrolls with a visible scrollbar (furo's column is 46em)
+html_css_files = ["wide-code.css"]

@@ -71,14 +71,13 @@ def _streams(ns: dict, out: str) -> None:
 
 CHECKS: dict[str, Callable[[dict, str], None]] = {
     "docs/watch.md::Is my GPU waiting? (watch)": _watch,
-    "docs/diagnose.md::In Lightning": _lightning,
-    "docs/diagnose.md::In the Hugging Face Trainer": _hf,
-    "docs/diagnose.md::Streaming datasets": _streaming,
+    "docs/diagnose-lightning.md::Diagnose in Lightning": _lightning,
+    "docs/diagnose-hf.md::Diagnose in the Hugging Face Trainer": _hf,
+    "docs/diagnose-streams.md::Diagnose a stream (WebDataset, IterableDataset)": _streaming,
     "docs/thread-loader.md::ThreadLoader": _thread_loader,
     "docs/thread-loader.md::fastpipe prepare": _prepare,
     "docs/unseen.md::Start-up": _startup,
     "docs/unseen.md::Streams that repeat themselves": _streams,
-    "README.md::Is my GPU waiting?": _watch,
 }
 
 
