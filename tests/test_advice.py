@@ -190,7 +190,19 @@ def test_random_mask_gets_the_compiled_drop_in() -> None:
     advice = recommend("RandomMask", TRANSFORM)
     assert "fastpipe.transforms.RandomMask" in advice.summary and hasattr(RandomMask, "warm_up")
     compile(advice.snippet, "<mask>", "exec")
-    assert recommend("RandomMask", TRANSFORM, transform=T.Compose([RandomMask()])).summary.startswith("RandomMask: a custom")
+    # by the catalog's facts: the toy's naive mask has the drop-in; fastpipe's own is already compiled (more CPU, not
+    # "compile it"); a user's class that only shares the name is their own code
+    from fastpipe.workloads.toy.naive import RandomMask as NaiveMask
+
+    assert "fastpipe.transforms.RandomMask is a compiled drop-in" in recommend("RandomMask", TRANSFORM, transform=[NaiveMask()]).summary
+    ours = recommend("RandomMask", TRANSFORM, transform=T.Compose([RandomMask()])).summary
+    assert ours.startswith("RandomMask: fastpipe's own part") and "Numba" not in ours
+
+    class RandomMask:  # noqa: F811  (the user's own, named like fastpipe's)
+        def __call__(self, image):  # type: ignore[no-untyped-def]
+            return image
+
+    assert recommend("RandomMask", TRANSFORM, transform=[RandomMask()]).summary.startswith("RandomMask: a custom")
 
 
 def test_collate_snippet_runs_and_names_float_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,7 +285,7 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
 
     import numpy as np
 
-    from fastpipe.diagnosis.verdict._advice import HEADER_PROBE_BYTES, _progressive
+    from fastpipe.diagnosis.verdict._advice._probes import HEADER_PROBE_BYTES, progressive
 
     pixels = np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "p.jpg", progressive=True)
@@ -293,7 +305,7 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
             (str(tmp_path / "x.png"), 0),
             (str(tmp_path / "late.jpg"), 0),
         ]
-        assert _progressive(SimpleNamespace(samples=samples)) == (1, 2)
+        assert progressive(SimpleNamespace(samples=samples)) == (1, 2)
         os.fstat(read)  # still open: raises OSError if the probe closed it
     finally:
         os.close(read)
