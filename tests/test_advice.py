@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fastpipe.diagnosis.verdict._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
+from fastpipe.diagnosis.verdict._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend, ships_uint8
 
 IMAGENET = T.Compose(
     [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
@@ -324,3 +325,68 @@ def test_the_toys_raw_load_generates_images_so_no_decode_drop_in_is_advised() ->
         advice = recommend(stage, kind, transform=stages, dataset=dataset)
         assert "FakeDataset generates each raw image" in advice.summary and "FastFakeDataset(crop_size=" in advice.summary
         assert "do not apply" in advice.summary and "ImageFolder(root" not in advice.summary and advice.snippet is None
+
+
+# ----- what a stage is comes from the catalog's facts, never from its class name (issue 40, item 4) ------------------
+class ToTensor:
+    """The user's own ToTensor, named like torchvision's: a Python conversion fastpipe knows nothing about."""
+
+    def __call__(self, image):  # type: ignore[no-untyped-def]
+        return torch.as_tensor(np.array(image)).permute(2, 0, 1).float() / 255
+
+
+class Shrink(T.RandomResizedCrop):
+    """torchvision's RandomResizedCrop under the user's own name (a subclass that only sets its size)."""
+
+    def __init__(self) -> None:
+        super().__init__(224)
+
+
+class ToFloat(T.ToTensor):
+    """torchvision's ToTensor, renamed."""
+
+
+def test_a_user_class_named_like_a_library_transform_is_advised_as_user_code() -> None:
+    """A ``class ToTensor`` of the user's own is custom code: no uint8 recipe that assumes torchvision's scaling, no
+    float caveat naming it; torchvision's ToTensor in the same place still gets the uint8 remedy."""
+    mine = [T.RandomResizedCrop(224), ToTensor()]
+    advice = recommend("ToTensor", TRANSFORM, transform=mine)
+    assert advice.summary.startswith("ToTensor: a custom transform") and "Numba" in advice.summary, advice.summary
+    assert "Ship uint8" not in advice.summary
+    assert "Ship uint8" in recommend("ToTensor", TRANSFORM, transform=[T.RandomResizedCrop(224), T.ToTensor()]).summary
+    assert recommend(COLLATE, COLLATE, transform=mine).caveat is None  # nothing says it makes float32
+    assert "ToTensor" in recommend(COLLATE, COLLATE, transform=[T.RandomResizedCrop(224), T.ToTensor()]).caveat
+    # the user's own code after a uint8 conversion: fastpipe no longer claims the batches are uint8 (the toy's Scale
+    # makes floats of PILToTensor's uint8)
+    from fastpipe.workloads.toy.naive import naive_transform
+
+    assert ships_uint8([T.PILToTensor()]) is True and ships_uint8(naive_transform()) is None
+    assert "uint8 payloads" in recommend(COPY, COPY, transform=naive_transform()).summary
+
+
+def test_a_renamed_library_transform_is_advised_as_what_it_is() -> None:
+    """torchvision's crop and ToTensor under the user's names get torchvision's remedies, and the uint8 recipe writes
+    the renamed crop back as torchvision's class."""
+    pipeline = [Shrink(), ToFloat(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))]
+    crop = recommend("Shrink", TRANSFORM, transform=pipeline)
+    assert "Decode only the crop" in crop.summary and not any(word in crop.summary for word in COMPILED_KERNEL_WORDS), crop.summary
+    floats = recommend("ToFloat", TRANSFORM, transform=pipeline)
+    assert floats.summary.startswith("ToFloat: per-pixel float arithmetic") and "ToFloat + Normalize" in floats.summary, floats.summary
+    assert "ToFloat" in recommend(COLLATE, COLLATE, transform=pipeline).caveat
+    namespace = run_snippet(floats)
+    assert [type(t).__name__ for t in namespace["transform"].transforms] == ["RandomResizedCrop", "PILToTensor"]
+    assert list(namespace["transform"].transforms[0].size) == [224, 224]
+    assert "Normalize(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))" in floats.snippet
+
+
+def test_a_stage_known_by_name_alone_gets_the_catalogs_entry_of_that_name() -> None:
+    """Without the pipeline, a name the catalog lists is that library's transform (already native: never "compile
+    it"); a name it does not list is the user's own code."""
+    jitter = recommend("ColorJitter", TRANSFORM)
+    assert "already native code" in jitter.summary and "Numba" not in jitter.summary, jitter.summary
+    assert "Numba" in recommend("MyJitter", TRANSFORM).summary
+    # the stage is found by the name the report gives it: a repeated one by its count
+    from fastpipe.diagnosis.verdict._advice._pipeline import find
+
+    twice = [T.PILToTensor(), T.Normalize((0.1,), (0.2,)), T.Normalize((0.3,), (0.4,))]
+    assert find(twice, "Normalize")[0] is twice[1] and find(twice, "Normalize#2") == (twice[2], twice[:2])

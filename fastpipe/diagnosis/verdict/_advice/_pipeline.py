@@ -94,7 +94,8 @@ def floats(transform: object | None) -> list[object]:
 def ships_uint8(transform: object | None) -> bool | None:
     """Whether the pipeline found hands out uint8 images: its last conversion keeps uint8 (PILToTensor, timm's
     MaybePILToTensor or ToNumpy, v2's ToImage) with no float conversion after it. None when it has no conversion
-    fastpipe knows (then nothing is said either way)."""
+    fastpipe knows, or when the user's own code runs after the last one (its dtype is theirs: the toy's ``Scale``
+    makes floats of PILToTensor's uint8); then nothing is said either way."""
     kept = None
     for leaf in leaves(transform):
         facts = facts_for(leaf)
@@ -102,6 +103,8 @@ def ships_uint8(transform: object | None) -> bool | None:
             kept = False
         elif facts.converts == UINT8:
             kept = True
+        elif facts.compile_helps:  # the user's own code (or a container holding it): what it hands out is unknown
+            kept = None
     return kept
 
 
