@@ -286,7 +286,7 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
 
     import numpy as np
 
-    from fastpipe.diagnosis.verdict._advice._probes import HEADER_PROBE_BYTES, progressive
+    from fastpipe.diagnosis.verdict._remedies._probes import HEADER_PROBE_BYTES, progressive
 
     pixels = np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "p.jpg", progressive=True)
@@ -386,7 +386,7 @@ def test_a_stage_known_by_name_alone_gets_the_catalogs_entry_of_that_name() -> N
     assert "already native code" in jitter.summary and "Numba" not in jitter.summary, jitter.summary
     assert "Numba" in recommend("MyJitter", TRANSFORM).summary
     # the stage is found by the name the report gives it: a repeated one by its count
-    from fastpipe.diagnosis.verdict._advice._pipeline import find
+    from fastpipe.diagnosis.verdict._remedies._pipeline import find
 
     twice = [T.PILToTensor(), T.Normalize((0.1,), (0.2,)), T.Normalize((0.3,), (0.4,))]
     assert find(twice, "Normalize")[0] is twice[1] and find(twice, "Normalize#2") == (twice[2], twice[:2])

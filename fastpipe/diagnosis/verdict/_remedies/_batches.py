@@ -12,11 +12,11 @@ import math
 
 from fastpipe.diagnosis.ladder._loader_stages import LoaderStageCosts
 from fastpipe.diagnosis.verdict import _fits
-from fastpipe.diagnosis.verdict._advice._base import Advice
-from fastpipe.diagnosis.verdict._advice._pipeline import floats, label, ships_uint8
-from fastpipe.diagnosis.verdict._advice._probes import prepare_line, progressive
-from fastpipe.diagnosis.verdict._advice._snippets import PAYLOAD_SNIPPET, PREFETCH_SNIPPET, RECYCLED_LINES, TUNE_SNIPPET
 from fastpipe.diagnosis.verdict._loader import LoaderFacts
+from fastpipe.diagnosis.verdict._remedies._base import Advice
+from fastpipe.diagnosis.verdict._remedies._pipeline import floats, label, ships_uint8
+from fastpipe.diagnosis.verdict._remedies._probes import prepare_line, progressive
+from fastpipe.diagnosis.verdict._remedies._snippets import PAYLOAD_SNIPPET, PREFETCH_SNIPPET, RECYCLED_LINES, TUNE_SNIPPET
 
 #: The ThreadLoader remedy, for a JPEG folder read by fastpipe's ImageFolder whose crop is decoded by DecodeCrop.
 THREAD_LOADER = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from fastpipe.diagnosis.discovery._catalog import FASTPIPE, TV1, TV2, facts_for
-from fastpipe.diagnosis.verdict._advice._pipeline import label, leaves, mean_std, out_size, replaced
+from fastpipe.diagnosis.verdict._remedies._pipeline import label, leaves, mean_std, out_size, replaced
 
 DECODE_CROP_SNIPPET = """\
 import torchvision

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from fastpipe.diagnosis.discovery._catalog import CUSTOM, FASTPIPE, FLOAT, UINT8, TransformFacts, facts_for
 from fastpipe.diagnosis.verdict import _fits
-from fastpipe.diagnosis.verdict._advice._base import Advice
-from fastpipe.diagnosis.verdict._advice._batches import THREAD_LOADER, normalize_where, thread_loader_fits
-from fastpipe.diagnosis.verdict._advice._decode import decode_box
-from fastpipe.diagnosis.verdict._advice._pipeline import base_name, facts_of, find, label, leaves, mean_std, out_size
-from fastpipe.diagnosis.verdict._advice._probes import with_prepare
-from fastpipe.diagnosis.verdict._advice._snippets import (
+from fastpipe.diagnosis.verdict._loader import LoaderFacts
+from fastpipe.diagnosis.verdict._remedies._base import Advice
+from fastpipe.diagnosis.verdict._remedies._batches import THREAD_LOADER, normalize_where, thread_loader_fits
+from fastpipe.diagnosis.verdict._remedies._decode import decode_box
+from fastpipe.diagnosis.verdict._remedies._pipeline import base_name, facts_of, find, label, leaves, mean_std, out_size
+from fastpipe.diagnosis.verdict._remedies._probes import with_prepare
+from fastpipe.diagnosis.verdict._remedies._snippets import (
     DEVICE_SNIPPET,
     MASK_SNIPPET,
     TUNE_SNIPPET,
@@ -27,7 +28,6 @@ from fastpipe.diagnosis.verdict._advice._snippets import (
     head,
     snake,
 )
-from fastpipe.diagnosis.verdict._loader import LoaderFacts
 
 #: fastpipe's compiled drop-ins (a catalog entry's ``drop_in``): what the slow original is, and the snippet using it.
 _DROP_INS = {

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from fastpipe.diagnosis.discovery._catalog import RRC_TORCH, CropFacts
 from fastpipe.diagnosis.verdict import _fits
-from fastpipe.diagnosis.verdict._advice._base import Advice
-from fastpipe.diagnosis.verdict._advice._pipeline import DEFAULT_SCALE, conversion_after, crop_of, label, out_size
-from fastpipe.diagnosis.verdict._advice._probes import typical_size
-from fastpipe.diagnosis.verdict._advice._snippets import BOX_LOADER_SNIPPET, BOXES, TUNE_SNIPPET, VALIDATION_SNIPPET, decode_crop
-from fastpipe.diagnosis.verdict._advice._stream import stream_raw_load
+from fastpipe.diagnosis.verdict._remedies._base import Advice
+from fastpipe.diagnosis.verdict._remedies._pipeline import DEFAULT_SCALE, conversion_after, crop_of, label, out_size
+from fastpipe.diagnosis.verdict._remedies._probes import typical_size
+from fastpipe.diagnosis.verdict._remedies._snippets import BOX_LOADER_SNIPPET, BOXES, TUNE_SNIPPET, VALIDATION_SNIPPET, decode_crop
+from fastpipe.diagnosis.verdict._remedies._stream import stream_raw_load
 
 #: The crop kinds that keep the output's size: no DCT scaling, only the box is saved.
 _SAME_SIZE = ("random", "center")

@@ -6,10 +6,9 @@ kernel; a Python pixel loop is), gives a snippet that runs against fastpipe's re
 says when a drop-in cannot pay off (DCT scaling on images smaller than twice the output).
 
 What a transform is comes from the transform catalog alone
-(:func:`~fastpipe.diagnosis.discovery._catalog.facts_for`), never from its class name. The modules, one concern each:
-``_pipeline`` (reading the pipeline by its facts), ``_transforms`` (one transform's remedy), ``_decode`` (decode only
-the crop), ``_batches`` (collate, copy, workers, a ThreadLoader's own stages), ``_stream`` (streams and WebDataset
-shards), ``_probes`` (file headers: image sizes, progressive JPEGs), ``_snippets`` (the code printed).
+(:func:`~fastpipe.diagnosis.discovery._catalog.facts_for`), never from its class name. This module routes a stage to
+its remedy; the remedies live in :mod:`fastpipe.diagnosis.verdict._remedies`, one concern a module, and the names
+other modules use are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,14 +16,14 @@ from __future__ import annotations
 from typing import Callable
 
 from fastpipe.diagnosis.ladder._plan import HAND_OVER
-from fastpipe.diagnosis.verdict._advice._base import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice
-from fastpipe.diagnosis.verdict._advice._batches import collate, host_copy, recommend_loader_stage, workers
-from fastpipe.diagnosis.verdict._advice._decode import raw_load
-from fastpipe.diagnosis.verdict._advice._pipeline import base_name, ships_uint8
-from fastpipe.diagnosis.verdict._advice._probes import HEADER_PROBE_BYTES, samples_of, with_prepare
-from fastpipe.diagnosis.verdict._advice._stream import ShardList, webdataset_shards
-from fastpipe.diagnosis.verdict._advice._transforms import transform as transform_advice
 from fastpipe.diagnosis.verdict._loader import LoaderFacts
+from fastpipe.diagnosis.verdict._remedies._base import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice
+from fastpipe.diagnosis.verdict._remedies._batches import collate, host_copy, recommend_loader_stage, workers
+from fastpipe.diagnosis.verdict._remedies._decode import raw_load
+from fastpipe.diagnosis.verdict._remedies._pipeline import base_name, ships_uint8
+from fastpipe.diagnosis.verdict._remedies._probes import HEADER_PROBE_BYTES, samples_of, with_prepare
+from fastpipe.diagnosis.verdict._remedies._stream import ShardList, webdataset_shards
+from fastpipe.diagnosis.verdict._remedies._transforms import transform as transform_advice
 
 __all__ = [
     "COLLATE",

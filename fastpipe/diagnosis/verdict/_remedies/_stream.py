@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from fastpipe.diagnosis.verdict._advice._base import Advice
+from fastpipe.diagnosis.verdict._remedies._base import Advice
 
 
 def stream_raw_load(dataset: object | None) -> Advice | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-from fastpipe.diagnosis.verdict._advice._base import Advice
+from fastpipe.diagnosis.verdict._remedies._base import Advice
 
 
 def samples_of(dataset: object | None) -> list[object]:
