@@ -253,7 +253,6 @@ def test_fastpipes_own_parts_get_workers_tune_or_device_decode_never_compile(mak
 def test_a_jpeg_folder_read_by_fastpipes_image_folder_is_pointed_at_the_thread_loader_and_prepare(tmp_path: Path) -> None:
     """Collate/IPC or fastpipe's own decode dominating, on fastpipe's ImageFolder: the ThreadLoader; progressive files
     among the probed headers: ``fastpipe prepare``. Neither for torchvision's class or a baseline-only folder."""
-    import numpy as np
     import torchvision
 
     from fastpipe.datasets import ImageFolder
@@ -283,8 +282,6 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
     only JPEGs whose frame header it saw."""
     import os
     from types import SimpleNamespace
-
-    import numpy as np
 
     from fastpipe.diagnosis.verdict._remedies._probes import HEADER_PROBE_BYTES, progressive
 
