@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fastpipe.diagnosis.verdict._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend
+from fastpipe.diagnosis.verdict._advice import COLLATE, COPY, RAW, TRANSFORM, WORKERS, Advice, recommend, ships_uint8
 
 IMAGENET = T.Compose(
     [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
@@ -190,7 +191,19 @@ def test_random_mask_gets_the_compiled_drop_in() -> None:
     advice = recommend("RandomMask", TRANSFORM)
     assert "fastpipe.transforms.RandomMask" in advice.summary and hasattr(RandomMask, "warm_up")
     compile(advice.snippet, "<mask>", "exec")
-    assert recommend("RandomMask", TRANSFORM, transform=T.Compose([RandomMask()])).summary.startswith("RandomMask: a custom")
+    # by the catalog's facts: the toy's naive mask has the drop-in; fastpipe's own is already compiled (more CPU, not
+    # "compile it"); a user's class that only shares the name is their own code
+    from fastpipe.workloads.toy.naive import RandomMask as NaiveMask
+
+    assert "fastpipe.transforms.RandomMask is a compiled drop-in" in recommend("RandomMask", TRANSFORM, transform=[NaiveMask()]).summary
+    ours = recommend("RandomMask", TRANSFORM, transform=T.Compose([RandomMask()])).summary
+    assert ours.startswith("RandomMask: fastpipe's own part") and "Numba" not in ours
+
+    class RandomMask:  # noqa: F811  (the user's own, named like fastpipe's)
+        def __call__(self, image):  # type: ignore[no-untyped-def]
+            return image
+
+    assert recommend("RandomMask", TRANSFORM, transform=[RandomMask()]).summary.startswith("RandomMask: a custom")
 
 
 def test_collate_snippet_runs_and_names_float_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -240,7 +253,6 @@ def test_fastpipes_own_parts_get_workers_tune_or_device_decode_never_compile(mak
 def test_a_jpeg_folder_read_by_fastpipes_image_folder_is_pointed_at_the_thread_loader_and_prepare(tmp_path: Path) -> None:
     """Collate/IPC or fastpipe's own decode dominating, on fastpipe's ImageFolder: the ThreadLoader; progressive files
     among the probed headers: ``fastpipe prepare``. Neither for torchvision's class or a baseline-only folder."""
-    import numpy as np
     import torchvision
 
     from fastpipe.datasets import ImageFolder
@@ -271,9 +283,7 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
     import os
     from types import SimpleNamespace
 
-    import numpy as np
-
-    from fastpipe.diagnosis.verdict._advice import HEADER_PROBE_BYTES, _progressive
+    from fastpipe.diagnosis.verdict._remedies._probes import HEADER_PROBE_BYTES, progressive
 
     pixels = np.random.default_rng(0).integers(0, 255, (40, 50, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "p.jpg", progressive=True)
@@ -293,7 +303,7 @@ def test_the_progressive_probe_reads_headers_only_and_never_a_file_descriptor(tm
             (str(tmp_path / "x.png"), 0),
             (str(tmp_path / "late.jpg"), 0),
         ]
-        assert _progressive(SimpleNamespace(samples=samples)) == (1, 2)
+        assert progressive(SimpleNamespace(samples=samples)) == (1, 2)
         os.fstat(read)  # still open: raises OSError if the probe closed it
     finally:
         os.close(read)
@@ -312,3 +322,68 @@ def test_the_toys_raw_load_generates_images_so_no_decode_drop_in_is_advised() ->
         advice = recommend(stage, kind, transform=stages, dataset=dataset)
         assert "FakeDataset generates each raw image" in advice.summary and "FastFakeDataset(crop_size=" in advice.summary
         assert "do not apply" in advice.summary and "ImageFolder(root" not in advice.summary and advice.snippet is None
+
+
+# ----- what a stage is comes from the catalog's facts, never from its class name (issue 40, item 4) ------------------
+class ToTensor:
+    """The user's own ToTensor, named like torchvision's: a Python conversion fastpipe knows nothing about."""
+
+    def __call__(self, image):  # type: ignore[no-untyped-def]
+        return torch.as_tensor(np.array(image)).permute(2, 0, 1).float() / 255
+
+
+class Shrink(T.RandomResizedCrop):
+    """torchvision's RandomResizedCrop under the user's own name (a subclass that only sets its size)."""
+
+    def __init__(self) -> None:
+        super().__init__(224)
+
+
+class ToFloat(T.ToTensor):
+    """torchvision's ToTensor, renamed."""
+
+
+def test_a_user_class_named_like_a_library_transform_is_advised_as_user_code() -> None:
+    """A ``class ToTensor`` of the user's own is custom code: no uint8 recipe that assumes torchvision's scaling, no
+    float caveat naming it; torchvision's ToTensor in the same place still gets the uint8 remedy."""
+    mine = [T.RandomResizedCrop(224), ToTensor()]
+    advice = recommend("ToTensor", TRANSFORM, transform=mine)
+    assert advice.summary.startswith("ToTensor: a custom transform") and "Numba" in advice.summary, advice.summary
+    assert "Ship uint8" not in advice.summary
+    assert "Ship uint8" in recommend("ToTensor", TRANSFORM, transform=[T.RandomResizedCrop(224), T.ToTensor()]).summary
+    assert recommend(COLLATE, COLLATE, transform=mine).caveat is None  # nothing says it makes float32
+    assert "ToTensor" in recommend(COLLATE, COLLATE, transform=[T.RandomResizedCrop(224), T.ToTensor()]).caveat
+    # the user's own code after a uint8 conversion: fastpipe no longer claims the batches are uint8 (the toy's Scale
+    # makes floats of PILToTensor's uint8)
+    from fastpipe.workloads.toy.naive import naive_transform
+
+    assert ships_uint8([T.PILToTensor()]) is True and ships_uint8(naive_transform()) is None
+    assert "uint8 payloads" in recommend(COPY, COPY, transform=naive_transform()).summary
+
+
+def test_a_renamed_library_transform_is_advised_as_what_it_is() -> None:
+    """torchvision's crop and ToTensor under the user's names get torchvision's remedies, and the uint8 recipe writes
+    the renamed crop back as torchvision's class."""
+    pipeline = [Shrink(), ToFloat(), T.Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))]
+    crop = recommend("Shrink", TRANSFORM, transform=pipeline)
+    assert "Decode only the crop" in crop.summary and not any(word in crop.summary for word in COMPILED_KERNEL_WORDS), crop.summary
+    floats = recommend("ToFloat", TRANSFORM, transform=pipeline)
+    assert floats.summary.startswith("ToFloat: per-pixel float arithmetic") and "ToFloat + Normalize" in floats.summary, floats.summary
+    assert "ToFloat" in recommend(COLLATE, COLLATE, transform=pipeline).caveat
+    namespace = run_snippet(floats)
+    assert [type(t).__name__ for t in namespace["transform"].transforms] == ["RandomResizedCrop", "PILToTensor"]
+    assert list(namespace["transform"].transforms[0].size) == [224, 224]
+    assert "Normalize(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))" in floats.snippet
+
+
+def test_a_stage_known_by_name_alone_gets_the_catalogs_entry_of_that_name() -> None:
+    """Without the pipeline, a name the catalog lists is that library's transform (already native: never "compile
+    it"); a name it does not list is the user's own code."""
+    jitter = recommend("ColorJitter", TRANSFORM)
+    assert "already native code" in jitter.summary and "Numba" not in jitter.summary, jitter.summary
+    assert "Numba" in recommend("MyJitter", TRANSFORM).summary
+    # the stage is found by the name the report gives it: a repeated one by its count
+    from fastpipe.diagnosis.verdict._remedies._pipeline import find
+
+    twice = [T.PILToTensor(), T.Normalize((0.1,), (0.2,)), T.Normalize((0.3,), (0.4,))]
+    assert find(twice, "Normalize")[0] is twice[1] and find(twice, "Normalize#2") == (twice[2], twice[:2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
 
@@ -14,6 +15,8 @@ from PIL import Image
 from fastpipe.diagnosis.discovery._catalog import (
     CATALOG,
     CUSTOM,
+    FLOAT,
+    FLOAT_UNSCALED,
     NO,
     PER_SAMPLE,
     PER_SAMPLE_ONLY,
@@ -21,8 +24,10 @@ from fastpipe.diagnosis.discovery._catalog import (
     TIMM,
     TV1,
     TV2,
+    UINT8,
     YES,
     facts_for,
+    facts_named,
 )
 
 
@@ -151,3 +156,70 @@ def test_unknown_classes_lambdas_and_containers() -> None:
     from fastpipe.workloads.toy.naive import RandomMask as NaiveMask
 
     assert facts_for(NaiveMask()).custom  # the toy's naive stage is deliberately user code
+
+
+# ----- the facts the advice decides by (issue 40, item 4): each checked against what the class does ---------------------
+def _photo() -> Image.Image:
+    return Image.fromarray(torch.randint(0, 256, (40, 60, 3), dtype=torch.uint8).numpy())
+
+
+@pytest.mark.filterwarnings("ignore:The transform `ToTensor\\(\\)` is deprecated")
+def test_converts_is_the_dtype_each_conversion_hands_out() -> None:
+    """UINT8, FLOAT (values in [0, 1] or normalized) and FLOAT_UNSCALED (0..255 as floats), from running each class."""
+    image = _photo()
+    cases = [
+        (T.ToTensor(), image),
+        (T.PILToTensor(), image),
+        (T.ConvertImageDtype(torch.float32), T.PILToTensor()(image)),
+        (T.Normalize((0.5,) * 3, (0.5,) * 3), T.ToTensor()(image)),
+        (v2.ToImage(), image),
+        (v2.ToDtype(torch.float32, scale=True), v2.ToImage()(image)),
+        (v2.ToTensor(), image),
+        (v2.PILToTensor(), image),
+    ]
+    if importlib.util.find_spec("timm") is not None:  # timm is optional
+        import timm.data.transforms as timm_transforms
+
+        cases += [(timm_transforms.ToTensor(), image), (timm_transforms.MaybeToTensor(), image)]
+        cases += [(timm_transforms.MaybePILToTensor(), image), (timm_transforms.ToNumpy(), image)]
+    from fastpipe.datasets.absorb import ToTensor as KeptToTensor
+
+    cases.append((KeptToTensor(), T.PILToTensor()(image)))
+    for transform, given in cases:
+        out = torch.as_tensor(transform(given))
+        facts = facts_for(transform)
+        expected = UINT8 if out.dtype == torch.uint8 else FLOAT_UNSCALED if out.max() > 1.5 and out.min() >= 0 else FLOAT
+        assert facts.converts == expected, (type(transform).__module__, type(transform).__name__, out.dtype)
+    for transform in (T.RandomResizedCrop(8), T.RandomHorizontalFlip(), T.ColorJitter(0.4), v2.RandomErasing()):
+        assert facts_for(transform).converts is None  # keeps whatever dtype it is given
+
+
+def test_decoder_fuses_is_what_fastpipes_decoder_takes_over() -> None:
+    """The fact the advice reads (``decoder_fuses``) against fastpipe.datasets.absorb itself: a crop at the start, a
+    flip or a conversion right after a RandomResizedCrop."""
+    from fastpipe.datasets import absorb
+
+    crops = [T.RandomResizedCrop(32), T.Resize(32), T.CenterCrop(32), T.RandomCrop(32), v2.RandomResizedCrop(32), v2.RandomCrop(32)]
+    after = [T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.ToTensor(), T.PILToTensor(), v2.PILToTensor(), v2.ToImage()]
+    after += [T.ColorJitter(0.4), T.Grayscale()]
+    for transform in crops:
+        taken = absorb([transform]).absorbed == (type(transform).__name__,)
+        assert facts_for(transform).decoder_fuses == taken, transform
+    for transform in after:
+        taken = type(transform).__name__ in absorb([T.RandomResizedCrop(32), transform]).absorbed
+        assert facts_for(transform).decoder_fuses == taken, transform
+
+
+def test_to_tensor_marks_the_conversions_from_a_pil_image() -> None:
+    image = _photo()
+    for transform in (T.ToTensor(), T.PILToTensor(), v2.ToImage(), v2.PILToTensor()):
+        assert isinstance(transform(image), torch.Tensor) and facts_for(transform).to_tensor, transform
+    for transform in (T.Normalize((0.5,), (0.5,)), T.ConvertImageDtype(torch.float32), v2.ToDtype(torch.float32), T.RandomCrop(8)):
+        assert not facts_for(transform).to_tensor, transform
+
+
+def test_facts_named_is_the_catalogs_entry_of_that_name() -> None:
+    assert facts_named("ToTensor").qualname == "torchvision.transforms.ToTensor"  # v1 first
+    assert facts_named("RandomResizedCrop").crop.kind == "random resized"
+    assert facts_named("RandomMask").drop_in == "fastpipe.transforms.RandomMask"  # the toy's naive mask
+    assert facts_named("MyOwnTransform") is None

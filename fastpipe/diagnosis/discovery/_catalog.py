@@ -15,7 +15,16 @@ is installed), the facts that decide which fix fits:
   sample, such as kornia's with ``same_on_batch=False``), ``"no"`` (it takes PIL images, or its inputs differ in size
   so no batch exists before it);
 * ``compile_helps``: False for a library transform (its pixels are already done by PIL's C code or torch's kernels);
-  True only for the user's own code, where a Python loop may be the cost.
+  True only for the user's own code, where a Python loop may be the cost;
+* ``converts``: the dtype a conversion hands out (:data:`UINT8`, :data:`FLOAT`, :data:`FLOAT_UNSCALED`), which decides
+  whether the batches are uint8 and whether "ship uint8, normalize after the copy" matches the pipeline;
+* ``to_tensor``: it turns the decoded image (a PIL image) into a tensor, which a decoder returning tensors replaces;
+* ``decoder_fuses``: fastpipe's decoder (:func:`fastpipe.datasets.absorb`) can do it while decoding, where it stands
+  in the order the decoder takes (a crop first, then a horizontal flip, then the conversion);
+* ``drop_in``: fastpipe's compiled drop-in for this very class (the toy's naive RandomMask), or None.
+
+The advice (:mod:`fastpipe.diagnosis.verdict._advice`) decides what a stage is from these facts alone, never from its
+class name: a user's own ``class ToTensor`` is custom code, and a renamed subclass of torchvision's is torchvision's.
 
 Classes are looked up by type, walking the MRO, so a user's subclass gets its library parent's facts, unless it
 overrides the method that does the work (then it is the user's code: ``custom``). Entries name the class by its
@@ -23,7 +32,8 @@ public import path and are resolved only from modules already imported (``sys.mo
 albumentations are never imported here. Anything not listed is ``custom``, honestly: nothing is guessed about it.
 
 The stable API (for the fix builders and the advice): :func:`facts_for` (an object to its :class:`TransformFacts`),
-:class:`TransformFacts`, :class:`CropFacts`, the value constants below, and :data:`CATALOG` (every entry).
+:func:`facts_named` (a stage known by name alone), :class:`TransformFacts`, :class:`CropFacts`, the value constants
+below, and :data:`CATALOG` (every entry).
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ PIL, TENSOR, NUMPY, DICT, UNKNOWN = "PIL", "tensor", "numpy", "dict", "unknown"
 PER_SAMPLE, NONE = "per sample", "none"
 YES, PER_SAMPLE_ONLY, NO = "yes", "per-sample parameters only", "no"
 TV1, TV2, TIMM, ALBUMENTATIONS, FASTPIPE, CUSTOM = "torchvision v1", "torchvision v2", "timm", "albumentations", "fastpipe", "custom"
+#: What a conversion hands out: uint8 pixels; float (in [0, 1], or normalized); float of the 0..255 values (timm's ToTensor).
+UINT8, FLOAT, FLOAT_UNSCALED = "uint8", "float", "float 0-255"
 
 #: Methods whose override makes a subclass the user's own code (its facts can no longer be the library's).
 WORK_METHODS = ("__call__", "forward", "_transform", "transform", "apply", "get_params", "make_params", "_get_params")
@@ -81,6 +93,11 @@ class TransformFacts:
         on_device_why: why, in words.
         compile_helps: whether compiling it could make it cheaper (only the user's own code).
         subclass: the user's class name when the facts were found through its MRO, else None.
+        converts: :data:`UINT8`, :data:`FLOAT` or :data:`FLOAT_UNSCALED` for a transform whose output has that dtype
+            whatever its input (a conversion, Normalize), else None.
+        to_tensor: it converts the decoded image to a tensor (ToTensor, PILToTensor, v2's ToImage, timm's Maybe*).
+        decoder_fuses: fastpipe's decoder takes it over where it stands in the decoder's order (see the module docstring).
+        drop_in: the import path of fastpipe's compiled drop-in for this class, or None.
     """
 
     qualname: str
@@ -93,6 +110,10 @@ class TransformFacts:
     on_device_why: str
     compile_helps: bool
     subclass: str | None = None
+    converts: str | None = None
+    to_tensor: bool = False
+    decoder_fuses: bool = False
+    drop_in: str | None = None
 
     @property
     def name(self) -> str:
@@ -107,6 +128,22 @@ class TransformFacts:
     def takes_pil_only(self) -> bool:
         """Called on PIL images alone: nothing after the host-to-device copy can run it."""
         return self.takes == (PIL,)
+
+    @property
+    def library_native(self) -> bool:
+        """A library's own transform (torchvision, timm, albumentations): native code, never "compile it"."""
+        return self.library not in (CUSTOM, FASTPIPE) and not self.compile_helps
+
+    @property
+    def floats(self) -> bool:
+        """It hands out float images (a float conversion or Normalize): 4x the bytes of uint8."""
+        return self.converts in (FLOAT, FLOAT_UNSCALED)
+
+    @property
+    def ends_pil(self) -> bool:
+        """The end of a pipeline's PIL part: a float conversion, or a conversion only PIL images pass (PILToTensor);
+        what follows runs on tensors (a uint8 recipe keeps what comes before it and converts there)."""
+        return self.floats or (self.to_tensor and self.takes_pil_only)
 
     def text(self) -> str:
         """The facts in one line, for a report: what it is and why some fixes do not apply."""
@@ -144,9 +181,35 @@ _PIL_OPS = "its ops are PIL's"
 
 
 def _entry(
-    path: str, library: str, role: str, takes: tuple[str, ...], random: str, on_device: str, why: str, crop: CropFacts | None = None
+    path: str,
+    library: str,
+    role: str,
+    takes: tuple[str, ...],
+    random: str,
+    on_device: str,
+    why: str,
+    crop: CropFacts | None = None,
+    **facts: Any,
 ) -> TransformFacts:
-    return TransformFacts(path, library, role, takes, random, crop, on_device, why, compile_helps=False)
+    """One library entry (``compile_helps`` False); ``facts``: ``converts``, ``to_tensor``, ``decoder_fuses``, ``drop_in``."""
+    return TransformFacts(path, library, role, takes, random, crop, on_device, why, compile_helps=False, **facts)
+
+
+#: The conversion and decoder facts of torchvision's classes (v1 and v2 alike), by class: what each hands out, and what
+#: fastpipe's decoder takes over (:func:`fastpipe.datasets.absorb`: RandomResizedCrop, Resize, CenterCrop, then
+#: RandomHorizontalFlip, then ToTensor or PILToTensor; a RandomCrop is decoded by the advice's own box loader instead).
+_TV_FACTS: dict[str, dict[str, Any]] = {
+    "RandomResizedCrop": {"decoder_fuses": True},
+    "Resize": {"decoder_fuses": True},
+    "CenterCrop": {"decoder_fuses": True},
+    "RandomHorizontalFlip": {"decoder_fuses": True},
+    "ToTensor": {"converts": FLOAT, "to_tensor": True, "decoder_fuses": True},
+    "PILToTensor": {"converts": UINT8, "to_tensor": True, "decoder_fuses": True},
+    "Normalize": {"converts": FLOAT},
+    "ConvertImageDtype": {"converts": FLOAT},
+    "ToImage": {"converts": UINT8, "to_tensor": True},
+    "ToDtype": {"converts": FLOAT},
+}
 
 
 _PT = (PIL, TENSOR)
@@ -215,11 +278,24 @@ def _torchvision(library: str, module: str) -> list[TransformFacts]:
             ("GaussianNoise", "noise", (TENSOR,), PER_SAMPLE, YES, "fresh noise for every pixel of every sample, on a batch too", None),
             ("JPEG", "compression", _PT, PER_SAMPLE, NO, "it encodes and decodes JPEG on the CPU", None),
         ]
-    return [_entry(f"{module}.{name}", library, role, takes, random, dev, why, crop) for name, role, takes, random, dev, why, crop in rows]
+    return [
+        _entry(f"{module}.{name}", library, role, takes, random, dev, why, crop, **_TV_FACTS.get(name, {}))
+        for name, role, takes, random, dev, why, crop in rows
+    ]
 
 
 _TIMM = [
-    _entry("timm.data.transforms.RandomResizedCropAndInterpolation", TIMM, "crop", _PT, PER_SAMPLE, NO, _VARIABLE, RRC_PYTHON),
+    _entry(
+        "timm.data.transforms.RandomResizedCropAndInterpolation",
+        TIMM,
+        "crop",
+        _PT,
+        PER_SAMPLE,
+        NO,
+        _VARIABLE,
+        RRC_PYTHON,
+        decoder_fuses=True,
+    ),
     _entry("timm.data.transforms.ResizeKeepRatio", TIMM, "resize", _PT, PER_SAMPLE, NO, _VARIABLE, KEEP_RATIO),
     _entry("timm.data.transforms.CenterCropOrPad", TIMM, "crop", _PT, NONE, NO, _VARIABLE, None),
     _entry("timm.data.transforms.RandomCropOrPad", TIMM, "crop", _PT, PER_SAMPLE, NO, _VARIABLE, None),
@@ -233,12 +309,25 @@ _TIMM = [
         NONE,
         NO,
         _PIL_IN + " (a tensor passes through; its float scaling can move: uint8 out, Normalize after the copy)",
+        converts=FLOAT,
+        to_tensor=True,
+        decoder_fuses=True,
     ),
     _entry(
-        "timm.data.transforms.MaybePILToTensor", TIMM, "convert", (PIL, TENSOR), NONE, NO, _PIL_IN + " (a tensor passes through unchanged)"
+        "timm.data.transforms.MaybePILToTensor",
+        TIMM,
+        "convert",
+        (PIL, TENSOR),
+        NONE,
+        NO,
+        _PIL_IN + " (a tensor passes through unchanged)",
+        converts=UINT8,
+        to_tensor=True,
+        decoder_fuses=True,
     ),
-    _entry("timm.data.transforms.ToTensor", TIMM, "convert", (PIL,), NONE, NO, _PIL_IN),
-    _entry("timm.data.transforms.ToNumpy", TIMM, "convert", (PIL,), NONE, NO, _PIL_IN),
+    # timm's ToTensor is pil_to_tensor(img).to(float32): float of the 0..255 values, no scaling (timm normalizes later)
+    _entry("timm.data.transforms.ToTensor", TIMM, "convert", (PIL,), NONE, NO, _PIL_IN, converts=FLOAT_UNSCALED, to_tensor=True),
+    _entry("timm.data.transforms.ToNumpy", TIMM, "convert", (PIL,), NONE, NO, _PIL_IN, converts=UINT8),
     _entry("timm.data.auto_augment.RandAugment", TIMM, "augment policy", (PIL,), PER_SAMPLE, NO, _PIL_IN + "; " + _PIL_OPS),
     _entry("timm.data.auto_augment.AutoAugment", TIMM, "augment policy", (PIL,), PER_SAMPLE, NO, _PIL_IN + "; " + _PIL_OPS),
     _entry("timm.data.auto_augment.AugMixAugment", TIMM, "augment policy", (PIL,), PER_SAMPLE, NO, _PIL_IN + "; " + _PIL_OPS),
@@ -256,33 +345,68 @@ _TIMM = [
 #: albumentations' common image transforms: called as ``t(image=array)`` on HWC uint8 NumPy arrays, returning a dict;
 #: each call draws its own parameters. Resolved only when albumentations is already imported.
 _ALBUMENTATIONS_NP = "it runs on NumPy arrays (OpenCV) on the host"
-_ALBUMENTATIONS = [
-    _entry(f"albumentations.{name}", ALBUMENTATIONS, role, (DICT,), random, NO, _ALBUMENTATIONS_NP, crop)
-    for name, role, random, crop in [
-        ("RandomResizedCrop", "crop", PER_SAMPLE, None),
-        ("Resize", "resize", NONE, None),
-        ("CenterCrop", "crop", NONE, None),
-        ("RandomCrop", "crop", PER_SAMPLE, None),
-        ("SmallestMaxSize", "resize", NONE, None),
-        ("LongestMaxSize", "resize", NONE, None),
-        ("HorizontalFlip", "flip", PER_SAMPLE, None),
-        ("VerticalFlip", "flip", PER_SAMPLE, None),
-        ("ShiftScaleRotate", "geometry", PER_SAMPLE, None),
-        ("Affine", "geometry", PER_SAMPLE, None),
-        ("ColorJitter", "colour", PER_SAMPLE, None),
-        ("RandomBrightnessContrast", "colour", PER_SAMPLE, None),
-        ("HueSaturationValue", "colour", PER_SAMPLE, None),
-        ("GaussianBlur", "blur", PER_SAMPLE, None),
-        ("CoarseDropout", "erase", PER_SAMPLE, None),
-        ("Normalize", "normalize", NONE, None),
+_ALBUMENTATIONS = (
+    [
+        _entry(f"albumentations.{name}", ALBUMENTATIONS, role, (DICT,), random, NO, _ALBUMENTATIONS_NP, crop)
+        for name, role, random, crop in [
+            ("RandomResizedCrop", "crop", PER_SAMPLE, None),
+            ("Resize", "resize", NONE, None),
+            ("CenterCrop", "crop", NONE, None),
+            ("RandomCrop", "crop", PER_SAMPLE, None),
+            ("SmallestMaxSize", "resize", NONE, None),
+            ("LongestMaxSize", "resize", NONE, None),
+            ("HorizontalFlip", "flip", PER_SAMPLE, None),
+            ("VerticalFlip", "flip", PER_SAMPLE, None),
+            ("ShiftScaleRotate", "geometry", PER_SAMPLE, None),
+            ("Affine", "geometry", PER_SAMPLE, None),
+            ("ColorJitter", "colour", PER_SAMPLE, None),
+            ("RandomBrightnessContrast", "colour", PER_SAMPLE, None),
+            ("HueSaturationValue", "colour", PER_SAMPLE, None),
+            ("GaussianBlur", "blur", PER_SAMPLE, None),
+            ("CoarseDropout", "erase", PER_SAMPLE, None),
+        ]
     ]
-] + [_entry("albumentations.pytorch.ToTensorV2", ALBUMENTATIONS, "convert", (DICT,), NONE, NO, "it converts the host's NumPy array")]
+    + [_entry("albumentations.Normalize", ALBUMENTATIONS, "normalize", (DICT,), NONE, NO, _ALBUMENTATIONS_NP, converts=FLOAT)]
+    + [_entry("albumentations.pytorch.ToTensorV2", ALBUMENTATIONS, "convert", (DICT,), NONE, NO, "it converts the host's NumPy array")]
+)
+
+#: fastpipe's classes whose facts are more than "fastpipe's own compiled part": the ToTensor its ImageFolder keeps from
+#: the user's transform (the same float scaling, on the decoder's uint8 tensor: its remedy is uint8 out, as for
+#: torchvision's), and the toy's naive RandomMask, deliberately the user's kind of code, which has a compiled drop-in.
+_FASTPIPE = [
+    TransformFacts(
+        "fastpipe.datasets.absorb.ToTensor",
+        FASTPIPE,
+        "convert",
+        (TENSOR,),
+        NONE,
+        None,
+        YES,
+        _SAME,
+        compile_helps=False,
+        converts=FLOAT,
+        to_tensor=True,
+    ),
+    TransformFacts(
+        "fastpipe.workloads.toy.naive.RandomMask",
+        CUSTOM,
+        "erase",
+        (TENSOR,),
+        PER_SAMPLE,
+        None,
+        NO,
+        "the article's naive mask: Python and SciPy on one image at a time",
+        compile_helps=True,
+        drop_in="fastpipe.transforms.RandomMask",
+    ),
+]
 
 CATALOG: tuple[TransformFacts, ...] = (
     *_torchvision(TV1, "torchvision.transforms"),
     *_torchvision(TV2, "torchvision.transforms.v2"),
     *_TIMM,
     *_ALBUMENTATIONS,
+    *_FASTPIPE,
 )
 """Every entry, by public import path; :func:`facts_for` resolves them from the modules already imported."""
 
@@ -379,6 +503,16 @@ def facts_for(transform: Any) -> TransformFacts:
             compile_helps=False,
         )
     return _custom(transform)
+
+
+def facts_named(name: str) -> TransformFacts | None:
+    """The catalog's entry for a stage known by its name alone (a stage a report names in a pipeline fastpipe did not
+    see): the first entry whose class is called ``name`` (torchvision v1's before v2's and timm's), or None.
+
+    Only for a stage without its object: an object's facts come from :func:`facts_for`, by type, so a user's own
+    ``class ToTensor`` is custom code whatever its name.
+    """
+    return next((entry for entry in CATALOG if entry.name == name), None)
 
 
 def _container(transform: Any, cls: type) -> TransformFacts:
