@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from fastpipe.experiments._fix_candidates import Candidate, PipelineView, view_of
 from fastpipe.experiments._sites import CallSite, Sites, argument
-from fastpipe.experiments._source import SourceFile, binding_of, calls_named, import_line_after, imports_module, own_nodes
+from fastpipe.experiments._source import SourceFile, binding_of, callee_name, calls_named, import_line_after, imports_module, own_nodes
 from fastpipe.workloads._workload import Workload
 
 THREAD_LOADER = "fastpipe.datasets.ThreadLoader"
@@ -142,7 +142,7 @@ class _Writer:
 
     def unplaced(self, why: str, snippet: str = "") -> None:
         self.patch.unplaced.append(why)
-        if snippet:
+        if snippet and snippet not in self.snippets:
             self.snippets.append(snippet)
 
     def finish(self) -> None:
@@ -406,16 +406,23 @@ def _dataset_edits(writer: _Writer, old_view: PipelineView, new_view: PipelineVi
     writer.patch.changes.append(f"{where}: torchvision.datasets.ImageFolder -> {IMAGE_FOLDER}, arguments kept ({kept}){opened}")
 
 
+def _class_file(cls: type) -> str | None:
+    """The file a class is defined in, from its methods' code (``inspect.getfile`` asks ``sys.modules``, which may no
+    longer hold a script's own module)."""
+    for value in vars(cls).values():
+        code = getattr(value, "__code__", None)
+        if code is not None:
+            return code.co_filename
+    return None
+
+
 def _transform_scope(writer: _Writer, view: PipelineView) -> tuple[SourceFile | None, ast.AST | None, str]:
     """Where the transform's leaves are built: a preset class of the user's (its class body), or the Compose call
     the dataset's ``transform`` argument names."""
     transform = view.transform
     recorder = writer.sites.recorder
     cls = type(transform)
-    try:
-        path = inspect.getsourcefile(cls)
-    except TypeError:
-        path = None
+    path = _class_file(cls)
     if path is not None and recorder is not None and recorder.is_users(path):
         source = recorder.source(path)
         node = source.top_level_def(cls.__name__)
@@ -437,7 +444,22 @@ def _transform_scope(writer: _Writer, view: PipelineView) -> tuple[SourceFile | 
     return None, None, "the dataset call's transform argument is not a call or a name assigned one"
 
 
-def _removable(source: SourceFile, call: ast.Call) -> tuple[ast.AST, Sequence[ast.AST]] | None:
+def _names_bound_to(source: SourceFile, scope: ast.AST, leaf_name: str) -> list[ast.AST]:
+    """The list elements of ``scope`` that are a name assigned a call of ``leaf_name`` earlier in the function
+    (pytorch/examples: ``normalize = transforms.Normalize(...)``, then ``Compose([..., normalize])``)."""
+    out: list[ast.AST] = []
+    function = source.scope_of(scope)
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            for element in node.elts:
+                if isinstance(element, ast.Name):
+                    binding = binding_of(function, element.id, element.lineno)
+                    if binding is not None and isinstance(binding.value, ast.Call) and callee_name(binding.value) == leaf_name:
+                        out.append(element)
+    return out
+
+
+def _removable(source: SourceFile, call: ast.AST) -> tuple[ast.AST, Sequence[ast.AST]] | None:
     """What removing this leaf's call removes: the list element it is (a conditional expression around it
     included), or an ``x.append(call)`` statement; None when it is neither."""
     node: ast.AST = call
@@ -474,13 +496,13 @@ def _chain_edits(writer: _Writer, old_view: PipelineView, new_view: PipelineView
         return
     for leaf in removed:
         leaf_name = type(leaf).__name__
-        calls = calls_named(scope, leaf_name)
+        calls: list[ast.AST] = list(calls_named(scope, leaf_name)) or _names_bound_to(source, scope, leaf_name)
         if len(calls) != 1:
             writer.unplaced(f"{leaf_name} in the transform at {where}: {len(calls)} calls of it there, not one", snippet)
             continue
         call = calls[0]
         line = f"{_relative(source.path, writer.sites.root)}:{call.lineno}"
-        if replace_with is not None and leaf_name == "ToTensor":
+        if replace_with is not None and leaf_name == "ToTensor" and isinstance(call, ast.Call):
             func = call.func
             if isinstance(func, ast.Attribute):
                 start = source.end(func) - len(func.attr)
@@ -489,7 +511,7 @@ def _chain_edits(writer: _Writer, old_view: PipelineView, new_view: PipelineView
                 writer.replace(source, source.start(call), source.end(call), "torchvision.transforms.PILToTensor()", "torchvision")
             writer.patch.changes.append(f"{line}: ToTensor() -> {replace_with}() (the images stay uint8 until the device)")
             continue
-        target = _removable(source, call)
+        target = _removable(source, call)  # type: ignore[arg-type]
         if target is None:
             writer.unplaced(f"{leaf_name} at {line}: not a list element or an append(...) of the chain", snippet)
             continue
@@ -596,6 +618,8 @@ def write_patch(script: "str | Path", original: Workload, candidate: Candidate, 
         _chain_edits(writer, old_view, new_view)
     _normalize_edits(writer, original, new)
     writer.finish()
+    if patch.unplaced and not patch.snippet:
+        patch.snippet = candidate.code
     if patch.diff is None and not patch.unplaced:
         patch.unplaced.append("the fix changes nothing fastpipe can see in the script's objects")
     return patch

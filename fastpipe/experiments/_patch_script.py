@@ -51,6 +51,7 @@ def run_until_loader(kind: str, target: str, args: list[str], batches: int = 2) 
     sys.argv = [target, *args]
     sys.path.insert(0, str(Path(target).resolve().parent) if kind == "path" else os.getcwd())
     recorder = SiteRecorder(target if kind == "path" else Path(os.getcwd()) / "__main__.py")
+    modules = set(sys.modules)
     try:
         with recorder, tap_dataloaders(select, source):
             try:
@@ -62,6 +63,10 @@ def run_until_loader(kind: str, target: str, args: list[str], batches: int = 2) 
                 pass
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        for name in set(sys.modules) - modules:  # the script's own modules: a later run of another copy imports its own
+            path = getattr(sys.modules[name], "__file__", None)
+            if path and recorder.is_users(path):
+                del sys.modules[name]
     return recorder, found[0] if found else None
 
 
