@@ -364,7 +364,7 @@ def compare_scripts(
     steps: int = 10,
     expected: float | None = None,
     echo: Callable[[str], None] | None = None,
-    runner: Callable[[Sequence[str], int, int], Run] = run_once,
+    runner: Callable[[Sequence[str], int, int], Run] | None = None,
 ) -> ScriptComparison:
     """Measure script ``b`` against script ``a``, each in its own loop, in ``rounds`` rotated rounds.
 
@@ -374,7 +374,9 @@ def compare_scripts(
         warmup, steps: untimed and timed steps of each run.
         expected: what ``fix`` measured for B (0.5 = +50%), to say how much of it held.
         echo: a line per run, as it ends (progress).
+        runner: ``runner(command, warmup, steps) -> Run`` (default :func:`run_once`, a child process per run).
     """
+    runner = run_once if runner is None else runner
     if rounds < 1 or steps < 2 or warmup < 0:
         raise ConfigError("compare of two scripts needs --rounds >= 1, --steps >= 2 and --warmup >= 0")
     parse_script(a), parse_script(b)  # a missing script is one line now, not a child's traceback
