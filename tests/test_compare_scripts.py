@@ -58,15 +58,16 @@ def test_rounds_rotate_and_the_gain_is_a_over_b(tmp_path: Path) -> None:
     )
     result = cs.compare_scripts(a, b, rounds=4, steps=2, expected=1.2, runner=runner)
     assert [Path(c).name for c in calls] == ["a.py", "b.py", "b.py", "a.py", "a.py", "b.py", "b.py", "a.py"]
-    assert result.gain == pytest.approx(0.100 / 0.050 - 1)
-    gains = [0.100 / 0.050 - 1, 0.110 / 0.052 - 1, 0.090 / 0.048 - 1, 1.0]
-    mean = sum(gains) / 4
-    stdev = math.sqrt(sum((g - mean) ** 2 for g in gains) / 3)
-    assert result.noise == pytest.approx(2 * stdev / 2)
+    ratios = [0.100 / 0.050, 0.110 / 0.052, 0.090 / 0.048, 0.100 / 0.050]
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / 4
+    assert result.gain == pytest.approx(math.exp(mean) - 1)
+    stdev = math.sqrt(sum((g - mean) ** 2 for g in logs) / 3)
+    assert result.noise == pytest.approx(math.exp(mean) * 2 * stdev / 2)
     text = str(result)
-    assert "gain of B over A: +100%" in text and "beyond noise" in text
-    assert "expected (what fix measured): +120%" in text and "83% of it" in text and "it holds" in text
-    assert result.to_dict()["gain"] == pytest.approx(1.0)
+    assert f"gain of B over A: {result.gain:+.0%}" in text and "beyond noise" in text and "+100%" in text
+    assert "expected (what fix measured): +120%" in text and f"{result.gain / 1.2:.0%} of it" in text and "it holds" in text
+    assert result.to_dict()["gain"] == pytest.approx(result.gain)
 
 
 def test_a_gain_short_of_the_expected_does_not_hold(tmp_path: Path) -> None:

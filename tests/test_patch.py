@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,3 +287,49 @@ def test_patched_script_runs(
     _apply_patch(folder, patch.diff)
     out = _run(folder, files[0], [*args, "--steps", "2"])
     assert "step 1" in out and dtype in out
+
+
+def _writer(tmp_path: Path, text: str) -> tuple[SourceFile, Patch, Any]:
+    from fastpipe.experiments._patch import _Writer
+    from fastpipe.experiments._sites import Sites
+
+    source = _source(tmp_path, text)
+    patch = Patch("test")
+    return source, patch, _Writer(patch, Sites(tmp_path.resolve()))
+
+
+def test_removing_a_blocks_only_append_leaves_pass(tmp_path: Path) -> None:
+    source, patch, writer = _writer(
+        tmp_path,
+        """
+        trans = [Crop()]
+        if use_float:
+            trans.append(ConvertImageDtype(torch.float))
+        trans.append(Normalize(mean, std))
+        """,
+    )
+    from fastpipe.experiments._patch import _removable
+
+    for name in ("ConvertImageDtype", "Normalize"):
+        call = next(n for n in ast.walk(source.tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == name)
+        writer.remove(source, *_removable(source, call))
+    writer.finish()
+    assert patch.diff is not None and not patch.unplaced
+    assert "-    trans.append(ConvertImageDtype(torch.float))\n" in patch.diff and "+    pass\n" in patch.diff
+    assert "-trans.append(Normalize(mean, std))\n" in patch.diff and patch.diff.count("\n+") == 2  # +++ and the pass
+
+
+def test_a_statement_sharing_its_line_is_not_removed(tmp_path: Path) -> None:
+    from fastpipe.experiments._patch import _removable, _Unplaceable
+
+    source, _, writer = _writer(tmp_path, "if p: trans.append(Normalize(m, s))\n")
+    call = next(n for n in ast.walk(source.tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Normalize")
+    with pytest.raises(_Unplaceable):
+        writer.remove(source, *_removable(source, call))
+
+
+def test_an_edit_that_would_not_parse_is_left_out(tmp_path: Path) -> None:
+    source, patch, writer = _writer(tmp_path, "x = f(1, 2)\n")
+    writer.replace(source, 4, 5, "f((")  # a broken edit: the diff must not carry it
+    writer.finish()
+    assert patch.diff is None and "would not parse" in patch.unplaced[0]

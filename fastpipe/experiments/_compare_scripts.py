@@ -12,8 +12,9 @@ hand under load). So each script runs in its own loop, unchanged, and only its s
   ``warmup`` untimed steps and ``steps`` timed ones, the child stops the script and writes its step times;
 * the two scripts alternate in rounds, the order rotated (A B, B A, A B, ...), so a change in the machine's load
   falls on both;
-* the gain is ``A's ms/step / B's - 1`` over all rounds, and its noise two standard errors of the per-round gains
-  (:data:`fastpipe.diagnosis.ladder._noise.SIGNIFICANCE`); with ``--expected`` (what ``fix`` measured), the report
+* the gain is the geometric mean over the rounds of ``A's ms/step / B's``, minus 1 (paired by round: a load that
+  changes between rounds falls on both sides of a ratio), and its noise two standard errors of the per-round log
+  ratios (:data:`fastpipe.diagnosis.ladder._noise.SIGNIFICANCE`); with ``--expected`` (what ``fix`` measured), the report
   says how much of it held.
 """
 
@@ -24,6 +25,7 @@ import json
 import math
 import os
 import runpy
+import shlex
 import statistics
 import subprocess
 import sys
@@ -243,20 +245,24 @@ class ScriptComparison:
         spread = statistics.stdev(means) / math.sqrt(len(means)) / mean if len(means) > 1 else math.nan
         return mean, spread
 
+    def _log_ratios(self) -> list[float]:
+        """Each round's log(A's ms/step / B's): the two were measured side by side, under the same load."""
+        return [math.log(pair[0].ms / pair[1].ms) for pair in self.rounds if pair[0].step_s and pair[1].step_s]
+
     @property
     def gain(self) -> float:
-        """A's ms/step over B's, minus 1: +1.0 is B taking half the time a step (twice the steps a second)."""
-        a, _ = self._ms(0)
-        b, _ = self._ms(1)
-        return a / b - 1 if b == b and b > 0 else math.nan
+        """How much faster B's steps are than A's: the geometric mean over the rounds of A's ms/step / B's, minus 1
+        (+1.0: B takes half the time a step). Paired by round, so a load that changes between rounds cancels."""
+        logs = self._log_ratios()
+        return math.exp(statistics.fmean(logs)) - 1 if logs else math.nan
 
     @property
     def noise(self) -> float:
-        """Two standard errors of the gain, from the per-round gains (each round's A and B measured side by side)."""
-        gains = [pair[0].ms / pair[1].ms - 1 for pair in self.rounds if pair[0].step_s and pair[1].step_s]
-        if len(gains) < 2:
+        """Two standard errors of the gain (:data:`SIGNIFICANCE`), from the spread of the per-round log ratios."""
+        logs = self._log_ratios()
+        if len(logs) < 2:
             return math.nan
-        return SIGNIFICANCE * statistics.stdev(gains) / math.sqrt(len(gains))
+        return (1 + self.gain) * SIGNIFICANCE * statistics.stdev(logs) / math.sqrt(len(logs))
 
     @property
     def held(self) -> float | None:
@@ -272,9 +278,9 @@ class ScriptComparison:
         steps = sum(len(pair[0].step_s) for pair in self.rounds), sum(len(pair[1].step_s) for pair in self.rounds)
         out = [
             f"fastpipe compare: two scripts, each in its own loop, {len(self.rounds)} rounds in rotated order",
-            f"  A {' '.join(self.a)}",
+            f"  A {shlex.join(self.a)}",
             f"    {a_ms:.1f} ms/step ± {200 * a_err:.1f}% ({steps[0]} timed steps; {_loaders(self.rounds, 0)})",
-            f"  B {' '.join(self.b)}",
+            f"  B {shlex.join(self.b)}",
             f"    {b_ms:.1f} ms/step ± {200 * b_err:.1f}% ({steps[1]} timed steps; {_loaders(self.rounds, 1)})",
         ]
         gain, noise = self.gain, self.noise
@@ -300,8 +306,7 @@ class ScriptComparison:
         return out
 
     def _round_gains(self) -> str:
-        gains = [pair[0].ms / pair[1].ms - 1 for pair in self.rounds if pair[0].step_s and pair[1].step_s]
-        return ", ".join(f"{g:+.0%}" for g in gains) or "none"
+        return ", ".join(f"{math.exp(g) - 1:+.0%}" for g in self._log_ratios()) or "none"
 
     def __str__(self) -> str:
         return "\n".join(self.lines()) + "\n"

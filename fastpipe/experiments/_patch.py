@@ -94,6 +94,10 @@ class Patch:
         return "\n".join(lines) + "\n"
 
 
+class _Unplaceable(Exception):
+    """An edit that cannot be made in the text as it stands (the reason is the message)."""
+
+
 @dataclass
 class _Edit:
     path: Path
@@ -129,7 +133,15 @@ class _Writer:
             after += 1
         line_end = text.find("\n", after)
         line_end = len(text) if line_end < 0 else line_end + 1
-        if not text[line_start:start].strip() and not text[after:line_end].split("#")[0].strip():
+        own_lines = not text[line_start:start].strip() and not text[after:line_end].split("#")[0].strip()
+        if isinstance(node, ast.stmt):
+            if not own_lines:
+                raise _Unplaceable(f"line {node.lineno} holds more than the statement to remove")
+            body = [n for n in siblings if isinstance(n, ast.stmt)]
+            alone = len(body) == 1  # a block's only statement: `pass` keeps the block
+            self.replace(source, line_start, line_end, f"{source.indent(node)}pass\n" if alone else "")
+            return
+        if own_lines:
             self.replace(source, line_start, line_end, "")
             return
         index = [id(s) for s in siblings].index(id(node))
@@ -163,6 +175,11 @@ class _Writer:
             source = self._source(path)
             new = _apply(source.text, by_file[path])
             name = _relative(path, root)
+            try:
+                ast.parse(new)
+            except SyntaxError as exc:  # a safety net: a patch that does not parse is never handed out
+                self.patch.unplaced.append(f"{name}: the edits would not parse ({exc.msg}, line {exc.lineno}); none of them is in the diff")
+                continue
             chunks.append("".join(difflib.unified_diff(source.text.splitlines(True), new.splitlines(True), fromfile=name, tofile=name)))
         self.patch.diff = "".join(chunks) or None
         self.patch.snippet = "\n".join(self.snippets)
@@ -473,7 +490,7 @@ def _removable(source: SourceFile, call: ast.AST) -> tuple[ast.AST, Sequence[ast
         if isinstance(statement, ast.Expr):
             container = source.parent(statement)
             body = getattr(container, "body", [])
-            return statement, [s for s in body if s is statement] or [statement]
+            return statement, body
     return None
 
 
@@ -515,7 +532,11 @@ def _chain_edits(writer: _Writer, old_view: PipelineView, new_view: PipelineView
         if target is None:
             writer.unplaced(f"{leaf_name} at {line}: not a list element or an append(...) of the chain", snippet)
             continue
-        writer.remove(source, *target)
+        try:
+            writer.remove(source, *target)
+        except _Unplaceable as exc:
+            writer.unplaced(f"{leaf_name} at {line}: {exc}", snippet)
+            continue
         writer.patch.changes.append(f"{line}: {leaf_name} removed from the transform")
 
 
@@ -543,7 +564,7 @@ def _normalize_edits(writer: _Writer, original: Workload, new: Workload) -> None
     used = {n.id for n in own_nodes(source.scope_of(loop)) if isinstance(n, ast.Name)}
     name = next(n for n in ("device_normalize", "fastpipe_normalize", "fastpipe_device_normalize") if n not in used)
     at = source.line_start(loop.lineno)
-    writer.replace(source, at, at, f"{source.indent(loop)}{name} = {make}  # the Normalize the transform ran, on the device\n", "fastpipe")
+    writer.replace(source, at, at, f"{source.indent(loop)}{name} = {make}  # fastpipe: Normalize on the device\n", "fastpipe")
     after = source.line_start(copy.statement.end_lineno + 1) if copy.statement.end_lineno < len(source.lines) else len(source.text)  # type: ignore[operator]
     writer.replace(source, after, after, f"{source.indent(copy.statement)}{copy.images} = {name}({copy.images})\n")
     where = _relative(source.path, writer.sites.root)
