@@ -135,7 +135,7 @@ def test_examples_main_to_tensor_becomes_pil_to_tensor(tmp_path: Path, images: P
     assert patch.diff is not None and not patch.unplaced
     _apply_patch(folder, patch.diff)
     text = (folder / "patch_examples_main.py").read_text()
-    compose = text.split("transforms.Compose([")[1].split("]")[0]
+    compose = text.split("transforms.Compose(")[1].split("]")[0]
     assert "PILToTensor()" in compose and "ToTensor()" not in compose.replace("PILToTensor()", "") and "normalize" not in compose
     assert "images = device_normalize(images)" in text
 
@@ -165,6 +165,18 @@ def test_loader_built_in_a_function(tmp_path: Path, images: Path) -> None:
     text = (folder / "patch_in_function.py").read_text()
     assert "return fastpipe.datasets.ThreadLoader(train_set, batch_size, shuffle=True, threads=workers, drop_last=True)" in text
     assert "fastpipe.datasets.ImageFolder(root, transform=train_transform)" in text
+
+
+def test_dataset_built_in_another_file(tmp_path: Path, images: Path) -> None:
+    folder = _copy(tmp_path, "patch_split_main.py", "patch_data.py")
+    _, patches = _patches(folder, "patch_split_main.py", [str(images / "train")])
+    patch = _find(patches, "decode only the crop", "and uint8")
+    assert patch.diff is not None and not patch.unplaced, patch.text()
+    _apply_patch(folder, patch.diff)
+    data = (folder / "patch_data.py").read_text()
+    assert "fastpipe.datasets.ImageFolder(\n        root, transform=transforms.Compose(" in data and "import fastpipe.datasets" in data
+    assert "transforms.PILToTensor()]" in data and "normalize]" not in data
+    assert "inputs = device_normalize(inputs)" in (folder / "patch_split_main.py").read_text()
 
 
 def test_recycled_and_settings_edit_the_loader_call(tmp_path: Path, images: Path) -> None:
@@ -270,6 +282,13 @@ RUNS = [
     ("examples-uint8", ("patch_examples_main.py",), ["{images}", "--workers", "0"], ("uint8 over the copy",), "torch.float32"),
     ("examples-threads", ("patch_examples_main.py",), ["{images}", "--workers", "1"], ("ThreadLoader",), "torch.float32"),
     ("function-threads", ("patch_in_function.py",), ["{images}/train", "--workers", "1"], ("ThreadLoader",), "torch.float32"),
+    (
+        "split-decode-uint8",
+        ("patch_split_main.py", "patch_data.py"),
+        ["{images}/train"],
+        ("decode only the crop", "and uint8"),
+        "torch.float32",
+    ),
 ]
 
 

@@ -28,7 +28,6 @@ import inspect
 import itertools
 import os
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -40,9 +39,6 @@ from fastpipe.experiments._source import SourceFile, Span, bindings_of, callee_n
 from fastpipe.monitor import close_tap, open_tap
 
 _FASTPIPE = str(Path(__file__).resolve().parents[1])
-_LIBRARIES = tuple(
-    {str(Path(p).resolve()) for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"), sys.prefix) if p}
-)
 FOLLOW_DEPTH = 6
 """How many names and returns the AST fallback follows from the loader call to the dataset's constructor."""
 
@@ -107,10 +103,12 @@ class SiteRecorder:
         mine = self._mine.get(path)
         if mine is None:
             resolved = str(Path(path).resolve()) if not path.startswith("<") else path
+            parts = Path(resolved).parts
             mine = (
                 resolved.startswith(str(self.root) + os.sep)
                 and not resolved.startswith(_FASTPIPE + os.sep)
-                and not any(resolved.startswith(lib + os.sep) and "-packages" in resolved for lib in _LIBRARIES)
+                and "site-packages" not in parts
+                and "dist-packages" not in parts
             )
             self._mine[path] = mine
         return mine

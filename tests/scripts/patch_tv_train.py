@@ -66,7 +66,9 @@ def main(args):
         pin_memory=False,
         collate_fn=collate_fn,
     )
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, len(dataset.classes)))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, len(dataset.classes))
+    )
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     criterion = nn.CrossEntropyLoss()
