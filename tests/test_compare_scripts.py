@@ -28,6 +28,15 @@ def test_commands_split_on_the_second_dashes() -> None:
         cs.split_commands(["python", "a.py"])
 
 
+def test_options_that_cannot_apply_to_scripts_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("")
+    words = ["--", "python", str(tmp_path / "a.py"), "--", "python", str(tmp_path / "a.py")]
+    for flags, message in ((["--device", "cuda"], "--device applies to SPECs"), (["--plot", str(tmp_path / "x.png")], "--plot")):
+        args = build_parser().parse_args(["compare", *flags, *words])
+        with pytest.raises(ConfigError, match=message):
+            cs.run_cli(args)
+
+
 def test_expected_gain_reads_percent_or_fraction() -> None:
     assert cs.parse_gain("+300%") == pytest.approx(3.0) and cs.parse_gain("0.5") == 0.5
     with pytest.raises(ConfigError, match="--expected"):

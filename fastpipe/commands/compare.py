@@ -58,11 +58,10 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fastpipe.experiments._compare import compare
+    from fastpipe.experiments._compare_scripts import is_scripts, run_cli
     from fastpipe.workloads._workload import family_of
 
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
-    from fastpipe.experiments._compare_scripts import is_scripts, run_cli
-
     if is_scripts(args.specs):
         return run_cli(args)
     if args.steps < 1 or args.warmup < 0:

@@ -415,6 +415,8 @@ def run_cli(args: argparse.Namespace) -> int:
     a, b = split_commands(args.specs)
     if getattr(args, "markdown", None) is not None or getattr(args, "plot", None) is not None:
         raise ConfigError("--markdown and --plot apply to SPEC comparisons; two scripts write --json")
+    if getattr(args, "device", None) is not None:
+        raise ConfigError("--device applies to SPECs: each script runs on the device its own arguments give (e.g. --device cuda)")
     expected = parse_gain(args.expected) if getattr(args, "expected", None) is not None else None
 
     def echo(line: str) -> None:
