@@ -352,3 +352,29 @@ def test_an_edit_that_would_not_parse_is_left_out(tmp_path: Path) -> None:
     writer.replace(source, 4, 5, "f((")  # a broken edit: the diff must not carry it
     writer.finish()
     assert patch.diff is None and "would not parse" in patch.unplaced[0]
+
+
+def test_normalize_goes_after_a_conditional_copy_not_inside_it(tmp_path: Path) -> None:
+    from fastpipe.experiments._patch import Patch, _normalize_edits, _Writer
+    from fastpipe.experiments._sites import Sites
+    from fastpipe.transforms.device import Normalize
+
+    source = _source(
+        tmp_path,
+        """
+        def train(loader, model, args):
+            for i, (images, target) in enumerate(loader):
+                if args.gpu is not None:
+                    images = images.cuda(args.gpu, non_blocking=True)
+                output = model(images)
+        """,
+    )
+    loop = next(n for n in ast.walk(source.tree) if isinstance(n, ast.For))
+    sites = Sites(tmp_path.resolve(), copy=copy_in_loop(source, loop))
+    patch = Patch("test")
+    writer = _Writer(patch, sites)
+    original = Workload(loader=None, step=lambda b: None)  # type: ignore[arg-type]
+    _normalize_edits(writer, original, dataclasses.replace(original, device_transform=Normalize((0.5,) * 3, (0.25,) * 3)))
+    writer.finish()
+    assert patch.diff is not None
+    assert "             images = images.cuda(args.gpu, non_blocking=True)\n+        images = device_normalize(images)\n" in patch.diff

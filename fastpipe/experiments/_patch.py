@@ -565,8 +565,14 @@ def _normalize_edits(writer: _Writer, original: Workload, new: Workload) -> None
     name = next(n for n in ("device_normalize", "fastpipe_normalize", "fastpipe_device_normalize") if n not in used)
     at = source.line_start(loop.lineno)
     writer.replace(source, at, at, f"{source.indent(loop)}{name} = {make}  # fastpipe: Normalize on the device\n", "fastpipe")
-    after = source.line_start(copy.statement.end_lineno + 1) if copy.statement.end_lineno < len(source.lines) else len(source.text)  # type: ignore[operator]
-    writer.replace(source, after, after, f"{source.indent(copy.statement)}{copy.images} = {name}({copy.images})\n")
+    # after the loop-body statement that holds the copy: a copy under `if args.gpu is not None:` still gets its
+    # images normalized when the branch is not taken (they are then normalized where they are)
+    statement: ast.AST = copy.statement
+    while source.parent(statement) is not loop:
+        statement = source.parent(statement)  # type: ignore[assignment]
+    end = statement.end_lineno or statement.lineno  # type: ignore[attr-defined]
+    after = source.line_start(end + 1) if end < len(source.lines) else len(source.text)
+    writer.replace(source, after, after, f"{source.indent(statement)}{copy.images} = {name}({copy.images})\n")
     where = _relative(source.path, writer.sites.root)
     writer.patch.changes.append(
         f"{where}:{copy.statement.lineno}: {copy.images} = {name}({copy.images}) after the copy to the device "
