@@ -378,3 +378,14 @@ def test_normalize_goes_after_a_conditional_copy_not_inside_it(tmp_path: Path) -
     writer.finish()
     assert patch.diff is not None
     assert "             images = images.cuda(args.gpu, non_blocking=True)\n+        images = device_normalize(images)\n" in patch.diff
+
+
+def test_a_setting_passed_by_position_is_replaced_in_place(tmp_path: Path, images: Path) -> None:
+    folder = _copy(tmp_path, "patch_in_function.py")
+    recorder, loader = run_until_loader("path", str(folder / "patch_in_function.py"), [str(images / "train"), "--workers", "0"])
+    original = Workload(loader=loader, step=lambda batch: None)
+    bigger = Candidate(
+        "batch_size 4 -> 8", (), "", workload=dataclasses.replace(original, loader=rebuild_loader(loader, loader.dataset, batch_size=8))
+    )
+    patch = write_patch(folder / "patch_in_function.py", original, bigger, recorder.sites(loader))
+    assert patch.diff is not None and "DataLoader(train_set, 8, shuffle=True" in patch.diff and "batch_size=8" not in patch.diff

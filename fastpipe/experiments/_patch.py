@@ -314,15 +314,16 @@ def _loader_edits(writer: _Writer, original: Workload, new_loader: Any) -> None:
         if writer.patch.refused:
             return
     elif isinstance(inner, DataLoader):
+        bound = _bind(call, DataLoader.__init__, skip_self=True) or {}
         for setting in LOADER_SETTINGS:
             before, after = getattr(old, setting, None), getattr(inner, setting, None)
             if before == after:
                 continue
-            keyword = _keyword(call, setting)
-            if keyword is not None:
-                writer.replace(source, source.start(keyword.value), source.end(keyword.value), _literal(after))
+            node = bound.get(setting)  # passed by keyword or by position: its value is replaced in place
+            if node is not None:
+                writer.replace(source, source.start(node), source.end(node), _literal(after))
                 writer.patch.changes.append(
-                    f"{where}: {setting}={ast.unparse(keyword.value)} -> {setting}={after!r} (the value measured; it was {before!r})"
+                    f"{where}: {setting}={ast.unparse(node)} -> {setting}={after!r} (the value measured; it was {before!r})"
                 )
             else:
                 _append_argument(writer, source, call, f"{setting}={after!r}")
