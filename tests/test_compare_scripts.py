@@ -86,7 +86,18 @@ def test_a_gain_short_of_the_expected_does_not_hold(tmp_path: Path) -> None:
     result = cs.compare_scripts(
         ["python", str(tmp_path / "a.py")], ["python", str(tmp_path / "b.py")], rounds=2, expected=3.0, runner=runner
     )
-    assert result.gain == pytest.approx(0.25) and "it does not hold" in str(result)
+    assert result.gain == pytest.approx(0.25) and "it does not hold" in str(result)  # no spread: the noise is 0
+
+
+def test_a_gap_within_noise_is_not_called_either_way(tmp_path: Path) -> None:
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("")
+    runner, _ = _fake({str(tmp_path / "a.py"): [[0.1, 0.1]] * 4, str(tmp_path / "b.py"): [[0.05, 0.05], [0.1, 0.1]] * 2})
+    result = cs.compare_scripts(
+        ["python", str(tmp_path / "a.py")], ["python", str(tmp_path / "b.py")], rounds=4, expected=0.8, runner=runner
+    )
+    assert abs(result.gain - 0.8) > 0.25 * 0.8 and abs(result.gain - 0.8) <= result.noise
+    assert "not shown either way" in str(result)
 
 
 def test_missing_script_is_one_line() -> None:

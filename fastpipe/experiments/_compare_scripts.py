@@ -271,6 +271,21 @@ class ScriptComparison:
             return None
         return self.gain / self.expected
 
+    def verdict(self) -> str:
+        """Whether the expected gain held: within :data:`HELD` of it; or not; or not shown either way when the
+        difference is within the noise."""
+        if self.expected is None:
+            return "no expected gain given"
+        gap = self.gain - self.expected
+        if abs(gap) <= HELD * abs(self.expected):
+            return f"it holds (within {HELD:.0%} of the expected gain)"
+        if self.noise == self.noise and abs(gap) <= self.noise:
+            return (
+                f"not shown either way: {gap:+.0%} from the expected gain, within this run's noise (±{self.noise:.0%}); "
+                "more --rounds or a quieter machine narrow it"
+            )
+        return f"it does not hold ({gap:+.0%} from the expected gain, beyond {HELD:.0%} of it and beyond noise)"
+
     def lines(self) -> list[str]:
         a_ms, a_err = self._ms(0)
         b_ms, b_err = self._ms(1)
@@ -288,11 +303,8 @@ class ScriptComparison:
         verdict = "beyond noise" if significant else "within noise" if noise == noise else "noise unknown (one round)"
         out.append(f"  gain of B over A: {gain:+.0%} ± {noise:.0%} ({verdict}; per-round gains: {self._round_gains()})")
         if self.expected is not None:
-            held = self.held
-            holds = held is not None and abs(gain - self.expected) <= HELD * abs(self.expected)
             out.append(
-                f"  expected (what fix measured): {self.expected:+.0%}; measured here: {gain:+.0%}, "
-                f"{held:.0%} of it: {'it holds' if holds else 'it does not hold'} (within {HELD:.0%} of the expected gain)"
+                f"  expected (what fix measured): {self.expected:+.0%}; measured here: {gain:+.0%}, {self.held:.0%} of it: {self.verdict()}"
             )
         problems = [f"{'AB'[i]}: {pair[i].error}" for pair in self.rounds for i in (0, 1) if pair[i].error]
         short = [f"{'AB'[i]}" for pair in self.rounds for i in (0, 1) if not pair[i].complete and not pair[i].error]
