@@ -389,3 +389,23 @@ def test_a_setting_passed_by_position_is_replaced_in_place(tmp_path: Path, image
     )
     patch = write_patch(folder / "patch_in_function.py", original, bigger, recorder.sites(loader))
     assert patch.diff is not None and "DataLoader(train_set, 8, shuffle=True" in patch.diff and "batch_size=8" not in patch.diff
+
+
+def test_patch_for_report_takes_the_best_then_the_first_recommended(tmp_path: Path, images: Path) -> None:
+    from types import SimpleNamespace
+
+    from fastpipe.experiments._patch import patch_for_report
+
+    folder = _copy(tmp_path, "patch_in_function.py")
+    recorder, loader = run_until_loader("path", str(folder / "patch_in_function.py"), [str(images / "train"), "--workers", "1"])
+    original = Workload(loader=loader, step=lambda batch: None)
+    candidates = {c.name: c for c in build_candidates(original)[0] if c.workload is not None}
+    results = [SimpleNamespace(name=name, candidate=c) for name, c in candidates.items()]
+    sites = recorder.sites(loader)
+    recycled = next(name for name in candidates if name.startswith("recycled"))
+    report = SimpleNamespace(results=results, best=recycled, recommended=lambda: results[:1])
+    assert patch_for_report(folder, original, report, sites).fix == recycled  # type: ignore[union-attr]
+    report.best = None
+    assert patch_for_report(folder, original, report, sites).fix == results[0].name  # type: ignore[union-attr]
+    report.recommended = lambda: []
+    assert patch_for_report(folder, original, report, sites) is None

@@ -653,4 +653,24 @@ def write_patch(script: "str | Path", original: Workload, candidate: Candidate, 
     return patch
 
 
-__all__ = ["Patch", "write_patch"]
+def patch_for_report(script: "str | Path", original: Workload, report: Any, sites: Sites) -> Patch | None:
+    """The patch of the fix a ``fix`` report recommends first: its ``best`` result (the combined set where it won),
+    else its first recommended one; None when nothing is recommended or the result carries no live candidate.
+
+    For ``fastpipe fix -- python train.py --patch out.diff``: open a :class:`~fastpipe.experiments._sites.SiteRecorder`
+    on the script while it runs, then ``patch_for_report(script, workload, report, recorder.sites(workload.loader))``
+    with the workload script mode made (its ``loader`` is the script's own) and write ``patch.diff``.
+    """
+    results = list(getattr(report, "results", []))
+    best = getattr(report, "best", None)
+    chosen = next((r for r in results if best is not None and r.name == best), None)
+    if chosen is None:
+        recommended = report.recommended() if callable(getattr(report, "recommended", None)) else []
+        chosen = recommended[0] if recommended else None
+    candidate = getattr(chosen, "candidate", None)
+    if candidate is None:
+        return None
+    return write_patch(script, original, candidate, sites)
+
+
+__all__ = ["Patch", "patch_for_report", "write_patch"]
