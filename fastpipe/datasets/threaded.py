@@ -172,10 +172,12 @@ class ThreadLoader:
     def with_dataset(self, dataset: Any, **overrides: Any) -> "ThreadLoader":
         """A loader like this one over ``dataset`` (the diagnosis's hook); its sampler and generator are copies, so
         iterating it leaves this one's untouched. ``overrides``: ``threads``, ``prefetch``, ``slots``, ``pin_memory``,
-        and the DataLoader names callers such as ``fastpipe tune`` pass: ``num_workers`` (> 0: that many threads;
+        ``collate_fn`` (None: ``default_collate``), and the DataLoader names callers such as ``fastpipe tune`` pass: ``num_workers`` (> 0: that many threads;
         0: this loader's own ``threads``) and ``prefetch_factor`` (None: this loader's ``prefetch``; else batches
         read ahead)."""
-        settings = dict(threads=self.threads, prefetch=self.prefetch, slots=self.slots, pin_memory=self.pin_memory)
+        settings = dict(
+            threads=self.threads, prefetch=self.prefetch, slots=self.slots, pin_memory=self.pin_memory, collate_fn=self.collate_fn
+        )
         overrides = dict(overrides)
         workers = overrides.pop("num_workers", 0)
         if workers:
@@ -203,7 +205,6 @@ class ThreadLoader:
             batch_sampler=own(self.batch_sampler) if custom_batches else None,
             drop_last=self.drop_last,
             generator=own(self.generator),
-            collate_fn=self.collate_fn,
             **settings,
         )
 

@@ -48,6 +48,8 @@ from fastpipe.workloads._workload import Workload
 
 #: How many files' headers are read for the image sizes the crop-box test draws for.
 SIZE_SAMPLE = 64
+#: Why pixels are not compared for a fix that changes the worker count (labels, shapes and dtypes still are).
+WORKERS_DRAW = "each worker draws the random transforms from its own seed: another worker count gives other draws"
 #: What the samples a collate_fn gets become when Normalize moves after the copy.
 _UINT8_SAMPLES = "uint8 images (the float conversion and Normalize moved after the copy)"
 
@@ -87,6 +89,9 @@ class Candidate:
     original: Workload | None = None
     parts: tuple[str, ...] = ()
     """For a combined candidate, the names of the single fixes it joins (:mod:`fastpipe.experiments._fix_combined`)."""
+    kind: str = ""
+    """What it changes, for combining: ``dataset`` (the transform or the dataset class, the DataLoader kept),
+    ``settings`` (num_workers/prefetch_factor), ``recycled``, ``loader`` (the DataLoader replaced); "" for advice."""
 
     @property
     def loader(self) -> Any:
@@ -373,6 +378,7 @@ def _decode_crop(workload: Workload, view: PipelineView, leaves: list[Any], labe
         code + f"  # {fast}",
         transform=dataset.transform,
         changes_samples=None if device_transform == "same" else _UINT8_SAMPLES,
+        kind="dataset",
         workload=_rewritten(workload, name, new_dataset, device_transform),
         compare_pixels=None if same_rng else f"{type(leaves[0]).__name__} draws its box with another RNG than the decoder's",
         boxes=None if draws is None else (*draws, _image_sizes(paths)),
@@ -403,6 +409,7 @@ def _uint8(workload: Workload, view: PipelineView) -> tuple[Candidate, list[Any]
         workload=_rewritten(workload, name, new_dataset, device_normalize),
         transform=transform,
         changes_samples=_UINT8_SAMPLES,
+        kind="dataset",
     )
     return candidate, head, device_normalize
 
@@ -458,6 +465,8 @@ def tuned_settings(workload: Workload, tuned: TuneResult) -> Candidate:
         f"DataLoader(..., {', '.join(arguments)})  # tune's choice from a short sweep of {swept}; `fastpipe tune SPEC` measures every count",
         workload=_rewritten(workload, name, loader=rebuild_loader(loader, loader.dataset, num_workers=workers, prefetch_factor=prefetch)),
         direct=True,
+        kind="settings",
+        compare_pixels=WORKERS_DRAW if workers != loader.num_workers else None,
     )
 
 
@@ -477,6 +486,7 @@ def _loader_candidates(workload: Workload, tuned: Candidate | None) -> list[Cand
                 "loader = fastpipe.recycled(loader)  # workers collate into reused shared-memory buffers",
                 workload=_rewritten(workload, name, loader=recycled(rebuild_loader(loader, loader.dataset))),
                 direct=True,
+                kind="recycled",
             )
         )
     return out
@@ -526,6 +536,7 @@ def _thread_loader(workload: Workload, decoded: Candidate) -> Candidate:
         direct=True,
         transform=decoded.transform,
         changes_samples=decoded.changes_samples,
+        kind="loader",
     )
 
 
@@ -575,11 +586,11 @@ def build_candidates(workload: Workload, tuned: Candidate | None = None) -> tupl
     candidates += _loader_candidates(workload, tuned)
     for candidate in candidates:
         candidate.original = workload
-        _refuse_what_drops(workload, candidate)
+        refuse_what_drops(workload, candidate)
     return candidates, view
 
 
-def _refuse_what_drops(workload: Workload, candidate: Candidate) -> None:
+def refuse_what_drops(workload: Workload, candidate: Candidate) -> None:
     """Mark ``candidate`` "not tried" when its loader cannot keep a setting of the user's (:mod:`._fix_keep`)."""
     if candidate.workload is None or candidate.not_tried is not None:
         return
@@ -600,3 +611,30 @@ def discard_candidate_loader(candidate: Candidate) -> None:
     close = getattr(loader, "close", None)
     if close is not None and not hasattr(loader, "with_dataset"):
         close()
+
+
+def worker_count_candidates(workload: Workload, counts: Sequence[int]) -> list[Candidate]:
+    """One candidate per worker count in ``counts`` other than the loader's own (script mode, where no factory exists for
+    a ``tune`` sweep to rebuild the workload from: the counts are measured as rungs, each against the original)."""
+    loader = workload.loader
+    if not isinstance(loader, DataLoader):
+        return []
+    out = []
+    for workers in sorted(set(counts) - {loader.num_workers}):
+        name = f"num_workers {loader.num_workers} -> {workers}"
+        prefetch = _prefetch_of(loader) if workers > 0 else None
+        candidate = Candidate(
+            name,
+            ("workers",),
+            f"DataLoader(..., num_workers={workers})  # one of the counts 1, 2, 4, ... and the usable cores, each measured",
+            workload=_rewritten(
+                workload, name, loader=rebuild_loader(loader, loader.dataset, num_workers=workers, prefetch_factor=prefetch)
+            ),
+            direct=True,
+            kind="settings",
+            original=workload,
+            compare_pixels=WORKERS_DRAW,
+        )
+        refuse_what_drops(workload, candidate)
+        out.append(candidate)
+    return out
