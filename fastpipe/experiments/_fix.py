@@ -79,6 +79,10 @@ class FixResult:
     why: str | None = None
     versus: str | None = None
     """For the combined fix: how it measured against the best single fix, in its own rotated run."""
+    single: str | None = None
+    """For the combined fix: the best single fix it was measured against in that run."""
+    single_ms: float | None = None
+    """For the combined fix: that single fix's milliseconds a step in that run (``ms_per_step`` is the set's)."""
     candidate: Candidate | None = field(default=None, repr=False, compare=False)
     """The live candidate (its loader, dataset, transform and the original's), for a patch writer; not serialized."""
 
@@ -507,6 +511,7 @@ def _measure_combined(
     second = FixReport(report.workload, report.device, None, None, None)
     _judge(second, bound, pooled, [best_single, combined], again, drift)
     single_again = again[id(best_single)]
+    result.single, result.single_ms = best_single.name, single_again.ms_per_step
     result.versus = (
         f"in its own run against the original and {best_single.name}: {single_again.ms_per_step:.0f} ms a step for that fix, "
         f"{result.ms_per_step:.0f} for the set ({single_again.ms_per_step / result.ms_per_step - 1:+.0%} over the best single fix)"
