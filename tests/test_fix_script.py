@@ -131,3 +131,18 @@ def test_fix_in_a_scripts_loop_keeps_its_mixup_collate_or_refuses(photos: Path, 
     assert decode["ms_per_step"] is not None and "compared before the loader's collate_fn" in decode["check"]
     assert any("every rung ran inside" in note for note in report["notes"])
     assert ("Recommended:" in captured.out) == any(r["status"] == RECOMMENDED for r in report["results"])
+
+
+def test_script_mode_offers_each_worker_count_keeping_the_loaders_settings() -> None:
+    from fastpipe.experiments._fix_candidates import WORKERS_DRAW, worker_count_candidates
+
+    def collate(batch):
+        return batch
+
+    loader = DataLoader(_Tiny(), batch_size=4, num_workers=2, collate_fn=collate, persistent_workers=True, pin_memory=True)
+    workload = Workload(loader=loader, step=lambda b: None, name="tiny")
+    offered = worker_count_candidates(workload, [1, 2, 4])
+    assert [c.name for c in offered] == ["num_workers 2 -> 1", "num_workers 2 -> 4"]
+    for candidate in offered:
+        assert candidate.not_tried is None and candidate.kind == "settings" and candidate.compare_pixels == WORKERS_DRAW
+        assert candidate.loader.collate_fn is collate and candidate.loader.persistent_workers and candidate.loader.pin_memory

@@ -30,6 +30,11 @@ from fastpipe.experiments._fix import FixReport, RunnerFactory, measure_fixes
 from fastpipe.experiments._fix_candidates import build_candidates, sweep_counts, worker_count_candidates
 from fastpipe.workloads._workload import Workload
 
+CPU_STEP_FLAG = (
+    "the script's own step ran on the CPU and shares the cores with the loader: a fix that frees cores (fewer "
+    "processes, less work per sample) can gain more or less here than beside an accelerator's step; run the same "
+    "command where the script trains on its GPU for that answer"
+)
 GPU_NORMALIZE_CAVEAT = (
     "a fix that sends uint8 over the copy had its Normalize run on the host batch before the script's own copy "
     "(fastpipe does not own the script's .to(device)): on a GPU, where the fix runs it after the copy, its gain is "
@@ -59,7 +64,8 @@ def script_fixes(
         "now): a script has no factory for a tune sweep to rebuild",
     ]
     report = measure_fixes(workload, device, options, candidates, runner=runner, named=named, notes=notes)
-    report.workload = workload.name
+    if device.kind == "cpu":
+        report.flags.append(CPU_STEP_FLAG)
     if device.kind == "cuda" and any(r.name.startswith("uint8 over the copy") and r.ms_per_step is not None for r in report.results):
         report.flags.append(GPU_NORMALIZE_CAVEAT)
     return report
