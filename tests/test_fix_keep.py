@@ -151,3 +151,22 @@ def test_the_thread_loader_runs_the_users_collate_on_the_fast_path_and_keeps_a_b
     assert out[0][1].tolist() == [dataset.samples[i][1] for i in range(0, 10, 2)]
     again = loader.with_dataset(dataset)
     assert again.collate_fn is collate and refusal(DataLoader(dataset, batch_sampler=batches, collate_fn=collate), again) is None
+
+
+@requires_op
+def test_the_input_check_compares_before_a_kept_random_collate(photos: Path) -> None:
+    """Mixup draws in whichever process collates: the check compares what enters the (same, kept) collate_fn."""
+    from fastpipe.experiments._fix import check_candidate
+    from fastpipe.experiments._fix_candidates import level_unit, view_of
+
+    dataset = torchvision.datasets.ImageFolder(str(photos), PresetTrain(32))
+    loader = DataLoader(dataset, batch_size=4, shuffle=True, collate_fn=_mixup_collate())
+    workload = Workload(loader=loader, step=lambda b: None, name="tv mixup")
+    candidates, _ = build_candidates(workload)
+    threaded = _by_name(candidates)["ThreadLoader over the decode-the-crop dataset"]
+    assert threaded.not_tried is None and threaded.loader.collate_fn is loader.collate_fn  # no workers to lose here
+    view, _ = view_of(workload)
+    checked = check_candidate(workload, threaded, level_unit(workload, view.leaves))
+    assert checked.passed, checked.line()
+    assert checked.labels_equal and "compared before the loader's collate_fn, which the fix keeps" in checked.line()
+    assert loader.collate_fn is threaded.loader.collate_fn  # the user's loader and the candidate's keep it afterwards

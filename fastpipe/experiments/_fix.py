@@ -9,6 +9,17 @@ faster when the time it saves per step exceeds two standard errors of the differ
 time over the device step (the rule of a rung of ``compare``, but always against the original) and :data:`THRESHOLD`
 of the device step.
 
+Before any of that, a candidate whose loader cannot keep everything the user's did (its ``collate_fn``, sampler,
+``drop_last``, ``worker_init_fn``, ``generator``, ``persistent_workers``, ``pin_memory``) is "not tried", saying which
+(:mod:`fastpipe.experiments._fix_keep`). After the single fixes, the ones that helped and change different parts of the
+pipeline are joined into one candidate (:mod:`fastpipe.experiments._fix_combined`), checked the same way and measured
+against the original and the best single fix in a second rotated run; the report recommends the best measured, single
+or combined (:attr:`FixReport.best`).
+
+:func:`measure_fixes` is that engine for any runner of points: a factory's (``fix``) or script mode's, whose
+:class:`~fastpipe.diagnosis._windows.WindowRunner` times every rung through the script's own step
+(:mod:`fastpipe.diagnosis._script_fix`, ``fastpipe fix -- python train.py``).
+
 The report lists only what it measured: the fixes that helped, ranked by measured gain, each with the code to apply
 and what its input check found; then the candidates tried and not helping; those whose input check failed (never
 recommended, however fast); and advice not tried, with why. :func:`plan` says, without measuring, which fixes would be
@@ -96,6 +107,11 @@ class FixResult:
             return (
                 f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
                 f"({self.gain:+.0%}: slower beyond ±{self.noise_ms:.0f} ms of noise or drift)"
+            )
+        if self.status == NOT_HELPING and self.why:  # the combined set, faster than the original but not than its best part
+            return (
+                f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
+                f"({self.gain:+.0%}), {self.why}"
             )
         if self.status == NOT_HELPING:
             return (

@@ -504,8 +504,10 @@ def _thread_loader(workload: Workload, decoded: Candidate) -> Candidate:
         ", generator=<your generator>" if loader.generator is not None else ""
     )
     order = "batch_sampler=<your batch_sampler>" if custom_batches else f"batch_size={loader.batch_size}, sampler=<your sampler>"
+    head, _, rest = decoded.code.partition("  # ")
+    also = rest.partition("; and: ")[2]  # the uint8 rewrite of a decode + uint8 dataset: part of this fix too
     code = (
-        f"{decoded.code.split('  # ')[0]}; then: loader = fastpipe.datasets.ThreadLoader(dataset, {order}"
+        f"{head}{'; and: ' + also if also else ''}; then: loader = fastpipe.datasets.ThreadLoader(dataset, {order}"
         f"{', drop_last=True' if loader.drop_last else ''}{keeps}, threads={threads}, pin_memory={bool(loader.pin_memory)})"
         f"  # in place of the DataLoader: {threads} decoding thread(s), one process"
     )
