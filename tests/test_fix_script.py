@@ -146,3 +146,20 @@ def test_script_mode_offers_each_worker_count_keeping_the_loaders_settings() -> 
     for candidate in offered:
         assert candidate.not_tried is None and candidate.kind == "settings" and candidate.compare_pixels == WORKERS_DRAW
         assert candidate.loader.collate_fn is collate and candidate.loader.persistent_workers and candidate.loader.pin_memory
+
+
+@pytest.mark.slow
+@requires_op
+def test_diagnose_fix_in_a_script_measures_the_fixes_after_the_ladder(
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fixes.json"
+    quick = ["--no-memory", "--no-stage-costs", "--no-startup", "--steps", "4", "--warmup", "1", "--precision", "0.2", "--budget", "3"]
+    script = ["python", str(SCRIPT), "--data-path", str(photos), "-b", "8", "--epochs", "300", "--step-ms", "5"]
+    code = main(["diagnose", *quick, "--no-progress", "--fix", "--fix-json", str(out), "--", *script])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    assert "fastpipe diagnose" in captured.out and "fastpipe fix" in captured.out  # the ladder's table, then the fixes'
+    report = json.loads(out.read_text())
+    assert report["schema"] == "fastpipe.fix/1" and any(r["ms_per_step"] is not None for r in report["results"])
+    assert report["named_stages"] is not None  # the stages the ladder named were passed on

@@ -713,7 +713,14 @@ class ScriptLadder:
             report.notes.append(f"the script {why} during the ladder and asked for no more batches, so this report is partial")
 
     def _explain(self, error: BaseException) -> None:
-        if isinstance(error, FastpipeError):
+        if self.options.fix == "only" and isinstance(error, (ScriptGone, KeyboardInterrupt)):
+            steps = self.handoff.steps if self.handoff is not None else 0
+            self.echo(
+                f"fastpipe fix: the fixes were not all measured ({steps} steps of the script's loop in): {error}. Every fix "
+                "and the original are measured in one run, so there is no partial report: give the script more epochs "
+                "(or steps), or each rung less time (--budget)"
+            )
+        elif isinstance(error, FastpipeError):
             self.echo(f"fastpipe diagnose: the ladder stopped: {error}")
         elif isinstance(error, (ScriptGone, KeyboardInterrupt)):
             self.echo(f"fastpipe diagnose: the ladder stopped before measuring a point: {error}")
@@ -846,7 +853,7 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
         return code  # it left by itself before any loop (its --help, a bad argument): python's exit, no advice
     missing = session.nothing_measured()
     if missing is not None:
-        session.echo(missing)
+        session.echo(missing.replace("fastpipe diagnose", "fastpipe fix") if session.options.fix == "only" else missing)
         return code or EXIT_NOTHING
     return code
 
