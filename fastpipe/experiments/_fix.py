@@ -412,6 +412,8 @@ def measure_fixes(
         rngs.restore()
     order = {RECOMMENDED: 0, NOT_HELPING: 1, INPUT_CHANGED: 2, FAILED: 3, NOT_TRIED: 4}
     report.results = sorted(outcomes.values(), key=lambda r: (order[r.status], -(r.gain or 0.0)))
+    if report.best is None and report.recommended:  # no combined run (combine=False): the largest measured gain
+        report.best = report.recommended[0].name
     if named:
         addressed = {stage for r in report.recommended for stage in r.addresses}
         missed = [stage for stage in named if not any(stage == a or stage.startswith(a) or a in stage for a in addressed)]
