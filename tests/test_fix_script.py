@@ -118,7 +118,7 @@ def test_script_mode_fix_refuses_what_cannot_apply(capsys: pytest.CaptureFixture
 def test_fix_in_a_scripts_loop_keeps_its_mixup_collate_or_refuses(photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fix.json"
     quick = ["--steps", "4", "--warmup", "1", "--budget", "3", "--precision", "0.2", "--no-progress", "--json", str(out)]
-    script = ["python", str(SCRIPT), "--data-path", str(photos), "-b", "8", "--epochs", "200", "--mixup-alpha", "0.2", "--step-ms", "5"]
+    script = ["python", str(SCRIPT), "--data-path", str(photos), "-b", "4", "--epochs", "200", "--mixup-alpha", "0.2", "--step-ms", "5"]
     code = main(["fix", *quick, "--", *script])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
@@ -155,7 +155,7 @@ def test_diagnose_fix_in_a_script_measures_the_fixes_after_the_ladder(
 ) -> None:
     out = tmp_path / "fixes.json"
     quick = ["--no-memory", "--no-stage-costs", "--no-startup", "--steps", "4", "--warmup", "1", "--precision", "0.2", "--budget", "3"]
-    script = ["python", str(SCRIPT), "--data-path", str(photos), "-b", "8", "--epochs", "300", "--step-ms", "5"]
+    script = ["python", str(SCRIPT), "--data-path", str(photos), "-b", "4", "--epochs", "300", "--step-ms", "5"]
     code = main(["diagnose", *quick, "--no-progress", "--fix", "--fix-json", str(out), "--", *script])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]

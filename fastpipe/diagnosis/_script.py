@@ -853,7 +853,9 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
         return code  # it left by itself before any loop (its --help, a bad argument): python's exit, no advice
     missing = session.nothing_measured()
     if missing is not None:
-        session.echo(missing.replace("fastpipe diagnose", "fastpipe fix") if session.options.fix == "only" else missing)
+        if session.options.fix == "only":
+            missing = missing.replace("fastpipe diagnose", "fastpipe fix").replace("the ladder never started", "no fix was measured")
+        session.echo(missing)
         return code or EXIT_NOTHING
     return code
 
