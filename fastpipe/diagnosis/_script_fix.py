@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device
 from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.experiments._compare import ROUNDS
 from fastpipe.experiments._fix import FixReport, RunnerFactory, measure_fixes
 from fastpipe.experiments._fix_candidates import build_candidates, sweep_counts, worker_count_candidates
 from fastpipe.workloads._workload import Workload
@@ -76,7 +77,7 @@ def announcement(script: str, label: str, loader: Any, why: str, options: Measur
     return (
         f"fastpipe fix: the candidate fixes are measured in {script}'s loop from its next batch of {label} "
         f"(batch_size={getattr(loader, 'batch_size', None)}, num_workers={getattr(loader, 'num_workers', 0)}; {why}). The script "
-        f"trains on the fixes' batches: each fix and the original get a warm-up pass, then 3 rounds in rotated order, "
+        f"trains on the fixes' batches: each fix and the original get a warm-up pass, then {ROUNDS} rounds in rotated order, "
         f"each up to {options.budget:g} s (--budget); afterwards its state is put back and it is stopped (a dry run)"
     )
 
