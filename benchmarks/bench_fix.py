@@ -16,6 +16,11 @@ first fix's throughput against the original's from that same run, and the second
 
 With ``--diagnose``, ``fastpipe.diagnose`` runs first and its table is printed (the stages it names are passed on).
 
+Combined fixes: after the single fixes, ``fix`` joins the ones that helped and change different parts (decode the crop
+and/or uint8 over the copy, the worker count tune chose, recycled batch memory) into one candidate and measures it
+against the original and the best single fix in one rotated run; the script prints that run's ratio of the set's
+throughput to the best single fix's, and what the report recommends (the best measured, single or combined).
+
 Usage:
     python benchmarks/bench_fix.py [--pipelines torchvision timm] [--device sim:20] [--n 256] [--batch-size 32]
         [--workers N] [--steps 10] [--budget 20] [--diagnose] [--json out.json]
@@ -108,6 +113,29 @@ def run(name: str, args: argparse.Namespace, root: str) -> dict[str, Any]:
         out["first_fix"] = {"name": first.name, "original_ms": first.original_ms, "fixed_ms": first.ms_per_step, "ratio": ratio}
     else:
         print("first fix: none measured faster beyond noise")
+    combined = [r for r in fixes.results if r.name.startswith("combined:")]
+    if combined and combined[0].single_ms is not None and combined[0].ms_per_step is not None:
+        c = combined[0]
+        ratio = c.single_ms / c.ms_per_step
+        print(
+            f"combined set against the best single fix, measured in one rotated run with the original: {c.name}: "
+            f"{c.ms_per_step:.0f} ms a step against {c.single_ms:.0f} for {c.single} ({ratio:.2f}x the throughput; "
+            f"{c.original_ms:.0f} ms the original in that run, {c.original_ms / c.ms_per_step:.2f}x); status: {c.status}"
+        )
+        out["combined"] = {
+            "name": c.name,
+            "ms": c.ms_per_step,
+            "single": c.single,
+            "single_ms": c.single_ms,
+            "original_ms": c.original_ms,
+            "ratio_to_single": ratio,
+            "status": c.status,
+        }
+    else:
+        why = [n for n in fixes.notes if n.startswith("no combined fix")]
+        print(f"combined set: not measured ({why[0] if why else 'fewer than two fixes helped'})")
+    print(f"recommended (the best measured, single or combined): {fixes.best or 'nothing'}")
+    out["best"] = fixes.best
     print(f"fix took {took:.0f} s", flush=True)
     return out
 

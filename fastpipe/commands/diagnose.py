@@ -19,7 +19,6 @@ from fastpipe.commands.common import (
 )
 from fastpipe.commands.fix import add_fix_arguments, run_fix
 from fastpipe.commands.script import add_script_arguments, check_no_script_options, is_script, run_script
-from fastpipe.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -54,11 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback at the end
     if is_script(args):
-        if args.fix:
-            raise ConfigError(
-                "--fix rewrites a pipeline it builds from a SPEC (module:function); in script mode, name the function that builds your loader and run `fastpipe fix SPEC`"
-            )
-        return run_script(args)
+        return run_script(args, fix="after" if args.fix else None)
     check_no_script_options(args)
     options = diagnose_options_from(args)  # bad flags fail here, before the workload is built
     device, workload = workload_from_args(args)

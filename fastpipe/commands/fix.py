@@ -15,6 +15,7 @@ from fastpipe.commands.common import (
     workload_from_args,
     write_outputs,
 )
+from fastpipe.errors import ConfigError
 
 
 def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,14 +36,19 @@ def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
+    from fastpipe.commands.script import add_script_arguments
+
     parser = subparsers.add_parser(
-        "fix", help="measure the fixes that apply to the pipeline against the original, each input checked, and rank them"
+        "fix",
+        help="measure the fixes that apply to the pipeline against the original, each input checked, and rank them",
+        usage="fastpipe fix [OPTIONS] SPEC\n       fastpipe fix [OPTIONS] -- python SCRIPT [ARGS ...]   (or -m MODULE)",
     )
-    add_workload_arguments(parser)
+    add_workload_arguments(parser, spec_optional=True)
     add_measure_flags(parser, "fix rung")
     parser.add_argument("--json", type=Path, default=None, help="write the measured fixes as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the measured fixes as Markdown here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_script_arguments(parser)
     parser.set_defaults(handler=run, fix_budget=None)
 
 
@@ -59,7 +65,14 @@ def run_fix(workload: Any, device: Any, args: argparse.Namespace, named: list[st
 
 
 def run(args: argparse.Namespace) -> int:
+    from fastpipe.commands.script import check_no_script_options, is_script, run_script
+
     check_output_paths(args)  # before any work: a bad path is one line now, not a traceback after minutes of measuring
+    if is_script(args):  # fastpipe fix -- python train.py: the candidates from the script's live loader, in its loop
+        if args.then_continue:
+            raise ConfigError("--then-continue applies to the diagnosis; fastpipe fix -- python train.py is a dry run")
+        return run_script(args, fix="only")
+    check_no_script_options(args)
     device, workload = workload_from_args(args)
     report = run_fix(workload, device, args)
     write_outputs(report, args)

@@ -74,12 +74,14 @@ def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
         raise ConfigError(str(exc).replace("fastpipe watch", "fastpipe diagnose")) from None
 
 
-def run_script(args: argparse.Namespace) -> int:
+def run_script(args: argparse.Namespace, fix: str | None = None) -> int:
+    """Run the script with the ladder in its loop; ``fix``: ``"after"`` (``diagnose --fix``: the fixes too, measured in
+    its loop after the ladder) or ``"only"`` (``fastpipe fix -- python train.py``: the fixes alone)."""
     from fastpipe.commands.common import diagnose_options_from, write_outputs
     from fastpipe.diagnosis._script import DEFAULT_BUDGET_S, ScriptLadder, ScriptOptions, run_script
 
     ladder = diagnose_options_from(args)  # the ladder's knobs, checked before the script starts
-    if args.check_step:
+    if getattr(args, "check_step", False):
         raise ConfigError("--check-step runs a factory's step; with a script, the script's own step runs in the ladder")
     kind, target, script_args = script_command(args)
     budget = ladder.budget
@@ -98,6 +100,8 @@ def run_script(args: argparse.Namespace) -> int:
         strategy=ladder.strategy,
         stage_costs=ladder.stage_costs,
         loader_memory=ladder.loader_memory,
+        fix=fix,
+        fix_budget_s=getattr(args, "fix_budget", None),
     )
     options.check()
 
@@ -105,7 +109,7 @@ def run_script(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
 
-    if budget >= OLD_BUDGET_HINT and float(budget).is_integer():
+    if fix is None and budget >= OLD_BUDGET_HINT and float(budget).is_integer():
         echo(
             f"fastpipe diagnose: note: --budget {budget:g} gives each cache point up to {budget:g} s of measuring, as with a "
             "factory; it no longer counts the script's steps (it did before, 600 by default: --budget-steps N caps them "
@@ -113,8 +117,17 @@ def run_script(args: argparse.Namespace) -> int:
         )
 
     def show(report: Any) -> None:
+        from fastpipe.experiments._fix import FixReport
+
         sys.stderr.flush()
-        write_outputs(report, args)
+        if isinstance(report, FixReport) and fix == "after":  # diagnose --fix: the diagnosis's files are its own
+            print(report.to_table())
+            if args.fix_json is not None:
+                args.fix_json.parent.mkdir(parents=True, exist_ok=True)
+                args.fix_json.write_text(report.to_json())
+                print(f"wrote {args.fix_json}")
+        else:
+            write_outputs(report, args)
         sys.stdout.flush()
 
     session = ScriptLadder(options, script=target, echo=echo, show=show)

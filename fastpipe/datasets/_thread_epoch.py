@@ -69,6 +69,8 @@ class Plan:
     counters: dict[str, float]
     fence: Callable[[], Any]
     mark: Callable[[torch.Tensor], Any] | None
+    collate: Callable[[list[Any]], Any] | None = None
+    """The loader's ``collate_fn`` (None: ``default_collate``; the fast path hands its batch as it is then)."""
 
 
 def _put(q: "queue.Queue[Any]", item: Any, stop: threading.Event) -> bool:
@@ -145,6 +147,8 @@ class ThreadEpoch(Iterator[Any]):
         plan.counters["handover_s"] += time.perf_counter() - handed
         plan.counters["handed_batches"] += 1
         plan.counters["handed_images"] += n
+        if plan.collate is not None:  # the user's collate on the batch's samples (it copies: the views go back to the ring)
+            return plan.collate([(images[i], labels[i]) for i in range(n)])
         return [images, labels]
 
     def flush_clocks(self) -> None:
@@ -165,7 +169,7 @@ class ThreadEpoch(Iterator[Any]):
         started = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed((self._seed + self._number) % 2**63)
-            batch = default_collate([plan.dataset[i] for i in indices])
+            batch = (plan.collate or default_collate)([plan.dataset[i] for i in indices])
         self._number += 1
         plan.counters["decode_s"] += time.perf_counter() - started
         plan.counters["images"] += len(indices)

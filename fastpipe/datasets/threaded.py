@@ -40,7 +40,7 @@ import copy
 import itertools
 import weakref
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -80,6 +80,9 @@ class ThreadLoader:
     Args:
         dataset: a :class:`fastpipe.datasets.ImageFolder` (the fast path), or any map-style dataset (served generically).
         batch_size, shuffle, sampler, batch_sampler, drop_last, generator: as ``torch.utils.data.DataLoader``'s.
+        collate_fn: as DataLoader's (None: ``default_collate``), run in the loop's thread on each batch's samples; on the
+            fast path a batch decoded whole is split into ``(image, label)`` samples for it, so a collate that mixes
+            samples (mixup, cutmix) sees what it would see from a DataLoader over the same dataset.
         threads: native threads decoding at once (the cores to give the loader); from 2 on, two decoding threads
             share them, each decoding its own batch, so the cores stay busy between batches (a batch decoded while
             the other decoding thread waits has half of them: throughput is the same, one batch's latency longer).
@@ -95,7 +98,6 @@ class ThreadLoader:
     timeout = 0
     worker_init_fn = None
     multiprocessing_context = None
-    collate_fn = None
     pin_memory_device = ""
 
     def __init__(
@@ -112,6 +114,7 @@ class ThreadLoader:
         prefetch: int = 2,
         slots: int | None = None,
         pin_memory: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         if batch_size is None and batch_sampler is None:
             raise ConfigError("ThreadLoader decodes whole batches: give batch_size (or a batch_sampler)")
@@ -120,6 +123,9 @@ class ThreadLoader:
         self.prefetch = _whole("prefetch", prefetch, 1)
         self.slots = _whole("slots", prefetch + 3 if slots is None else slots, 1)
         self.pin_memory = bool(pin_memory)
+        if collate_fn is not None and not callable(collate_fn):
+            raise ConfigError(f"`collate_fn` must be callable (or None for default_collate). Got {collate_fn!r}.")
+        self.collate_fn = collate_fn
         self._indices = DataLoader(
             range(len(dataset)),
             batch_size=batch_size if batch_sampler is None else 1,
@@ -166,10 +172,12 @@ class ThreadLoader:
     def with_dataset(self, dataset: Any, **overrides: Any) -> "ThreadLoader":
         """A loader like this one over ``dataset`` (the diagnosis's hook); its sampler and generator are copies, so
         iterating it leaves this one's untouched. ``overrides``: ``threads``, ``prefetch``, ``slots``, ``pin_memory``,
-        and the DataLoader names callers such as ``fastpipe tune`` pass: ``num_workers`` (> 0: that many threads;
+        ``collate_fn`` (None: ``default_collate``), and the DataLoader names callers such as ``fastpipe tune`` pass: ``num_workers`` (> 0: that many threads;
         0: this loader's own ``threads``) and ``prefetch_factor`` (None: this loader's ``prefetch``; else batches
         read ahead)."""
-        settings = dict(threads=self.threads, prefetch=self.prefetch, slots=self.slots, pin_memory=self.pin_memory)
+        settings = dict(
+            threads=self.threads, prefetch=self.prefetch, slots=self.slots, pin_memory=self.pin_memory, collate_fn=self.collate_fn
+        )
         overrides = dict(overrides)
         workers = overrides.pop("num_workers", 0)
         if workers:
@@ -264,6 +272,7 @@ class ThreadLoader:
             counters=self._counters,
             fence=_fence_for(device, pin),
             mark=device.mark_pinned if kind == "sim" and self.pin_memory else None,
+            collate=self.collate_fn,
         )
 
     def release(self, batch: Any, after: Any = None) -> bool:

@@ -118,6 +118,12 @@ class ScriptOptions:
     strategy: str = "linear"
     stage_costs: bool = True
     loader_memory: bool = False
+    fix: str | None = None
+    """None: the ladder only; ``"after"``: the ladder, then the fixes (``diagnose -- ... --fix``); ``"only"``: the fixes
+    only (``fastpipe fix -- python train.py``). The fixes are measured in the script's loop too
+    (:mod:`fastpipe.diagnosis._script_fix`)."""
+    fix_budget_s: float | None = None
+    """Seconds of measuring per fix rung (None: ``budget_s``)."""
 
     def check(self) -> None:
         if not self.budget_s > 0:
@@ -133,6 +139,13 @@ class ScriptOptions:
             raise ConfigError(f"--loader counts the script's DataLoaders from 1, in the order it first iterates them. Got {self.loader}.")
         if self.start_after < 1:
             raise ConfigError(f"the ladder starts after at least 1 real batch. Got {self.start_after}.")
+        if self.fix not in (None, "after", "only"):
+            raise ConfigError(f"fix is None, 'after' or 'only'. Got {self.fix!r}.")
+        if self.fix is not None and self.budget_steps is not None:
+            raise ConfigError(
+                "--budget-steps caps the cache ladder's steps; the fixes are bounded by --budget (seconds per rung, "
+                "--fix-budget with diagnose --fix): drop --budget-steps"
+            )
         if self.device is not None and self.device.startswith("sim"):
             raise ConfigError(
                 f"--device {self.device} replaces the step's time only where fastpipe owns the step; in script mode the "
@@ -236,6 +249,8 @@ class ScriptLadder:
         """An epoch of the training loader ended during the ladder, and the script has not asked for a batch since."""
         self.nudged = False
         """The engine was stopped where it was (:data:`ENGINE_NUDGE_S`)."""
+        self.fix_report: Any = None
+        """The fixes measured after the ladder (``diagnose --fix``), or why they were not (an exception)."""
 
     # ----- the tap's side ------------------------------------------------------------------
     def select(self, loader: DataLoader) -> Watch | None:
@@ -392,6 +407,11 @@ class ScriptLadder:
 
     def _announcement(self, seen: _Seen) -> str:
         o = self.options
+        if o.fix == "only":
+            from fastpipe.diagnosis._script_fix import announcement
+
+            why = f"--loader {o.loader}" if o.loader else (seen.choice.why if seen.choice else "the first")
+            return announcement(self.script, seen.label, seen.loader, why, self._fix_options())
         stop = (
             "then the script goes on with its real batches, from the one it would have had next"
             if o.then_continue
@@ -430,6 +450,9 @@ class ScriptLadder:
         _block_interrupts()
         o, report, error = self.options, None, None
         try:
+            if o.fix == "only":
+                report = self._fixes(workload, None)
+                return
             options = DiagnoseOptions(
                 steps=o.steps,
                 warmup=o.warmup,
@@ -450,6 +473,13 @@ class ScriptLadder:
                 runner=self._runner,
                 on_warning=lambda text: self.echo(f"fastpipe: warning: {text}"),
             )
+            if o.fix == "after" and report is not None and report.experiments and not report.interrupted:
+                try:
+                    self.fix_report = self._fixes(workload, [b.stage for b in report.bottlenecks])
+                except Exception as exc:  # noqa: BLE001 - the ladder's report stands; the fixes' failure is said
+                    self.fix_report = exc
+                except KeyboardInterrupt as exc:  # the script went, or Ctrl-C: the ladder's report stands
+                    self.fix_report = exc
         except BaseException as exc:  # handed to the script's thread, which reports it
             error = exc
         finally:
@@ -463,6 +493,31 @@ class ScriptLadder:
                         break
                     except KeyboardInterrupt:
                         continue
+
+    def _fix_options(self) -> Any:
+        from fastpipe.diagnosis._options import MeasureOptions
+
+        o = self.options
+        return MeasureOptions(steps=o.steps, warmup=o.warmup, budget=o.fix_budget_s or o.budget_s, precision=o.precision)
+
+    def _fixes(self, workload: Workload, named: list[str] | None) -> Any:
+        """The fixes measured in the script's loop (:mod:`fastpipe.diagnosis._script_fix`), every rung's step the script's."""
+        from fastpipe.diagnosis._script_fix import progress_runner, script_fixes
+
+        assert self.handoff is not None and self.device is not None
+
+        def window(w: Workload, device: Any, **kwargs: Any) -> WindowRunner:
+            return WindowRunner(w, device, handoff=self.handoff, lines=None, **kwargs)
+
+        self.echo("fastpipe fix: building the candidate fixes from the script's loader, each input checked")
+        return script_fixes(
+            workload,
+            ScriptDevice(self.device),
+            self._fix_options(),
+            runner=progress_runner(window, self.echo if self.options.progress else None),
+            script=self.script,
+            named=named,
+        )
 
     def _runner(self, *args: Any, **kwargs: Any) -> WindowRunner:
         """The engine's point runner (kept: the notes read its plan and runs), with its progress lines."""
@@ -567,9 +622,17 @@ class ScriptLadder:
             sampler.epoch = epoch
         if self.thread is not None:
             self.thread.join(ENGINE_EXIT_WAIT_S)
-        if self.report is not None and self.report.experiments:
+        if self.report is not None and self.options.fix == "only":
+            if why is not None:
+                self.report.notes.append(f"the script {why} while the fixes were measured, so this report is partial")
+            self.show(self.report)
+        elif self.report is not None and self.report.experiments:
             self._annotate(self.report, why)
             self.show(self.report)
+            if isinstance(self.fix_report, BaseException):
+                self.echo(f"fastpipe diagnose --fix: the fixes were not measured: {type(self.fix_report).__name__}: {self.fix_report}")
+            elif self.fix_report is not None:
+                self.show(self.fix_report)
         elif self.report is not None:
             self.echo(
                 f"fastpipe diagnose: the script {why or 'stopped'} before the ladder measured its first point "
@@ -655,7 +718,14 @@ class ScriptLadder:
             report.notes.append(f"the script {why} during the ladder and asked for no more batches, so this report is partial")
 
     def _explain(self, error: BaseException) -> None:
-        if isinstance(error, FastpipeError):
+        if self.options.fix == "only" and isinstance(error, (ScriptGone, KeyboardInterrupt)):
+            steps = self.handoff.steps if self.handoff is not None else 0
+            self.echo(
+                f"fastpipe fix: the fixes were not all measured ({steps} steps of the script's loop in): {error}. Every fix "
+                "and the original are measured in one run, so there is no partial report: give the script more epochs "
+                "(or steps), or each rung less time (--budget)"
+            )
+        elif isinstance(error, FastpipeError):
             self.echo(f"fastpipe diagnose: the ladder stopped: {error}")
         elif isinstance(error, (ScriptGone, KeyboardInterrupt)):
             self.echo(f"fastpipe diagnose: the ladder stopped before measuring a point: {error}")
@@ -788,6 +858,8 @@ def run_script(kind: str, target: str, args: list[str], session: ScriptLadder) -
         return code  # it left by itself before any loop (its --help, a bad argument): python's exit, no advice
     missing = session.nothing_measured()
     if missing is not None:
+        if session.options.fix == "only":
+            missing = missing.replace("fastpipe diagnose", "fastpipe fix").replace("the ladder never started", "no fix was measured")
         session.echo(missing)
         return code or EXIT_NOTHING
     return code

@@ -9,6 +9,17 @@ faster when the time it saves per step exceeds two standard errors of the differ
 time over the device step (the rule of a rung of ``compare``, but always against the original) and :data:`THRESHOLD`
 of the device step.
 
+Before any of that, a candidate whose loader cannot keep everything the user's did (its ``collate_fn``, sampler,
+``drop_last``, ``worker_init_fn``, ``generator``, ``persistent_workers``, ``pin_memory``) is "not tried", saying which
+(:mod:`fastpipe.experiments._fix_keep`). After the single fixes, the ones that helped and change different parts of the
+pipeline are joined into one candidate (:mod:`fastpipe.experiments._fix_combined`), checked the same way and measured
+against the original and the best single fix in a second rotated run; the report recommends the best measured, single
+or combined (:attr:`FixReport.best`).
+
+:func:`measure_fixes` is that engine for any runner of points: a factory's (``fix``) or script mode's, whose
+:class:`~fastpipe.diagnosis._windows.WindowRunner` times every rung through the script's own step
+(:mod:`fastpipe.diagnosis._script_fix`, ``fastpipe fix -- python train.py``).
+
 The report lists only what it measured: the fixes that helped, ranked by measured gain, each with the code to apply
 and what its input check found; then the candidates tried and not helping; those whose input check failed (never
 recommended, however fast); and advice not tried, with why. :func:`plan` says, without measuring, which fixes would be
@@ -19,8 +30,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 from torch.utils.data import DataLoader
 
@@ -29,14 +40,27 @@ from fastpipe._render import render_table
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device, parse_device
 from fastpipe.diagnosis._options import MeasureOptions, as_options
+from fastpipe.diagnosis.ladder._cachepoint import BASELINE, DEVICE
 from fastpipe.diagnosis.ladder._noise import difference_noise
-from fastpipe.diagnosis.runtime._snapshot import UserState
+from fastpipe.diagnosis.ladder._points import PointRunner
+from fastpipe.diagnosis.runtime._snapshot import UserState, preserve_user_state
 from fastpipe.errors import ConfigError
 from fastpipe.experiments._compare import ROUNDS, WARMUP_BUDGET_S, measure_rungs
-from fastpipe.experiments._fix_candidates import Candidate, build_candidates, level_unit, sweep_counts, tuned_settings, view_of
+from fastpipe.experiments._compare import _pooled as pooled_result
+from fastpipe.experiments._fix_candidates import (
+    Candidate,
+    build_candidates,
+    discard_candidate_loader,
+    level_unit,
+    sweep_counts,
+    tuned_settings,
+    view_of,
+)
 from fastpipe.experiments._fix_checks import InputCheck, check_input
+from fastpipe.experiments._fix_combined import combine_fixes
+from fastpipe.experiments._fix_keep import custom_collate
 from fastpipe.experiments._tune import tune
-from fastpipe.loading._rebuild import discard_loader
+from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.workloads._workload import Workload, load_workload
 
 SCHEMA = "fastpipe.fix/1"
@@ -75,6 +99,14 @@ class FixResult:
     """How its input was checked against the original's (labels, shapes and dtypes, pixels, crop boxes), and the outcome."""
     why: str | None = None
     """Why it was not tried or failed."""
+    versus: str | None = None
+    """For the combined fix: how it measured against the best single fix, in its own rotated run."""
+    single: str | None = None
+    """For the combined fix: the best single fix it was measured against in that run."""
+    single_ms: float | None = None
+    """For the combined fix: that single fix's milliseconds a step in that run (``ms_per_step`` is the set's)."""
+    candidate: Candidate | None = field(default=None, repr=False, compare=False)
+    """The live candidate (its loader, dataset, transform and the original's), for a patch writer; not serialized."""
 
     def line(self) -> str:
         if self.status == RECOMMENDED:
@@ -86,6 +118,11 @@ class FixResult:
             return (
                 f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
                 f"({self.gain:+.0%}: slower beyond ±{self.noise_ms:.0f} ms of noise or drift)"
+            )
+        if self.status == NOT_HELPING and self.why:  # the combined set, faster than the original but not than its best part
+            return (
+                f"tried, not helping: {self.name} — {self.original_ms:.0f} → {self.ms_per_step:.0f} ms a step "
+                f"({self.gain:+.0%}), {self.why}"
             )
         if self.status == NOT_HELPING:
             return (
@@ -126,14 +163,19 @@ class FixReport:
     """Wall time of the whole run, in seconds."""
     notes: list[str] = field(default_factory=list)
     """The workload's notes (e.g. which wrapper was unwrapped and what of it runs on the device)."""
+    best: str | None = None
+    """The fix the report recommends first: the combined set where it beat the best single fix beyond noise in their
+    own rotated run, else the single fix with the largest measured gain (None: nothing helped)."""
 
     @property
     def recommended(self) -> list[FixResult]:
         return [r for r in self.results if r.status == RECOMMENDED]
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain data: ``schema`` and every field, each candidate's own fields included."""
-        return {"schema": SCHEMA, **asdict(self)}
+        """The report as plain data: ``schema`` and every field, each candidate's own fields included (not its live objects)."""
+        out = {"schema": SCHEMA, **asdict(replace(self, results=[]))}
+        out["results"] = [{k: v for k, v in asdict(replace(r, candidate=None)).items() if k != "candidate"} for r in self.results]
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         """:meth:`to_dict` as JSON text (what ``fastpipe fix --json`` writes)."""
@@ -150,8 +192,12 @@ class FixReport:
             out.append("No fix shortened the step beyond noise: nothing is recommended.")
         elif self.original_ms is None:
             out.append("No candidate could be measured: nothing is recommended.")
+        elif self.best is not None:
+            out.append(f"Recommended: {self.best} (the best measured, single or combined).")
         for result in self.results:
             out.append(result.line())
+            if result.versus:
+                out.append(f"    {result.versus}")
             if result.status == RECOMMENDED and result.code:
                 out.append(f"    apply: {result.code}")
         return out + [f"Flag: {flag}" for flag in self.flags] + [f"Note: {note}" for note in self.notes]
@@ -268,25 +314,38 @@ def plan(workload: Workload, options: MeasureOptions | None = None, *, step_ms: 
 
 def _discard(candidates: Sequence[Candidate]) -> None:
     for candidate in candidates:
-        if candidate.workload is not None:
-            loader = candidate.workload.loader
-            discard_loader(loader)
-            close = getattr(loader, "close", None)
-            if close is not None and not hasattr(loader, "with_dataset"):
-                close()
+        discard_candidate_loader(candidate)
 
 
 def check_candidate(original: Workload, candidate: Candidate, unit: Any) -> InputCheck:
-    """The input check of one candidate against the original (see :mod:`fastpipe.experiments._fix_checks`)."""
+    """The input check of one candidate against the original (see :mod:`fastpipe.experiments._fix_checks`).
+
+    A collate_fn of the user's is left out of the comparison on both sides (``default_collate`` instead): the keep
+    check (:mod:`fastpipe.experiments._fix_keep`) has made sure the candidate runs the very same function on samples of
+    the same kind, and a random one (mixup, cutmix) draws in whichever process collates, which a fix may change (a
+    worker instead of the loop's thread) without changing what the model is trained on."""
     assert candidate.workload is not None
-    return check_input(
+    fixed = candidate.workload
+    if custom_collate(original.loader) is not None:
+        original, fixed = _default_collated(original), _default_collated(fixed)
+    checked = check_input(
         original,
-        candidate.workload,
+        fixed,
         level_unit=unit,
         compare_pixels=candidate.compare_pixels,
         boxes=candidate.boxes,
         direct=candidate.direct,
     )
+    if fixed is not candidate.workload:
+        checked = replace(checked, before_collate=True)
+        discard_loader(fixed.loader)
+        discard_loader(original.loader)
+    return checked
+
+
+def _default_collated(workload: Workload) -> Workload:
+    """``workload`` with its loader rebuilt to collate with ``default_collate`` (a copy; the user's is left as it is)."""
+    return replace(workload, loader=rebuild_loader(workload.loader, workload.loader.dataset, collate_fn=None))
 
 
 @moved_keywords({"options": MeasureOptions}, positional=("device",))
@@ -336,39 +395,66 @@ def run_fix(
         tuned = tune_candidate(workload, device, options)
         if tuned is not None:
             notes.append(f"the loader settings come from a short tune sweep, {time.perf_counter() - started:.0f} s before the compare run")
-        candidates, view = build_candidates(workload, tuned)
-    else:
-        view, _ = view_of(workload)  # for the grey level's size in the model's input
+        candidates, _ = build_candidates(workload, tuned)
+    report = measure_fixes(workload, device, options, candidates, drift=drift, named=named, progress=progress, notes=notes)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+RunnerFactory = Callable[..., PointRunner]
+"""Builds the point runner each rung is measured with: :class:`PointRunner` (a factory's step) or script mode's
+:class:`~fastpipe.diagnosis._windows.WindowRunner` (the script's own step, through its loop)."""
+
+
+def measure_fixes(
+    workload: Workload,
+    device: Device,
+    options: MeasureOptions,
+    candidates: Sequence[Candidate],
+    *,
+    runner: RunnerFactory | None = None,
+    drift: float = 0.05,
+    named: Sequence[str] | None = None,
+    progress: bool = False,
+    notes: Sequence[str] = (),
+    combine: bool = True,
+) -> FixReport:
+    """Check each candidate's input, measure those that pass against the original in one rotated run, then the best
+    compatible set of the fixes that helped as one candidate (:mod:`fastpipe.experiments._fix_combined`) against the
+    original and the best single fix, rotated too; see the module docstring.
+
+    ``runner``: how each rung's points are measured (None: a factory's :class:`PointRunner`; script mode passes its
+    :class:`~fastpipe.diagnosis._windows.WindowRunner`, so every rung is timed through the script's real step).
+    The candidates' loaders are discarded at the end; the user's generators are put back.
+    """
+    started = time.perf_counter()
+    view, _ = view_of(workload)  # for the grey level's size in the model's input
     unit = level_unit(workload, view.leaves if view is not None else [])
-    report = FixReport(workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None, notes=notes)
+    report = FixReport(
+        workload.name, device.spec, None, None, None, named_stages=list(named) if named is not None else None, notes=list(notes)
+    )
     measured: list[Candidate] = []
     outcomes: dict[int, FixResult] = {}
+    every = list(candidates)
     rngs = UserState()  # candidates are built and measured here: the user's generators are put back at the end
     try:
-        for candidate in candidates:
-            result = FixResult(candidate.name, NOT_TRIED, candidate.code, list(candidate.addresses), why=candidate.not_tried)
+        for candidate in every:
+            result = _outcome(candidate)
             outcomes[id(candidate)] = result
-            if candidate.not_tried is not None or candidate.workload is None:
-                result.why = result.why or "it could not be built"
-                continue
-            try:
-                checked = check_candidate(workload, candidate, unit)
-            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is reported, the others still run
-                result.status, result.why = FAILED, f"its pipeline raised {type(exc).__name__}: {exc}"
-                continue
-            result.check = checked.line()
-            if not checked.passed:
-                result.status = INPUT_CHANGED
-                continue
-            measured.append(candidate)
+            if _checked(workload, candidate, unit, result):
+                measured.append(candidate)
         if measured:
-            bound, pooled = measure_rungs([workload, *(c.workload for c in measured)], device, options, progress=progress)
+            bound, pooled = _rotated([workload, *(c.workload for c in measured)], device, options, runner, progress)
             _judge(report, bound, pooled, measured, outcomes, drift)
+            if combine:
+                _measure_combined(report, workload, device, options, runner, progress, unit, measured, outcomes, every, drift)
     finally:
-        _discard(candidates)
+        _discard(every)
         rngs.restore()
     order = {RECOMMENDED: 0, NOT_HELPING: 1, INPUT_CHANGED: 2, FAILED: 3, NOT_TRIED: 4}
     report.results = sorted(outcomes.values(), key=lambda r: (order[r.status], -(r.gain or 0.0)))
+    if report.best is None and report.recommended:  # no combined run (combine=False): the largest measured gain
+        report.best = report.recommended[0].name
     if named:
         addressed = {stage for r in report.recommended for stage in r.addresses}
         missed = [stage for stage in named if not any(stage == a or stage.startswith(a) or a in stage for a in addressed)]
@@ -376,6 +462,108 @@ def run_fix(
             report.flags.append(f"no measured fix addresses {', '.join(missed)}, which the diagnosis named")
     report.elapsed_s = time.perf_counter() - started
     return report
+
+
+def _outcome(candidate: Candidate) -> FixResult:
+    result = FixResult(candidate.name, NOT_TRIED, candidate.code, list(candidate.addresses), why=candidate.not_tried)
+    result.candidate = candidate
+    return result
+
+
+def _checked(workload: Workload, candidate: Candidate, unit: Any, result: FixResult) -> bool:
+    """Run ``candidate``'s input check into ``result``; whether it may be measured."""
+    if candidate.not_tried is not None or candidate.workload is None:
+        result.why = result.why or "it could not be built"
+        return False
+    try:
+        checked = check_candidate(workload, candidate, unit)
+    except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is reported, the others still run
+        result.status, result.why = FAILED, f"its pipeline raised {type(exc).__name__}: {exc}"
+        return False
+    result.check = checked.line()
+    if not checked.passed:
+        result.status = INPUT_CHANGED
+        return False
+    return True
+
+
+def _rotated(
+    workloads: list[Workload], device: Device, options: MeasureOptions, runner: RunnerFactory | None, progress: bool
+) -> tuple[float, list[Any]]:
+    """The first workload's device bound and each workload's pooled time, in one run: ``compare``'s
+    :func:`~fastpipe.experiments._compare.measure_rungs` (a warm-up pass of each, then rounds in rotated order), each
+    rung's points measured by ``runner``."""
+    if runner is None:
+        return measure_rungs(workloads, device, options, progress=progress)
+
+    def measure(i: int, point: str, budget_s: float) -> Any:
+        w = workloads[i]
+        points = runner(w, device, options=replace(options, budget=budget_s), pool=1, progress=False)
+        with preserve_user_state(w.model, w.optimizer, w.loader, schedulers=w.schedulers, scaler=w.scaler):
+            try:
+                points.measure(point)
+            finally:
+                points.close()
+        return points.results[point]
+
+    for i in range(len(workloads)):  # warm-up: file cache, workers, compilation; discarded
+        measure(i, BASELINE, min(WARMUP_BUDGET_S, options.budget))
+    bound = measure(0, DEVICE, options.budget).steps_per_s
+    runs: list[list[Any]] = [[] for _ in workloads]
+    for r in range(ROUNDS):
+        for k in range(len(workloads)):
+            i = (r + k) % len(workloads)  # each round starts one variant later
+            runs[i].append(measure(i, BASELINE, options.budget / ROUNDS))
+    return bound, [pooled_result(variant_runs, workloads[i]) for i, variant_runs in enumerate(runs)]
+
+
+def _measure_combined(
+    report: FixReport,
+    workload: Workload,
+    device: Device,
+    options: MeasureOptions,
+    runner: RunnerFactory | None,
+    progress: bool,
+    unit: Any,
+    measured: list[Candidate],
+    outcomes: dict[int, FixResult],
+    every: list[Candidate],
+    drift: float,
+) -> None:
+    """The best compatible set of the single fixes that helped, built as one candidate, checked, and measured against
+    the original and the best single fix in one rotated run (a second one: the set is known only once the singles
+    are). The report then recommends the best measured, single or combined."""
+    helped = [(c, outcomes[id(c)]) for c in measured if outcomes[id(c)].status == RECOMMENDED]
+    if not helped:
+        return
+    combined, why = combine_fixes(workload, helped)
+    best_single, best_result = max(helped, key=lambda pair: pair[1].gain or 0.0)
+    report.best = best_result.name
+    if combined is None:
+        report.notes.append(f"no combined fix measured: {why}")
+        return
+    every.append(combined)
+    result = _outcome(combined)
+    outcomes[id(combined)] = result
+    if not _checked(workload, combined, unit, result):
+        return
+    bound, pooled = _rotated([workload, best_single.workload, combined.workload], device, options, runner, progress)
+    again: dict[int, FixResult] = {id(best_single): FixResult(best_single.name, NOT_TRIED, "", []), id(combined): result}
+    second = FixReport(report.workload, report.device, None, None, None)
+    _judge(second, bound, pooled, [best_single, combined], again, drift)
+    single_again = again[id(best_single)]
+    result.single, result.single_ms = best_single.name, single_again.ms_per_step
+    result.versus = (
+        f"in its own run against the original and {best_single.name}: {single_again.ms_per_step:.0f} ms a step for that fix, "
+        f"{result.ms_per_step:.0f} for the set ({single_again.ms_per_step / result.ms_per_step - 1:+.0%} over the best single fix)"
+    )
+    beats = single_again.ms_per_step - result.ms_per_step > difference_noise(
+        result.ms_per_step, pooled[2].noise, single_again.ms_per_step, pooled[1].noise
+    )
+    if result.status == RECOMMENDED and not beats:
+        result.status = NOT_HELPING
+        result.why = f"not beyond noise faster than {best_single.name} alone"
+    report.best = combined.name if result.status == RECOMMENDED else best_result.name
 
 
 def _judge(

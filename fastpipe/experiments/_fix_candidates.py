@@ -39,14 +39,19 @@ from fastpipe.diagnosis.discovery._catalog import facts_for
 from fastpipe.diagnosis.discovery._holder import delegated_attribute, open_holder
 from fastpipe.diagnosis.discovery._pipeline import find_pipeline
 from fastpipe.experiments._fix_checks import BoxDraw
+from fastpipe.experiments._fix_keep import custom_collate, refusal
 from fastpipe.experiments._tune_result import TuneResult
-from fastpipe.loading._rebuild import rebuild_loader
+from fastpipe.loading._rebuild import discard_loader, rebuild_loader
 from fastpipe.loading._unwrap import TimmPrefetchTransform, chain
 from fastpipe.stages import split_transform
 from fastpipe.workloads._workload import Workload
 
 #: How many files' headers are read for the image sizes the crop-box test draws for.
 SIZE_SAMPLE = 64
+#: Why pixels are not compared for a fix that changes the worker count (labels, shapes and dtypes still are).
+WORKERS_DRAW = "each worker draws the random transforms from its own seed: another worker count gives other draws"
+#: What the samples a collate_fn gets become when Normalize moves after the copy.
+_UINT8_SAMPLES = "uint8 images (the float conversion and Normalize moved after the copy)"
 
 
 @dataclass
@@ -62,6 +67,13 @@ class Candidate:
         compare_pixels: None to compare pixels; else why they cannot be compared (the crop-box test stands instead).
         boxes: the original crop's and the fix's box draws, with image sizes, for the distribution test.
         direct: the fix changes only the loader: check its own first batch, workers and all.
+        changes_samples: what the samples the loader's ``collate_fn`` gets become (None: the same as the original's);
+            a custom collate_fn then refuses the fix (:mod:`fastpipe.experiments._fix_keep`).
+        transform: the candidate's transform where it rewrote the dataset's (None: the dataset's own).
+        original: the user's workload it was built from.
+
+    The live objects (``loader``, ``dataset``, ``transform`` and the ``original_*`` ones) are what a patch writer
+    needs to find where the script built each thing the fix changes.
     """
 
     name: str
@@ -72,6 +84,39 @@ class Candidate:
     compare_pixels: str | None = None
     boxes: tuple[BoxDraw, BoxDraw, Sequence[tuple[int, int]]] | None = None
     direct: bool = False
+    changes_samples: str | None = None
+    transform: Any = None
+    original: Workload | None = None
+    parts: tuple[str, ...] = ()
+    """For a combined candidate, the names of the single fixes it joins (:mod:`fastpipe.experiments._fix_combined`)."""
+    kind: str = ""
+    """What it changes, for combining: ``dataset`` (the transform or the dataset class, the DataLoader kept),
+    ``settings`` (num_workers/prefetch_factor), ``recycled``, ``loader`` (the DataLoader replaced); "" for advice."""
+
+    @property
+    def loader(self) -> Any:
+        """The candidate's loader (None when it is advice only or could not be built)."""
+        return None if self.workload is None else self.workload.loader
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    @property
+    def original_loader(self) -> Any:
+        return None if self.original is None else self.original.loader
+
+    @property
+    def original_dataset(self) -> Any:
+        return getattr(self.original_loader, "dataset", None)
+
+    @property
+    def original_transform(self) -> Any:
+        """The transform in the original dataset's slot that the fixes rewrite (None when it cannot be read)."""
+        if self.original is None:
+            return None
+        view, _ = view_of(self.original)
+        return None if view is None else view.transform
 
 
 @dataclass
@@ -331,6 +376,9 @@ def _decode_crop(workload: Workload, view: PipelineView, leaves: list[Any], labe
         name,
         tuple(stage_names),
         code + f"  # {fast}",
+        transform=dataset.transform,
+        changes_samples=None if device_transform == "same" else _UINT8_SAMPLES,
+        kind="dataset",
         workload=_rewritten(workload, name, new_dataset, device_transform),
         compare_pixels=None if same_rng else f"{type(leaves[0]).__name__} draws its box with another RNG than the decoder's",
         boxes=None if draws is None else (*draws, _image_sizes(paths)),
@@ -351,9 +399,18 @@ def _uint8(workload: Workload, view: PipelineView) -> tuple[Candidate, list[Any]
         f"{', ending it with PILToTensor()' if head and type(head[-1]).__name__ == 'PILToTensor' else ''}; after the copy: "
         f"images = fastpipe.transforms.Normalize(mean={mean}, std={std})(images)"
     )
-    new_dataset = _with_transform(view, _compose(head))
+    transform = _compose(head)
+    new_dataset = _with_transform(view, transform)
     addresses = tuple(n for n in moved.split(" + ")) + ((view.via.split(".")[0],) if view.via else ())
-    candidate = Candidate(name, addresses, code, workload=_rewritten(workload, name, new_dataset, device_normalize))
+    candidate = Candidate(
+        name,
+        addresses,
+        code,
+        workload=_rewritten(workload, name, new_dataset, device_normalize),
+        transform=transform,
+        changes_samples=_UINT8_SAMPLES,
+        kind="dataset",
+    )
     return candidate, head, device_normalize
 
 
@@ -408,6 +465,8 @@ def tuned_settings(workload: Workload, tuned: TuneResult) -> Candidate:
         f"DataLoader(..., {', '.join(arguments)})  # tune's choice from a short sweep of {swept}; `fastpipe tune SPEC` measures every count",
         workload=_rewritten(workload, name, loader=rebuild_loader(loader, loader.dataset, num_workers=workers, prefetch_factor=prefetch)),
         direct=True,
+        kind="settings",
+        compare_pixels=WORKERS_DRAW if workers != loader.num_workers else None,
     )
 
 
@@ -427,6 +486,7 @@ def _loader_candidates(workload: Workload, tuned: Candidate | None) -> list[Cand
                 "loader = fastpipe.loading.recycled(loader)  # workers collate into reused shared-memory buffers",
                 workload=_rewritten(workload, name, loader=recycled(rebuild_loader(loader, loader.dataset))),
                 direct=True,
+                kind="recycled",
             )
         )
     return out
@@ -438,21 +498,34 @@ def _thread_loader(workload: Workload, decoded: Candidate) -> Candidate:
     name = "ThreadLoader over the decode-the-crop dataset"
     loader = workload.loader
     threads = max(1, loader.num_workers)
-    code = (
-        f"{decoded.code.split('  # ')[0]}; then: loader = fastpipe.datasets.ThreadLoader(dataset, batch_size={loader.batch_size}, "
-        f"sampler=<your sampler>, threads={threads})  # in place of the DataLoader: {threads} decoding thread(s), one process"
+    collate = custom_collate(loader)
+    custom_batches = loader.batch_size is None
+    keeps = (", collate_fn=<your collate_fn>" if collate is not None else "") + (
+        ", generator=<your generator>" if loader.generator is not None else ""
     )
-    if decoded.workload is None or loader.batch_size is None:
-        return Candidate(name, ("workers",), code, not_tried="it needs the decode-the-crop dataset and a batch_size")
+    order = "batch_sampler=<your batch_sampler>" if custom_batches else f"batch_size={loader.batch_size}, sampler=<your sampler>"
+    head, _, rest = decoded.code.partition("  # ")
+    also = rest.partition("; and: ")[2]  # the uint8 rewrite of a decode + uint8 dataset: part of this fix too
+    code = (
+        f"{head}{'; and: ' + also if also else ''}; then: loader = fastpipe.datasets.ThreadLoader(dataset, {order}"
+        f"{', drop_last=True' if loader.drop_last else ''}{keeps}, threads={threads}, pin_memory={bool(loader.pin_memory)})"
+        f"  # in place of the DataLoader: {threads} decoding thread(s), one process"
+    )
+    if decoded.workload is None or (loader.batch_size is None and loader.batch_sampler is None):
+        return Candidate(name, ("workers",), code, not_tried="it needs the decode-the-crop dataset and a batch_size or batch_sampler")
     dataset = decoded.workload.loader.dataset
+    memo = {id(loader.dataset): loader.dataset, id(dataset): dataset}
     try:
         threaded = ThreadLoader(
             dataset,
-            batch_size=loader.batch_size,
-            sampler=copy.deepcopy(loader.sampler),
+            batch_size=None if custom_batches else loader.batch_size,
+            sampler=None if custom_batches else copy.deepcopy(loader.sampler, dict(memo)),
+            batch_sampler=copy.deepcopy(loader.batch_sampler, dict(memo)) if custom_batches else None,
             drop_last=loader.drop_last,
+            generator=copy.deepcopy(loader.generator),
             threads=threads,
             pin_memory=loader.pin_memory,
+            collate_fn=collate,
         )
     except Exception as exc:  # noqa: BLE001 - the reason is the report's
         return Candidate(name, ("workers",), code, not_tried=f"ThreadLoader refused the dataset: {type(exc).__name__}: {exc}")
@@ -463,6 +536,9 @@ def _thread_loader(workload: Workload, decoded: Candidate) -> Candidate:
         workload=_rewritten(decoded.workload, name, loader=threaded),
         compare_pixels="its threads draw the crops in the order they run",
         direct=True,
+        transform=decoded.transform,
+        changes_samples=decoded.changes_samples,
+        kind="loader",
     )
 
 
@@ -505,7 +581,62 @@ def build_candidates(workload: Workload, tuned: Candidate | None = None) -> tupl
             best.code += f"; and: {uint8.code}"
             candidates.append(best)
         if decoded.workload is not None:
-            candidates.append(_thread_loader(workload, best))
+            # a collate_fn of the user's gets the transform's own output: over the uint8 rewrite it would be refused
+            keep_floats = custom_collate(workload.loader) is not None and best.changes_samples is not None
+            candidates.append(_thread_loader(workload, decoded if keep_floats else best))
         candidates += _compile_advice(view)
     candidates += _loader_candidates(workload, tuned)
+    for candidate in candidates:
+        candidate.original = workload
+        refuse_what_drops(workload, candidate)
     return candidates, view
+
+
+def refuse_what_drops(workload: Workload, candidate: Candidate) -> None:
+    """Mark ``candidate`` "not tried" when its loader cannot keep a setting of the user's (:mod:`._fix_keep`)."""
+    if candidate.workload is None or candidate.not_tried is not None:
+        return
+    why = refusal(workload.loader, candidate.workload.loader, changes_samples=candidate.changes_samples)
+    if why is not None:
+        discard_candidate_loader(candidate)
+        candidate.not_tried, candidate.workload = why, None
+
+
+def discard_candidate_loader(candidate: Candidate) -> None:
+    """End what a candidate's loader started (a ThreadLoader's threads, a copy's workers); never the user's loader."""
+    if candidate.workload is None:
+        return
+    loader = candidate.workload.loader
+    if candidate.original is not None and loader is candidate.original.loader:
+        return
+    discard_loader(loader)
+    close = getattr(loader, "close", None)
+    if close is not None and not hasattr(loader, "with_dataset"):
+        close()
+
+
+def worker_count_candidates(workload: Workload, counts: Sequence[int]) -> list[Candidate]:
+    """One candidate per worker count in ``counts`` other than the loader's own (script mode, where no factory exists for
+    a ``tune`` sweep to rebuild the workload from: the counts are measured as rungs, each against the original)."""
+    loader = workload.loader
+    if not isinstance(loader, DataLoader):
+        return []
+    out = []
+    for workers in sorted(set(counts) - {loader.num_workers}):
+        name = f"num_workers {loader.num_workers} -> {workers}"
+        prefetch = _prefetch_of(loader) if workers > 0 else None
+        candidate = Candidate(
+            name,
+            ("workers",),
+            f"DataLoader(..., num_workers={workers})  # one of the counts 1, 2, 4, ... and the usable cores, each measured",
+            workload=_rewritten(
+                workload, name, loader=rebuild_loader(loader, loader.dataset, num_workers=workers, prefetch_factor=prefetch)
+            ),
+            direct=True,
+            kind="settings",
+            original=workload,
+            compare_pixels=WORKERS_DRAW,
+        )
+        refuse_what_drops(workload, candidate)
+        out.append(candidate)
+    return out

@@ -78,6 +78,8 @@ class InputCheck:
     """Mean absolute difference in 0..255 levels; None when pixels were not compared (see ``pixels``)."""
     pixels: str = ""
     boxes: BoxCheck | None = None
+    before_collate: bool = False
+    """Compared before the loader's own collate_fn, which the fix keeps (the same function on the same kind of samples)."""
 
     @property
     def passed(self) -> bool:
@@ -88,6 +90,8 @@ class InputCheck:
         parts = [self.labels, self.shapes, self.pixels]
         if self.boxes is not None:
             parts.append(self.boxes.line())
+        if self.before_collate:
+            parts.append("compared before the loader's collate_fn, which the fix keeps")
         return ", ".join(part for part in parts if part)
 
 
