@@ -159,7 +159,7 @@ def test_diagnose_fix_in_a_script_measures_the_fixes_after_the_ladder(
     code = main(["diagnose", *quick, "--no-progress", "--fix", "--fix-json", str(out), "--", *script])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
-    assert "fastpipe diagnose" in captured.out and "fastpipe fix" in captured.out  # the ladder's table, then the fixes'
+    assert "fastpipe diagnosis:" in captured.out and "fastpipe fix " in captured.out  # the ladder's table, then the fixes'
     report = json.loads(out.read_text())
     assert report["schema"] == "fastpipe.fix/1" and any(r["ms_per_step"] is not None for r in report["results"])
     assert report["named_stages"] is not None  # the stages the ladder named were passed on
