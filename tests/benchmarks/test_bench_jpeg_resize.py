@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastpipe.ops.jpeg as jpeg
-from tests.benchmark_scripts import load_benchmark
+from tests.fakes.benchmark_scripts import load_benchmark
 
 pytestmark = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
+from tests.fakes.benchmark_scripts import load_benchmark
 
 #: ms per image planted for each candidate: the PIL recipe 5x fastpipe's cost, torchvision 3x, DALI 3x.
 PLANTED = {"fastpipe": 1.0, "fastpipe-wall": 1.0, "pil-recipe": 5.0, "torchvision-v2": 3.0, "entropy-floor": 0.5, "dali-cpu": 3.0}

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
+from tests.fakes.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +159,12 @@ def test_the_machine_is_named_in_the_results_folder(check: ModuleType) -> None:
 
 def test_the_gpu_tests_phase_lists_the_files_with_gpu_tests(check: ModuleType) -> None:
     files = check.gpu_test_files()
-    assert "tests/test_measure_gpu.py" in files and "tests/test_prefetch_gpu.py" in files and "tests/test_ops.py" in files
-    assert "tests/test_gpu_check_dry_run.py" not in files
+    assert (
+        "tests/diagnosis/ladder/test_measure_gpu.py" in files
+        and "tests/loading/test_prefetch_gpu.py" in files
+        and "tests/ops/test_ops.py" in files
+    )
+    assert "tests/benchmarks/test_gpu_check_dry_run.py" not in files
 
 
 def test_a_phase_cut_before_writing_its_result_says_so(check: ModuleType, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
+from tests.fakes.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")

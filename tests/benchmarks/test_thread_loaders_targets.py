@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import BENCHMARKS, load_benchmark
+from tests.fakes.benchmark_scripts import BENCHMARKS, load_benchmark
 
 #: seconds per epoch (of the file list) or per pass, by row name prefix.
 PLANTED = {

@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 from fastpipe.cli import main
 from fastpipe.commands.watch import parse_command
 from fastpipe.errors import ConfigError
-from tests.watch_settings import SETTINGS, TOLERANCE
+from tests.fakes.watch_settings import SETTINGS, TOLERANCE
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "watch" / "train_imagenet_like.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "watch" / "train_imagenet_like.py"
 
 PLANTED = textwrap.dedent("""
     import sys, time

@@ -195,7 +195,7 @@ def test_cli_interrupt_says_how_to_resume(tmp_path: Path) -> None:
     import time
 
     source = _folder(tmp_path / "src", {f"c{k}": 40 for k in range(10)})
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastpipe", "prepare", str(source), str(tmp_path / "dst"), "--no-measure"],
         stderr=subprocess.PIPE,

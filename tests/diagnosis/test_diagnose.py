@@ -265,7 +265,7 @@ def test_report_renders(tmp_path) -> None:
 
 
 def test_hanging_worker_stops_at_the_timeout() -> None:
-    from tests.diagnose_fixtures import hanging_in_worker
+    from tests.fakes.diagnose import hanging_in_worker
 
     loader, step = hanging_in_worker()
     started = time.perf_counter()
@@ -279,7 +279,7 @@ def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
     # a 6.3 MB batch over 0.25 GB/s is a 25 ms copy against a 40 ms step: prefetching hides it, inline it adds
     from fastpipe.diagnosis._options import MeasureOptions
     from fastpipe.diagnosis.ladder._points import measure_points
-    from tests.diagnose_fixtures import heavy_copy
+    from tests.fakes.diagnose import heavy_copy
 
     results = measure_points(heavy_copy(depth), "sim:40,h2d_gbps=0.25", ["device", "host"], options=MeasureOptions(steps=8, warmup=2))
     fraction = results["host"].steps_per_s / results["device"].steps_per_s
@@ -329,8 +329,8 @@ def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(
     "spec, fix",
     [
-        ("tests.diagnose_fixtures:raising_in_worker", "corrupt JPEG (planted)"),
-        ("tests.diagnose_fixtures:no_such_factory", "has no function"),
+        ("tests.fakes.diagnose:raising_in_worker", "corrupt JPEG (planted)"),
+        ("tests.fakes.diagnose:no_such_factory", "has no function"),
         ("toy:nonsense", "toy:naive"),
     ],
 )

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from fastpipe.cli import main
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_planted.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_planted.py"
 #: A short ladder: a few steps a point, a loose precision target, no extra passes.
 QUICK = ["--no-memory", "--no-stage-costs", "--steps", "4", "--warmup", "1", "--precision", "0.2"]
 

@@ -34,8 +34,8 @@ from fastpipe.errors import PipelineError
 from fastpipe.monitor._ledger import WaitLedger, Window
 from fastpipe.workloads._workload import Workload
 
-SIM = Path(__file__).resolve().parent / "scripts" / "train_sim_epochs.py"
-PLANTED = Path(__file__).resolve().parent / "scripts" / "train_planted.py"
+SIM = Path(__file__).resolve().parents[1] / "scripts" / "train_sim_epochs.py"
+PLANTED = Path(__file__).resolve().parents[1] / "scripts" / "train_planted.py"
 
 
 class _Wait:

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from fastpipe.cli import main
-from tests.test_diagnose_script import clean, one_thread  # noqa: F401  (fixtures)
+from tests.diagnosis.test_script import clean, one_thread  # noqa: F401  (fixtures)
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_epochs_counted.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_epochs_counted.py"
 pytestmark = pytest.mark.usefixtures("clean", "one_thread")
 QUICK = ["--no-memory", "--no-stage-costs", "--steps", "4", "--warmup", "1", "--precision", "0.2"]
 

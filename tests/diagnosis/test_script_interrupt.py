@@ -30,8 +30,8 @@ import torch
 
 from fastpipe.cli import main
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_epochs_counted.py"
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_epochs_counted.py"
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--no-memory", "--no-stage-costs", "--steps", "4", "--warmup", "1", "--precision", "0.2"]
 #: 50 batches an epoch, a step of 20 ms or more: the ladder is still running a second after it starts
 LONG = ["--samples", "400", "--epochs", "5", "--step-ms", "20"]

@@ -35,7 +35,7 @@ from fastpipe.errors import ConfigError
 
 ADDRESS = "10.9.8.7:6379"
 TOKEN = "0123456789abcdef0123456789abcdef"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class AuthenticationError(Exception):

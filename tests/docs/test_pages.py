@@ -1,7 +1,7 @@
 """The documentation is tested: its Python runs, its links resolve, its command-line page has every subcommand.
 
 Every ```` ```python ```` block of the pages in ``docs/`` and of the README runs here, the blocks of a section in
-order in one namespace, in a fresh folder (``tests/docs_blocks.py`` says how a block is marked not run or slow,
+order in one namespace, in a fresh folder (``tests/fakes/docs_blocks.py`` says how a block is marked not run or slow,
 and why). Some sections also check what their blocks made or printed (``CHECKS``). The Sphinx build itself,
 with warnings as errors, runs with the slow tests when Sphinx is installed (``pip install 'fastpipe[docs]'``).
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.docs_blocks import DOCS, README, ROOT, Section, all_sections, missing_imports, pages, read_page, slug
+from tests.fakes.docs_blocks import DOCS, README, ROOT, Section, all_sections, missing_imports, pages, read_page, slug
 
 sys.path.insert(0, str(DOCS / "_ext"))
 from cli_text import help_text, subcommands  # noqa: E402  (docs/_ext is not a package)
@@ -150,7 +150,7 @@ def test_a_printed_claim_is_read_from_the_comment() -> None:
 
 
 def test_the_collector_refuses_what_would_escape_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tests.docs_blocks.ROOT", tmp_path)
+    monkeypatch.setattr("tests.fakes.docs_blocks.ROOT", tmp_path)
     page = tmp_path / "page.md"
     page.write_text(
         "# Page\n\n```py\nprint(1)\n```\n\n<!-- docs-test: not run: GPU only -->\n\n```bash\nls\n```\n\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import fastpipe
-from tests.docs_blocks import ROOT, pages
+from tests.fakes.docs_blocks import ROOT, pages
 
 #: Each kind of table the docs show: the header cell that starts it, and the headers its class may print.
 KINDS: dict[str, tuple[tuple[str, ...], ...]] = {

@@ -10,7 +10,7 @@ import torch
 
 from fastpipe.workloads._workload import load_workload
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "first_diagnosis"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "first_diagnosis"
 
 
 @pytest.fixture

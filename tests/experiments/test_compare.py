@@ -6,7 +6,7 @@ from fastpipe.cli import main
 from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.experiments._compare import TOY_LADDER, compare, resolve_variants
 
-M = "tests.compare_fixtures"
+M = "tests.fakes.compare"
 DEVICE = "sim:40"
 
 

@@ -22,7 +22,7 @@ from fastpipe.experiments._fix import NOT_HELPING, RECOMMENDED, fix, run_fix
 from fastpipe.experiments._fix_candidates import build_candidates
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.workloads import Workload
-from tests.fix_fixtures import MEAN, STD, PresetTrain, corpus
+from tests.fakes.fix import MEAN, STD, PresetTrain, corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not jpeg_ops.JPEG_OP_AVAILABLE, reason=jpeg_ops.jpeg_op_status())]
 
@@ -79,7 +79,7 @@ def _spec(photos: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         textwrap.dedent(
             f"""
             import torch, torchvision
-            from tests.fix_fixtures import PresetTrain
+            from tests.fakes.fix import PresetTrain
 
             def make():
                 dataset = torchvision.datasets.ImageFolder({str(photos)!r}, PresetTrain(32))
@@ -88,7 +88,7 @@ def _spec(photos: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         )
     )
     monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
     return "train_preset:make"
 
 

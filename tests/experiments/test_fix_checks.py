@@ -22,7 +22,7 @@ from fastpipe.experiments._fix_candidates import Candidate, build_candidates, le
 from fastpipe.experiments._fix_checks import PIXEL_TOLERANCE, check_input, compare_boxes
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.workloads import Workload
-from tests.fix_fixtures import PresetEval, PresetTrain, SlowOwnTransform, corpus
+from tests.fakes.fix import PresetEval, PresetTrain, SlowOwnTransform, corpus
 
 timm = pytest.importorskip("timm")
 requires_op = pytest.mark.skipif(not jpeg_ops.JPEG_OP_AVAILABLE, reason=jpeg_ops.jpeg_op_status())

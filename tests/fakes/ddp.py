@@ -1,4 +1,4 @@
-"""Two-rank diagnoses on the gloo backend, run by tests/test_ddp.py in spawned processes."""
+"""Two-rank diagnoses on the gloo backend, run by tests/diagnosis/runtime/test_ddp.py in spawned processes."""
 
 from __future__ import annotations
 

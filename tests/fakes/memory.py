@@ -1,4 +1,4 @@
-"""Planted copy-on-read datasets and their workloads (SPECs ``tests.memory_fixtures:records`` and ``:packed``).
+"""Planted copy-on-read datasets and their workloads (SPECs ``tests.fakes.memory:records`` and ``:packed``).
 
 ``Records`` keeps its index as a Python list of dicts, so a forked worker reading samples at random copies the
 pages it touches (their reference counts change); ``Packed`` keeps the same index in NumPy arrays, which a read

@@ -1,4 +1,4 @@
-"""Two ranks on gloo, each checking its stream (tests/test_unseen_streams.py runs them in spawned processes)."""
+"""Two ranks on gloo, each checking its stream (tests/diagnosis/unseen/test_streams.py runs them in spawned processes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from tests.ddp_fixtures import _init
+from tests.fakes.ddp import _init
 
 
 class WorkerSharded(IterableDataset):

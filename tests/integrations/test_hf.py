@@ -11,7 +11,7 @@ import torchvision.transforms as T
 from torch.utils.data import Dataset
 
 from tests.fakes import Fast, Slow, quick_options
-from tests.watch_settings import FRAMEWORK_SETTINGS, IDS, TOLERANCE, Setting
+from tests.fakes.watch_settings import FRAMEWORK_SETTINGS, IDS, TOLERANCE, Setting
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

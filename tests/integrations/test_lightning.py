@@ -11,7 +11,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
 from tests.fakes import Fast, PlantedDataset, Slow, quick_options
-from tests.watch_settings import FRAMEWORK_SETTINGS, IDS, TOLERANCE, Setting
+from tests.fakes.watch_settings import FRAMEWORK_SETTINGS, IDS, TOLERANCE, Setting
 
 L = pytest.importorskip("lightning.pytorch")
 from fastpipe.integrations import lightning as fl  # noqa: E402

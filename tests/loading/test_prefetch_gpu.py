@@ -63,7 +63,7 @@ def sleep_cycles(ms: float) -> int:
     Calibrated on an idle GPU (345 MHz on an H200, 1980 MHz under load) the sleeps would last a sixth of
     ``ms`` once the clock ramps, too short for the controls below to catch a missing safeguard.
     """
-    from tests.gpu_clock import sleep_cycles as warmed_sleep_cycles
+    from tests.fakes.gpu_clock import sleep_cycles as warmed_sleep_cycles
 
     return warmed_sleep_cycles(ms)
 

@@ -15,7 +15,7 @@ from fastpipe.loading import DevicePrefetcher, unwrap_loader
 from fastpipe.transforms.device import Normalize
 from fastpipe.workloads._workload import as_workload
 from tests.fakes import quick_options
-from tests.fix_fixtures import corpus
+from tests.fakes.fix import corpus
 
 timm = pytest.importorskip("timm")
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 import fastpipe.loading
 from fastpipe.monitor import WaitLedger, Watch, band_for, memory_snapshot
 from tests.fakes import PlantedDataset
-from tests.watch_settings import IDS, SETTINGS, TOLERANCE, Setting
+from tests.fakes.watch_settings import IDS, SETTINGS, TOLERANCE, Setting
 
 STEPS = 20
 

@@ -3,7 +3,7 @@ fastpipe's message; and the extensions load whichever module is imported first.
 
 The non-CPU tensor here is a ``meta`` one, which every machine can make: it takes the same path a CUDA tensor
 would (the wrappers check ``tensor.device.type``), and without the check it would reach the op's fake kernel
-and return silently. ``tests/test_ops.py::test_ops_are_cpu_only_and_say_so`` repeats this with CUDA on a GPU.
+and return silently. ``tests/ops/test_ops.py::test_ops_are_cpu_only_and_say_so`` repeats this with CUDA on a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import fastpipe.ops as ops
 from fastpipe.errors import ConfigError
 from fastpipe.ops import _load
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 requires_ext = pytest.mark.skipif(not ops.EXTENSION_AVAILABLE, reason=ops.extension_status())
 requires_jpeg = pytest.mark.skipif(not ops.JPEG_OP_AVAILABLE, reason=ops.jpeg_op_status())
 

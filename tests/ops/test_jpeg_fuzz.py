@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import fastpipe.ops.jpeg as jpeg
-from tests.benchmark_scripts import load_benchmark
+from tests.fakes.benchmark_scripts import load_benchmark
 
 pytest.importorskip("skimage", reason="the corpus needs scikit-image: pip install 'fastpipe[photos]'")
 pytestmark = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())

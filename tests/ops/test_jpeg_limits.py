@@ -15,7 +15,7 @@ from PIL import Image
 import fastpipe.ops.jpeg as jpeg
 from fastpipe.datasets import DecodeCropOnDevice, EncodedBatch, ImageFolder
 from fastpipe.errors import ConfigError, CorruptImageError, DecompressionBombError
-from tests.benchmark_scripts import load_benchmark
+from tests.fakes.benchmark_scripts import load_benchmark
 
 requires_op = pytest.mark.skipif(not jpeg.JPEG_OP_AVAILABLE, reason=jpeg.jpeg_op_status())
 

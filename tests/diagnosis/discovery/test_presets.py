@@ -217,7 +217,7 @@ def test_the_presets_example_loads_as_specs_with_every_inner_stage(photos: Path,
     import importlib.util
 
     pytest.importorskip("timm")
-    path = Path(__file__).resolve().parent.parent / "examples" / "presets" / "train_presets.py"
+    path = Path(__file__).resolve().parents[3] / "examples" / "presets" / "train_presets.py"
     spec = importlib.util.spec_from_file_location("train_presets", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -3,7 +3,7 @@
 Skipped without a GPU. The step is ``torch.cuda._sleep``, a kernel that spins a number of cycles: the host
 returns at once, so host-side intervals would time the launches (microseconds), while the events time the
 kernels. The reference is CUDA events recorded around each step's own kernel, on a warmed-up GPU
-(:mod:`tests.gpu_clock`): a cycle count calibrated earlier lasts what the clock of the moment makes it
+(:mod:`tests.fakes.gpu_clock`): a cycle count calibrated earlier lasts what the clock of the moment makes it
 (the first GPU run's 10.9 ms for a "20 ms" sleep, calibrated on an idle H200).
 """
 
@@ -23,7 +23,7 @@ WARMUP, STEPS = 3, 10
 
 
 def test_cuda_step_times_are_gpu_time_not_launch_time() -> None:
-    from tests.gpu_clock import sleep_cycles
+    from tests.fakes.gpu_clock import sleep_cycles
 
     device = parse_device("cuda")
     cycles = sleep_cycles(20.0)  # about 20 ms; what it really lasts is read below, around each kernel

@@ -20,7 +20,7 @@ from fastpipe.diagnosis.stagecost import measure_stage_costs
 from fastpipe.workloads._workload import Workload
 from tests.fakes import quick_options
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "streaming"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "streaming"
 STEP = "sim:40"
 PLANTED_MS = 40.0  # per sample: 4 samples over 2 workers = 80 ms a batch, twice the step
 

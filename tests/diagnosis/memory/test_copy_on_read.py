@@ -9,8 +9,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 from fastpipe.diagnosis.memory._copy_on_read import MIN_OBJECTS, find_containers, name_copy_on_read
 from fastpipe.diagnosis.memory._loader import measure_loader_memory
 from fastpipe.diagnosis.memory._shm_budget import MemoryLimits
-from tests.memory_fixtures import N, Packed, Records
-from tests.memory_fixtures import path_of as _path
+from tests.fakes.memory import N, Packed, Records
+from tests.fakes.memory import path_of as _path
 
 ROOMY = MemoryLimits(shm_size=64 << 30, shm_free=64 << 30, cgroup_limit=None, cgroup_usage=None)
 

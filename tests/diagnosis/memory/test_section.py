@@ -171,7 +171,7 @@ def test_compare_shows_memory_per_rung() -> None:
 
 @pytest.mark.slow  # two diagnoses with their loader passes (10 s each at least): 60-90 s on the loaded 2-core machine
 def test_diagnosis_names_copy_on_read_and_not_a_numpy_index() -> None:
-    from tests.memory_fixtures import packed, records
+    from tests.fakes.memory import packed, records
 
     options = quick_options(steps=4, warmup=1, budget=2.0, stage_costs=False, loader_memory=True)
     grown = diagnose(records(), device="sim:10", options=options).memory

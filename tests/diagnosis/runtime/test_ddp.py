@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fastpipe.diagnosis.runtime import _ddp as ddp
-from tests.ddp_fixtures import SLOW_MS, diagnose_rank, diagnose_rank_failing_baseline, measure_points_rank
+from tests.fakes.ddp import SLOW_MS, diagnose_rank, diagnose_rank_failing_baseline, measure_points_rank
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """Time attribution on planted costs: each named stage, and its milliseconds per step, within 25% of what was planted.
 
-Costs are sleeps (tests/fakes.py): they hold on a loaded 2-core machine and add up per worker
+Costs are sleeps (tests/fakes): they hold on a loaded 2-core machine and add up per worker
 the way per-sample costs do, so a planted cost per step is ``ms per sample x batch / workers``.
 """
 

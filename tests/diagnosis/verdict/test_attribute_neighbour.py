@@ -20,9 +20,9 @@ from fastpipe.diagnosis.stagecost._timing import OVERHEAD_STAGE, BatchTimings, T
 from fastpipe.diagnosis.verdict._attribute import Attribution, worker_costs
 from fastpipe.diagnosis.verdict._report import Bottleneck
 from fastpipe.stages import RAW_STAGE
-from tests.benchmark_scripts import load_benchmark
+from tests.diagnosis.verdict.test_attribute import _plan_and_results
 from tests.fakes import quick_options
-from tests.test_attribution import _plan_and_results
+from tests.fakes.benchmark_scripts import load_benchmark
 
 _PLANTED = load_benchmark("neighbour")  # the benchmark's planted parts: a CPU burn, a free stage, random images
 Burn, Free, RandomImages = _PLANTED.Burn, _PLANTED.Free, _PLANTED.RandomImages

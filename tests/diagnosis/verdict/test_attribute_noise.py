@@ -194,7 +194,7 @@ def test_what_to_do_names_the_neighbour_only_when_there_was_one(others: float) -
 
 
 # ----- a real script whose step varies by ±30% (a busy neighbour), through script mode ------------------------------
-NOISY = Path(__file__).resolve().parent / "scripts" / "train_noisy.py"
+NOISY = Path(__file__).resolve().parents[2] / "scripts" / "train_noisy.py"
 
 
 def named_beyond_noise(report: dict[str, Any]) -> list[str]:

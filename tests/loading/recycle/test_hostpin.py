@@ -4,7 +4,7 @@ Run on the CPU through CUDA's own registrar (``hostpin.CUDA``, what a GPU run us
 into the CUDA runtime replaced: ``register`` answers an error code as a locked-memory limit would, and
 ``pin_copy`` (``Tensor.pin_memory``, which needs a GPU) clones. The GPU run failed this because the registrar had
 bound the original ``register`` when the module was imported, so replacing it changed nothing;
-``tests/test_prefetch_gpu.py::test_registration_failure_falls_back_to_pinned_copies`` is the same on a GPU.
+``tests/loading/test_prefetch_gpu.py::test_registration_failure_falls_back_to_pinned_copies`` is the same on a GPU.
 """
 
 from __future__ import annotations
