@@ -338,7 +338,7 @@ def _reads(name: str, read: Callable[[Path], str]) -> Callable[[Path], str]:
 
 def gpu_test_files(root: Path = ROOT) -> list[str]:
     """The test files with GPU tests (so pytest need not import the whole suite to find them)."""
-    return sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+    return sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
 
 
 def build_phases(

@@ -74,7 +74,7 @@ class Free:
 
 class RandomImages(Dataset):
     """A random uint8 image per sample (the raw load: ~0.2 ms of CPU at the default side), or a sleep first with
-    ``sleep_ms``. (``tests/test_neighbour.py`` plants its pipelines with these classes too.)"""
+    ``sleep_ms``. (``tests/diagnosis/verdict/test_attribute_neighbour.py`` plants its pipelines with these classes too.)"""
 
     def __init__(self, transform: Any, sleep_ms: float = 0.0, side: int = 64) -> None:
         self.transform, self.sleep_ms, self.side = transform, sleep_ms, side

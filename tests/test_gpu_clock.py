@@ -1,4 +1,4 @@
-"""tests/gpu_clock.py's calibration, without a GPU: the probe is replaced by a clock that ramps up as a GPU's does."""
+"""tests/fakes/gpu_clock.py's calibration, without a GPU: the probe is replaced by a clock that ramps up as a GPU's does."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests import gpu_clock
+from tests.fakes import gpu_clock
 
 IDLE_HZ, BUSY_HZ = 345e6, 1980e6  # an H200's SM clock, idle and under load
 

@@ -1,6 +1,6 @@
 """The ``--help`` text of ``fastpipe`` and each of its subcommands, from the parsers themselves (no Sphinx needed).
 
-``cli_help.py`` puts it in the pages at build time; ``tests/test_docs.py`` checks that the command-line page has a
+``cli_help.py`` puts it in the pages at build time; ``tests/docs/test_pages.py`` checks that the command-line page has a
 section for every subcommand the parser has, so a new subcommand cannot go undocumented.
 """
 

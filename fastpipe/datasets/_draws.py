@@ -12,7 +12,7 @@ scale uniform in ``scale`` and a log-aspect-ratio uniform in ``log(ratio)``; ``w
 * scale * ratio))``, ``h = round(sqrt(area * scale / ratio))`` (round half to even, as Python's
 ``round``); the first try with ``0 < w <= width`` and ``0 < h <= height`` wins, its top and left
 uniform over the positions that fit; when none fits, the central crop of the ratio clamped to
-``ratio``. So the distribution is torchvision's (``tests/test_threaded.py`` compares them), though
+``ratio``. So the distribution is torchvision's (``tests/datasets/test_threaded.py`` compares them), though
 the same seed gives other boxes than the global-RNG recipe.
 """
 

@@ -5,7 +5,7 @@ pixel of a crop exists, so decode-and-crop cannot skip or stop early on it: such
 several times a baseline file (``benchmarks/bench_jpeg.py`` splits them). Rewriting one as
 baseline from its own quantised DCT coefficients (``fastpipe::_jpeg_to_baseline``, libjpeg's
 transcoding path, as ``jpegtran``) changes only the entropy coding: the decoded pixels are the
-same bit for bit (``tests/test_prepare.py`` checks it), and the labels and folder layout are kept.
+same bit for bit (``tests/datasets/test_prepare.py`` checks it), and the labels and folder layout are kept.
 Every other file's content is hard-linked (copied where links cannot be made); symlinks are followed, never
 copied as links (a relative one would dangle at another depth). Optional to use: the training code is
 unchanged, only ``root`` points at the prepared folder.

@@ -6,13 +6,13 @@ only the rows and iMCU columns the box needs, at 1/2, 1/4 or 1/8 DCT scale when 
 box still covers the output, and resizes with a fixed-point separable triangle filter (PIL's
 BILINEAR, antialiased when shrinking) with the horizontal flip fused; its two passes run AVX2
 kernels where the CPU has them and portable ones elsewhere, chosen at run time with the same
-bytes out (``csrc/jpeg/resize.cpp``, ``tests/test_jpeg_resize.py``). Anything the op cannot
+bytes out (``csrc/jpeg/resize.cpp``, ``tests/ops/test_jpeg_resize.py``). Anything the op cannot
 serve falls back to PIL with the same crop semantics: non-JPEG files (detected by magic
 bytes), and every file when the extension was not built (``JPEG_OP_AVAILABLE`` says which;
 ``which_decoder`` says which path a given file takes).
 
 Tolerance against PIL (``Image.open(f).convert("RGB").resize((w, h), Image.BILINEAR,
-box=(left, top, left + width, top + height))``), checked by ``tests/test_jpeg_op.py`` on
+box=(left, top, left + width, top + height))``), checked by ``tests/ops/test_jpeg.py`` on
 photographs at several sizes, qualities and flavours:
 
 - no DCT scaling (the box is less than twice the output in a side): mean absolute difference
