@@ -27,9 +27,9 @@ from fastpipe.experiments._fix_combined import combine_fixes
 from fastpipe.loading.recycle import RecycledLoader
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.workloads import Workload
-from tests.fix_fixtures import PresetTrain, corpus
+from tests.fakes.fix import PresetTrain, corpus
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_photos_mixup.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_photos_mixup.py"
 requires_op = pytest.mark.skipif(not jpeg_ops.JPEG_OP_AVAILABLE, reason=jpeg_ops.jpeg_op_status())
 
 

@@ -30,8 +30,8 @@ from fastpipe.experiments._source import SourceFile
 from fastpipe.loading._rebuild import rebuild_loader
 from fastpipe.workloads._workload import Workload
 
-SCRIPTS = Path(__file__).parent / "scripts"
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
 PATCH = shutil.which("patch")
 
 

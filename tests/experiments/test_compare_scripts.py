@@ -15,7 +15,7 @@ from fastpipe.cli import build_parser
 from fastpipe.errors import ConfigError
 from fastpipe.experiments import _compare_scripts as cs
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 def test_commands_split_on_the_second_dashes() -> None:

@@ -18,7 +18,7 @@ from fastpipe.experiments._fix_candidates import build_candidates
 from fastpipe.experiments._fix_keep import compare_loaders, custom_collate, refusal
 from fastpipe.ops import jpeg as jpeg_ops
 from fastpipe.workloads import Workload
-from tests.fix_fixtures import PresetTrain, corpus
+from tests.fakes.fix import PresetTrain, corpus
 
 requires_op = pytest.mark.skipif(not jpeg_ops.JPEG_OP_AVAILABLE, reason=jpeg_ops.jpeg_op_status())
 CLASSES = 2
