@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from fastpipe.cli import main
 from fastpipe.devices import parse_device
 from fastpipe.diagnosis._handoff import Handoff, StepBudgetSpent
+from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.diagnosis._script import ScriptLadder, ScriptOptions, run_script
 from fastpipe.diagnosis._script_budget import PROBE_S, LadderEstimate, LadderProgress, bar, duration, ordinal
 from fastpipe.diagnosis._windows import WindowRunner, measure_window
@@ -214,13 +215,9 @@ def test_closing_the_points_lifts_the_cap_so_the_in_worker_timing_runs_whole() -
         workload,
         parse_device("cpu"),
         handoff=handoff,
-        steps=4,
-        warmup=1,
+        options=MeasureOptions(steps=4, warmup=1, budget=1.0, precision=0.03, worker_timeout=30.0),
         pool=1,
-        budget_s=1.0,
-        target=0.03,
         progress=False,
-        worker_timeout=30.0,
     )
     runner.close()
     assert handoff.budget_steps is None and not handoff.spent
@@ -301,7 +298,7 @@ def test_a_step_cap_stop_reads_as_a_budget_stop_not_an_interruption(one_thread) 
 
 def test_budget_flag_is_seconds_per_point(capsys) -> None:
     assert main(["diagnose", "--budget", "0", "--", "python", str(PLANTED)]) == 2
-    assert "seconds of measuring each cache point" in capsys.readouterr().err
+    assert "budget is seconds of measuring per point" in capsys.readouterr().err
     # a whole number this large was most likely meant as steps (the old unit): said, then run as seconds
     assert main(["diagnose", *QUICK, "--budget", "600", "--", "python", str(PLANTED), "--no-train", "--samples", "16"]) == 2
     err = capsys.readouterr().err

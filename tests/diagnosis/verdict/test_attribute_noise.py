@@ -77,11 +77,14 @@ class PlantedRunner(PointRunner):
         self.progress.close()
 
 
-def planted_report(points: dict[str, tuple[float, float, float]], device: str = "sim:100", **options: Any) -> Report:
-    """The report of a diagnosis whose points measured ``points`` ({point: (ms, rel. standard error, others' CPU)})."""
+def planted_report(
+    points: dict[str, tuple[float, float, float]], device: str = "sim:100", prefetch_depth: int = 0, **options: Any
+) -> Report:
+    """The report of a diagnosis whose points measured ``points`` ({point: (ms, rel. standard error, others' CPU)});
+    ``prefetch_depth``: the workload's (how deep its loop prefetches to the device)."""
     runner = type("Runner", (PlantedRunner,), {"planted": points})
     loader = DataLoader(Tiny(), batch_size=4, num_workers=0)
-    workload = Workload(loader=loader, step=lambda batch: None)
+    workload = Workload(loader=loader, step=lambda batch: None, prefetch_depth=prefetch_depth)
     return run_diagnosis(
         workload, device, quick_options(**{"steps": 4, "warmup": 0, "pool": 1, "stage_costs": False, **options}), runner=runner
     )
