@@ -130,5 +130,8 @@ def run_script(args: argparse.Namespace, fix: str | None = None) -> int:
             write_outputs(report, args)
         sys.stdout.flush()
 
-    session = ScriptLadder(options, script=target, echo=echo, show=show)
+    hooks = None
+    if fix is not None:
+        from fastpipe.experiments._script_fix import HOOKS as hooks
+    session = ScriptLadder(options, script=target, echo=echo, show=show, fix_hooks=hooks)
     return run_script(kind, target, script_args, session)

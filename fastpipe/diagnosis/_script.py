@@ -121,7 +121,7 @@ class ScriptOptions:
     fix: str | None = None
     """None: the ladder only; ``"after"``: the ladder, then the fixes (``diagnose -- ... --fix``); ``"only"``: the fixes
     only (``fastpipe fix -- python train.py``). The fixes are measured in the script's loop too
-    (:mod:`fastpipe.diagnosis._script_fix`)."""
+    (:mod:`fastpipe.experiments._script_fix`)."""
     fix_budget_s: float | None = None
     """Seconds of measuring per fix rung (None: ``budget_s``)."""
 
@@ -209,11 +209,36 @@ class _ScriptIterator(Iterator[Any]):
         return getattr(self.real, name)
 
 
+@dataclass(frozen=True)
+class FixHooks:
+    """What script mode needs to measure fixes in the script's loop (``fix`` set): :mod:`fastpipe.experiments._script_fix`
+    provides them. They are handed in by the command, since the experiments are a layer above the diagnosis, which
+    must not import them."""
+
+    announcement: Callable[..., str]
+    """``announcement(script, label, loader, why, options)``: what is said as the fixes take over the loop."""
+    progress_runner: Callable[..., Any]
+    """``progress_runner(make, echo)``: the window-runner factory, saying which rung it measures."""
+    script_fixes: Callable[..., Any]
+    """``script_fixes(workload, device, options, *, runner, script, named)``: the fixes built, checked and measured."""
+
+
 class ScriptLadder:
     """One script's run: the tap's callbacks, the handover to the ladder, and its outcome."""
 
-    def __init__(self, options: ScriptOptions, *, script: str, echo: Callable[[str], None], show: Callable[[Report], None]) -> None:
+    def __init__(
+        self,
+        options: ScriptOptions,
+        *,
+        script: str,
+        echo: Callable[[str], None],
+        show: Callable[[Report], None],
+        fix_hooks: FixHooks | None = None,
+    ) -> None:
+        if options.fix is not None and fix_hooks is None:
+            raise ValueError("ScriptLadder: fix needs fix_hooks (fastpipe.experiments._script_fix.HOOKS)")
         self.options, self.script, self.echo, self.show = options, script, echo, show
+        self.fix_hooks = fix_hooks
         self.seen: dict[int, _Seen] = {}
         self.held_loaders = HeldLoaders()
         self.sampler: LoopSampler | None = None
@@ -408,10 +433,9 @@ class ScriptLadder:
     def _announcement(self, seen: _Seen) -> str:
         o = self.options
         if o.fix == "only":
-            from fastpipe.diagnosis._script_fix import announcement
-
+            assert self.fix_hooks is not None
             why = f"--loader {o.loader}" if o.loader else (seen.choice.why if seen.choice else "the first")
-            return announcement(self.script, seen.label, seen.loader, why, self._fix_options())
+            return self.fix_hooks.announcement(self.script, seen.label, seen.loader, why, self._fix_options())
         stop = (
             "then the script goes on with its real batches, from the one it would have had next"
             if o.then_continue
@@ -501,10 +525,9 @@ class ScriptLadder:
         return MeasureOptions(steps=o.steps, warmup=o.warmup, budget=o.fix_budget_s or o.budget_s, precision=o.precision)
 
     def _fixes(self, workload: Workload, named: list[str] | None) -> Any:
-        """The fixes measured in the script's loop (:mod:`fastpipe.diagnosis._script_fix`), every rung's step the script's."""
-        from fastpipe.diagnosis._script_fix import progress_runner, script_fixes
-
-        assert self.handoff is not None and self.device is not None
+        """The fixes measured in the script's loop (:mod:`fastpipe.experiments._script_fix`), every rung's step the script's."""
+        assert self.handoff is not None and self.device is not None and self.fix_hooks is not None
+        progress_runner, script_fixes = self.fix_hooks.progress_runner, self.fix_hooks.script_fixes
 
         def window(w: Workload, device: Any, **kwargs: Any) -> WindowRunner:
             return WindowRunner(w, device, handoff=self.handoff, lines=None, **kwargs)

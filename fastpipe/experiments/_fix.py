@@ -18,7 +18,7 @@ or combined (:attr:`FixReport.best`).
 
 :func:`measure_fixes` is that engine for any runner of points: a factory's (``fix``) or script mode's, whose
 :class:`~fastpipe.diagnosis._windows.WindowRunner` times every rung through the script's own step
-(:mod:`fastpipe.diagnosis._script_fix`, ``fastpipe fix -- python train.py``).
+(:mod:`fastpipe.experiments._script_fix`, ``fastpipe fix -- python train.py``).
 
 The report lists only what it measured: the fixes that helped, ranked by measured gain, each with the code to apply
 and what its input check found; then the candidates tried and not helping; those whose input check failed (never

@@ -99,18 +99,18 @@ def test_cli_check_step_passes_then_diagnoses_and_the_report_notes_it(monkeypatc
 
     calls = []
 
-    def fake_diagnose(workload, **options):  # the diagnosis itself is tested in test_diagnose.py
+    def fake_diagnose(workload, device, options, **seams):  # the diagnosis itself is tested in test_diagnose.py
         calls.append(options)
         report = SimpleNamespace(notes=[], interrupted=False)
         report.to_table = lambda: "\n".join(report.notes)
         return report
 
-    monkeypatch.setattr(importlib.import_module("fastpipe.diagnosis._diagnose"), "diagnose", fake_diagnose)
+    monkeypatch.setattr(importlib.import_module("fastpipe.diagnosis._diagnose"), "run_diagnosis", fake_diagnose)
     code = main(["diagnose", f"{__name__}:make_working", "--device", "sim:5", "--check-step", "--budget", "2", "--no-progress"])
     captured = capsys.readouterr()
     assert code == 0 and "step check: your step ran once on a real batch on cpu" in captured.err
     assert "step check: your step ran once" in captured.out  # the report's note
-    assert calls[0]["pool"] is None and calls[0]["budget"] == 2.0 and calls[0]["precision"] == 0.03
+    assert calls[0].pool is None and calls[0].budget == 2.0 and calls[0].precision == 0.03
 
 
 # ----- the check leaves the user's loader, sampler, generators and RNGs as they were -------------------

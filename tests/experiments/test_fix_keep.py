@@ -93,7 +93,7 @@ def test_a_worker_init_fn_cannot_be_kept_without_worker_processes() -> None:
     data = list(range(8))
     original = DataLoader(data, batch_size=4, num_workers=2, worker_init_fn=seed_worker, persistent_workers=True)
     why = refusal(original, ThreadLoader(data, batch_size=4))
-    assert why is not None and "worker_init_fn (tests.test_fix_keep.seed_worker)" in why and "no worker processes" in why
+    assert why is not None and "worker_init_fn (tests.experiments.test_fix_keep.seed_worker)" in why and "no worker processes" in why
     rebuilt = DataLoader(data, batch_size=4, num_workers=1, worker_init_fn=seed_worker, persistent_workers=True)
     assert refusal(original, rebuilt) is None  # another worker count keeps the function and persistent workers
     dropped = DataLoader(data, batch_size=4, num_workers=1, worker_init_fn=seed_worker)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from fastpipe._system import usable_cores
 from fastpipe.devices import Device
 from fastpipe.diagnosis._options import MeasureOptions
+from fastpipe.diagnosis._script import FixHooks
 from fastpipe.experiments._compare import ROUNDS
 from fastpipe.experiments._fix import FixReport, RunnerFactory, measure_fixes
 from fastpipe.experiments._fix_candidates import build_candidates, sweep_counts, worker_count_candidates
@@ -91,3 +92,7 @@ def progress_runner(make: Callable[..., Any], echo: Callable[[str], None] | None
         return make(workload, device, **kwargs)
 
     return runner
+
+
+HOOKS = FixHooks(announcement=announcement, progress_runner=progress_runner, script_fixes=script_fixes)
+"""What :class:`~fastpipe.diagnosis._script.ScriptLadder` is handed to measure fixes in a script's loop."""
