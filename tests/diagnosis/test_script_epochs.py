@@ -42,8 +42,11 @@ def _ladder_steps(out: str) -> int:
 
 def test_each_epoch_ends_at_its_length_with_onecycle_and_timms_accumulation(capsys) -> None:
     # 100 images, batch 8: 13 batches an epoch; OneCycleLR over 20 epochs of 13 steps (it raises past them);
-    # timm's accumulation of 3 (its last 13 % 3 = 1 batch accumulates alone; past the epoch, a modulo by zero)
-    args = ["--samples", "100", "--epochs", "20", "--onecycle", "--accum", "3"]
+    # timm's accumulation of 3 (its last 13 % 3 = 1 batch accumulates alone; past the epoch, a modulo by zero).
+    # Each sample waits 2 ms (16 ms a batch for one of 2 workers, against a step of about 1 ms): the loop is input-bound
+    # on any machine, so the ladder measures every point and spans several epochs. Without the wait a fast machine's
+    # baseline ran at the device bound, only two points were measured, and the ladder ended inside epoch 1.
+    args = ["--samples", "100", "--epochs", "20", "--onecycle", "--accum", "3", "--sample-ms", "2"]
     code, out, err = diagnose(capsys, *QUICK, "--budget-steps", "80", script_args=args)
     assert code == 0, out + err
     assert "fastpipe diagnosis:" in out and "Traceback" not in err

@@ -36,11 +36,25 @@ parser.add_argument("--drop-last", action="store_true")
 parser.add_argument("--onecycle", action="store_true")
 parser.add_argument("--accum", default=1, type=int, help="gradient accumulation steps, timm's arithmetic")
 parser.add_argument("--step-ms", default=0.0, type=float, help="wait this long in each step, as a loop waits for its GPU")
+parser.add_argument(
+    "--sample-ms", default=0.0, type=float, help="wait this long for each sample, as a slow disk makes the loop input-bound"
+)
 parser.add_argument("--iterable", action="store_true", help="an IterableDataset without __len__")
 parser.add_argument("--crash-at", default=None, type=int)
 parser.add_argument("--save-on-exit", default=None)
 parser.add_argument("--trace", default=None, help="save the model's state before every step here (a list)")
 parser.add_argument("--seed", default=0, type=int)
+
+
+class Wait:
+    """Waits ``ms`` for each sample and returns it unchanged: loading that holds up the loop on any machine."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, sample):
+        time.sleep(self.ms / 1000)
+        return sample
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -59,9 +73,8 @@ class Stream(torch.utils.data.IterableDataset):
 def make_loader(args, samples: int, train: bool) -> torch.utils.data.DataLoader:
     normalize = transforms.Normalize(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25])
     crop = transforms.RandomResizedCrop(16) if train else transforms.CenterCrop(16)
-    dataset = datasets.FakeData(
-        samples, (3, 20, 20), 10, transforms.Compose([crop, transforms.ToTensor(), normalize]), random_offset=int(not train)
-    )
+    steps = [crop, transforms.ToTensor(), normalize] + ([Wait(args.sample_ms)] if train and args.sample_ms else [])
+    dataset = datasets.FakeData(samples, (3, 20, 20), 10, transforms.Compose(steps), random_offset=int(not train))
     if train and args.iterable:
         return torch.utils.data.DataLoader(Stream(dataset), batch_size=args.batch_size, num_workers=args.workers)
     return torch.utils.data.DataLoader(
