@@ -207,7 +207,7 @@ def toy_options(args: argparse.Namespace) -> dict[str, Any]:
     return toy_option_values(args, family_of(args.spec) is not None)
 
 
-OUTPUT_OPTIONS = ("json", "markdown", "plot", "fix_json")
+OUTPUT_OPTIONS = ("json", "markdown", "plot", "fix_json", "patch")
 """The options a command writes files for; :func:`check_output_paths` checks each before any work."""
 
 

@@ -33,6 +33,41 @@ def add_fix_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds of measuring per fix rung before it stops short of the precision target (default: --budget)",
     )
     parser.add_argument("--fix-json", type=Path, default=None, help="write the measured fixes as JSON here")
+    add_patch_argument(parser)
+
+
+def add_patch_argument(parser: argparse.ArgumentParser) -> None:
+    """``--patch FILE``: the recommended fix as a diff of the script's own files (script mode only)."""
+    parser.add_argument(
+        "--patch",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with a script: write the fix the report recommends as a unified diff of the script's own files here "
+        "(apply it from the script's folder with `patch -p0 < FILE`); your files are not changed",
+    )
+
+
+def write_patch_file(path: Path, script: str, report: Any, recorder: Any) -> None:
+    """The patch of the fix ``report`` recommends, printed and written to ``path`` (``--patch``): nothing is written
+    when no fix is recommended or no edit could be placed, and the printout says why."""
+    from fastpipe.experiments._patch import patch_for_report
+
+    if report is None:
+        print(f"No patch written to {path}: no fix was measured.")
+        return
+    patch = patch_for_report(script, report, recorder)
+    if patch is None:
+        print(f"No patch written to {path}: no fix shortened the step beyond noise.")
+        return
+    print(patch.text(), end="")
+    if patch.diff is None:
+        print(f"No patch written to {path}: {'the fix was refused' if patch.refused else 'no edit could be placed'} (see above).")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(patch.diff)
+    folder = Path(script).resolve().parent
+    print(f"wrote {path}: apply it with `cd {folder} && patch -p0 < {path.resolve()}`")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,6 +84,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--markdown", type=Path, default=None, help="write the measured fixes as Markdown here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_script_arguments(parser)
+    add_patch_argument(parser)
     parser.set_defaults(handler=run, fix_budget=None)
 
 

@@ -8,6 +8,7 @@ whole ladder may take: what ``--budget`` meant here before); the work is :mod:`f
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,11 @@ def check_no_script_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--loader, --then-continue and --budget-steps apply to a script: fastpipe diagnose [OPTIONS] -- python train.py ARGS"
         )
+    if getattr(args, "patch", None) is not None:
+        raise ConfigError(
+            "--patch writes a diff of a script's own files: fastpipe fix --patch FILE -- python train.py ARGS "
+            "(a SPEC's fixes are printed as code to apply by hand)"
+        )
 
 
 def script_command(args: argparse.Namespace) -> tuple[str, str, list[str]]:
@@ -81,6 +87,9 @@ def run_script(args: argparse.Namespace, fix: str | None = None) -> int:
     from fastpipe.diagnosis._script import DEFAULT_BUDGET_S, ScriptLadder, ScriptOptions, run_script
 
     ladder = diagnose_options_from(args)  # the ladder's knobs, checked before the script starts
+    patch_path = getattr(args, "patch", None)
+    if patch_path is not None and fix is None:
+        raise ConfigError("--patch writes the fix the measured fixes recommend: add --fix (or run fastpipe fix -- python ...)")
     if getattr(args, "check_step", False):
         raise ConfigError("--check-step runs a factory's step; with a script, the script's own step runs in the ladder")
     kind, target, script_args = script_command(args)
@@ -116,10 +125,14 @@ def run_script(args: argparse.Namespace, fix: str | None = None) -> int:
             f"now). The announcement says how long the ladder may take; the default is {DEFAULT_BUDGET_S:g} s a point"
         )
 
+    fix_reports: list[Any] = []
+
     def show(report: Any) -> None:
         from fastpipe.experiments._fix import FixReport
 
         sys.stderr.flush()
+        if isinstance(report, FixReport):
+            fix_reports.append(report)
         if isinstance(report, FixReport) and fix == "after":  # diagnose --fix: the diagnosis's files are its own
             print(report.to_table())
             if args.fix_json is not None:
@@ -134,4 +147,14 @@ def run_script(args: argparse.Namespace, fix: str | None = None) -> int:
     if fix is not None:
         from fastpipe.experiments._script_fix import HOOKS as hooks
     session = ScriptLadder(options, script=target, echo=echo, show=show, fix_hooks=hooks)
-    return run_script(kind, target, script_args, session)
+    if patch_path is None:
+        return run_script(kind, target, script_args, session)
+    from fastpipe.commands.fix import write_patch_file
+    from fastpipe.experiments._sites import SiteRecorder
+
+    # where the script builds its loader, dataset and transform and copies its batches: recorded while it runs
+    recorder = SiteRecorder(target if kind == "path" else os.path.join(os.getcwd(), "__main__.py"))
+    with recorder:
+        code = run_script(kind, target, script_args, session)
+    write_patch_file(patch_path, target, fix_reports[-1] if fix_reports else None, recorder)
+    return code

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from torch.utils.data import DataLoader
 
 from fastpipe.experiments._fix_candidates import Candidate, PipelineView, view_of
-from fastpipe.experiments._sites import CallSite, Sites, argument
+from fastpipe.experiments._sites import CallSite, SiteRecorder, Sites, argument
 from fastpipe.experiments._source import SourceFile, binding_of, callee_name, calls_named, import_line_after, imports_module, own_nodes
 from fastpipe.workloads._workload import Workload
 
@@ -44,6 +44,11 @@ NORMALIZE = "fastpipe.Normalize"
 RECYCLED = "fastpipe.loading.recycled"
 LOADER_SETTINGS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory", "drop_last", "persistent_workers")
 """The DataLoader settings a fix may change in place (the keyword's value edited, or the keyword added)."""
+NORMALIZE_NOWHERE = (
+    "the fix takes Normalize out of the transform, and with no place found to put it back the patched script would "
+    "train on unnormalized uint8 images"
+)
+"""Why a fix's placed edits are withheld when its Normalize after the copy could not be placed."""
 NO_MEANING_FOR_THREADS = ("prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context", "pin_memory_device", "in_order")
 """DataLoader arguments about worker processes: a ThreadLoader has none, so they are dropped with a note."""
 
@@ -62,6 +67,8 @@ class Patch:
         notes: what the user should know about the patched script (an argument dropped as meaningless, a value
             replaced by a literal).
         refused: why the fix cannot be written without losing something the loader did (then ``diff`` is None).
+        withheld: why the placed edits are not handed out as a diff: without an edit that could not be placed they
+            would break the script (then ``diff`` is None).
     """
 
     fix: str
@@ -71,6 +78,7 @@ class Patch:
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     refused: str | None = None
+    withheld: str | None = None
 
     def text(self) -> str:
         """The patch for a report: what it changes, what it could not place, and the diff."""
@@ -89,6 +97,8 @@ class Patch:
             partial = " (partial: the edits above that were not placed are missing)" if self.unplaced else ""
             lines.append(f"  diff{partial}; apply from the script's folder with `patch -p0 < FILE`:")
             lines.append(self.diff.rstrip("\n"))
+        elif self.withheld:
+            lines.append(f"  no diff: {self.withheld}")
         elif not self.refused:
             lines.append("  no diff: nothing could be placed")
         return "\n".join(lines) + "\n"
@@ -114,6 +124,8 @@ class _Writer:
         self.edits: list[_Edit] = []
         self.imports: dict[Path, set[str]] = {}
         self.snippets: list[str] = []
+        self.withhold: str | None = None
+        """Why no diff may be handed out though edits were placed: one left out would break the script."""
 
     def replace(self, source: SourceFile, start: int, end: int, text: str, module: str | None = None) -> None:
         self.edits.append(_Edit(source.path, start, end, text))
@@ -560,12 +572,27 @@ def _normalize_edits(writer: _Writer, original: Workload, new: Workload) -> None
             f"the copy to the device: {writer.sites.why.get('copy', 'not found')}",
             f"after the copy to the device: images = {make}(images)",
         )
+        writer.withhold = NORMALIZE_NOWHERE
         return
     source, loop = copy.source, copy.loop
     used = {n.id for n in own_nodes(source.scope_of(loop)) if isinstance(n, ast.Name)}
     name = next(n for n in ("device_normalize", "fastpipe_normalize", "fastpipe_device_normalize") if n not in used)
     at = source.line_start(loop.lineno)
     writer.replace(source, at, at, f"{source.indent(loop)}{name} = {make}  # fastpipe: Normalize on the device\n", "fastpipe")
+    where = _relative(source.path, writer.sites.root)
+    if copy.statement is None:  # no copy in the loop (it trains on the CPU): first thing in its body, as fastpipe measured it
+        first = loop.body[0]
+        if first.lineno == loop.lineno:  # `for x, y in loader: step(x)` on one line: no line of its own to insert
+            writer.unplaced(f"the loop at line {loop.lineno} holds its body on its own line", f"images = {make}(images)")
+            writer.withhold = NORMALIZE_NOWHERE
+            return
+        at = source.line_start(first.lineno)
+        writer.replace(source, at, at, f"{source.indent(first)}{copy.images} = {name}({copy.images})\n")
+        writer.patch.changes.append(
+            f"{where}:{first.lineno}: {copy.images} = {name}({copy.images}) first in the loop's body: the loop copies no "
+            f"batch to a device, so the batch is normalized where it is ({name} made before the loop at line {loop.lineno})"
+        )
+        return
     # after the loop-body statement that holds the copy: a copy under `if args.gpu is not None:` still gets its
     # images normalized when the branch is not taken (they are then normalized where they are)
     statement: ast.AST = copy.statement
@@ -574,7 +601,6 @@ def _normalize_edits(writer: _Writer, original: Workload, new: Workload) -> None
     end = statement.end_lineno or statement.lineno  # type: ignore[attr-defined]
     after = source.line_start(end + 1) if end < len(source.lines) else len(source.text)
     writer.replace(source, after, after, f"{source.indent(statement)}{copy.images} = {name}({copy.images})\n")
-    where = _relative(source.path, writer.sites.root)
     writer.patch.changes.append(
         f"{where}:{copy.statement.lineno}: {copy.images} = {name}({copy.images}) after the copy to the device "
         f"({name} made before the loop at line {loop.lineno})"
@@ -646,6 +672,8 @@ def write_patch(script: "str | Path", original: Workload, candidate: Candidate, 
         _chain_edits(writer, old_view, new_view)
     _normalize_edits(writer, original, new)
     writer.finish()
+    if writer.withhold is not None and patch.diff is not None:
+        patch.diff, patch.withheld = None, writer.withhold
     if patch.unplaced and not patch.snippet:
         patch.snippet = candidate.code
     if patch.diff is None and not patch.unplaced:
@@ -653,24 +681,20 @@ def write_patch(script: "str | Path", original: Workload, candidate: Candidate, 
     return patch
 
 
-def patch_for_report(script: "str | Path", original: Workload, report: Any, sites: Sites) -> Patch | None:
+def patch_for_report(script: "str | Path", report: Any, recorder: SiteRecorder) -> Patch | None:
     """The patch of the fix a ``fix`` report recommends first: its ``best`` result (the combined set where it won),
     else its first recommended one; None when nothing is recommended or the result carries no live candidate.
 
-    For ``fastpipe fix -- python train.py --patch out.diff``: open a :class:`~fastpipe.experiments._sites.SiteRecorder`
-    on the script while it runs, then ``patch_for_report(script, workload, report, recorder.sites(workload.loader))``
-    with the workload script mode made (its ``loader`` is the script's own) and write ``patch.diff``.
+    For ``fastpipe fix -- python train.py --patch out.diff``: ``recorder`` was open on the script while it ran; the
+    candidate carries the workload it was built from (``candidate.original``), whose loader is the script's own, and
+    the recorder's sites of that loader say where to edit.
     """
-    results = list(getattr(report, "results", []))
-    best = getattr(report, "best", None)
-    chosen = next((r for r in results if best is not None and r.name == best), None)
-    if chosen is None:
-        recommended = report.recommended() if callable(getattr(report, "recommended", None)) else []
-        chosen = recommended[0] if recommended else None
+    recommended = list(report.recommended)
+    chosen = next((r for r in recommended if r.name == report.best), recommended[0] if recommended else None)
     candidate = getattr(chosen, "candidate", None)
-    if candidate is None:
+    if candidate is None or candidate.original is None:
         return None
-    return write_patch(script, original, candidate, sites)
+    return write_patch(script, candidate.original, candidate, recorder.sites(candidate.original.loader))
 
 
 __all__ = ["Patch", "patch_for_report", "write_patch"]

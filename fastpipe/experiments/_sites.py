@@ -203,7 +203,7 @@ class SiteRecorder:
         entry = self.iterated.get(id(loader))
         if entry is None:
             return None, "the loader was not iterated from a file of the user's while fastpipe recorded"
-        tried = []
+        tried, unpacked = [], None
         for frame in entry[1]:
             source = self.source(frame.path)
             loop = _loop_at(source, frame.span[0])
@@ -213,8 +213,16 @@ class SiteRecorder:
             if copy is not None:
                 return copy, ""
             tried.append(f"{_relative(frame.path, self.root)}:{loop.lineno}")
+            images = unpacked_images(loop)
+            if unpacked is None and images is not None:
+                unpacked = CopySite(source, loop, None, images)
+        if unpacked is not None:  # no copy (a CPU script): the batch is used where it is, from the loop's header
+            return unpacked, ""
         if tried:
-            return None, f"no `x = x.to(device)` or `x.cuda()` of the batch in the loop(s) at {', '.join(tried)}"
+            return None, (
+                f"no `x = x.to(device)` or `x.cuda()` of the batch in the loop(s) at {', '.join(tried)}, and the loop does "
+                "not unpack the batch into a name for the images (`for images, target in loader`)"
+            )
         return None, "the loader is not iterated by a `for` loop in the user's files"
 
 
@@ -252,11 +260,14 @@ class CallSite:
 
 @dataclass
 class CopySite:
-    """The loop's copy of a batch to the device: the ``for`` loop, the assignment, and the name the images are in."""
+    """The loop's copy of a batch to the device: the ``for`` loop, the assignment, and the name the images are in.
+
+    ``statement`` None: the loop makes no copy (a script that trains on the CPU); ``images`` is then the name the loop's
+    header unpacks the images into, and what belongs after the copy goes first in the loop's body."""
 
     source: SourceFile
     loop: ast.For
-    statement: ast.stmt
+    statement: ast.stmt | None
     images: str
 
 
@@ -267,6 +278,20 @@ def _is_copy(node: ast.AST) -> bool:
         and node.func.attr in ("to", "cuda")
         and isinstance(node.func.value, (ast.Name, ast.Subscript, ast.Attribute))
     )
+
+
+def unpacked_images(loop: ast.For) -> str | None:
+    """The name a loop's header unpacks the batch's images into: ``for images, target in loader`` and
+    ``for i, (images, target) in enumerate(loader)`` give ``images``; None for ``for batch in loader``."""
+    target = loop.target
+    iterated = loop.iter
+    if isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Name) and iterated.func.id == "enumerate":
+        if not (isinstance(target, ast.Tuple) and len(target.elts) == 2):
+            return None
+        target = target.elts[1]
+    if isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) >= 2 and isinstance(target.elts[0], ast.Name):
+        return target.elts[0].id
+    return None
 
 
 def copy_in_loop(source: SourceFile, loop: ast.For) -> CopySite | None:

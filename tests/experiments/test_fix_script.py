@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -113,13 +115,23 @@ def test_script_mode_fix_refuses_what_cannot_apply(capsys: pytest.CaptureFixture
     assert "apply to a script" in capsys.readouterr().err
 
 
+def test_patch_is_refused_where_there_is_no_script_or_no_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    diff = tmp_path / "fix.diff"
+    assert main(["fix", "--patch", str(diff), "toy:naive"]) != 0
+    assert "--patch writes a diff of a script's own files" in capsys.readouterr().err
+    assert main(["diagnose", "--patch", str(diff), "--", "python", str(SCRIPT), "--data-path", "x"]) != 0
+    assert "add --fix" in capsys.readouterr().err
+    assert not diff.exists()
+
+
 @pytest.mark.slow
 @requires_op
 def test_fix_in_a_scripts_loop_keeps_its_mixup_collate_or_refuses(photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "fix.json"
+    out, diff = tmp_path / "fix.json", tmp_path / "fix.diff"
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
     quick = ["--steps", "4", "--warmup", "1", "--budget", "3", "--precision", "0.2", "--no-progress", "--json", str(out)]
-    script = ["python", str(SCRIPT), "--data-path", str(photos), "-b", "4", "--epochs", "200", "--mixup-alpha", "0.2", "--step-ms", "5"]
-    code = main(["fix", *quick, "--", *script])
+    script = ["python", str(tmp_path / SCRIPT.name), "--data-path", str(photos), "-b", "4", "--epochs", "200", "--mixup-alpha", "0.2"]
+    code = main(["fix", *quick, "--patch", str(diff), "--", *script, "--step-ms", "5"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     assert "fastpipe fix: the candidate fixes are measured in" in captured.err
@@ -131,6 +143,15 @@ def test_fix_in_a_scripts_loop_keeps_its_mixup_collate_or_refuses(photos: Path, 
     assert decode["ms_per_step"] is not None and "compared before the loader's collate_fn" in decode["check"]
     assert any("every rung ran inside" in note for note in report["notes"])
     assert ("Recommended:" in captured.out) == any(r["status"] == RECOMMENDED for r in report["results"])
+    # --patch: the recommended fix as a diff of the script's copy (which is left as it was), or why there is none
+    assert (tmp_path / SCRIPT.name).read_text() == SCRIPT.read_text()
+    if diff.exists():
+        assert f"Patch for: {report['best']}" in captured.out and "collate_fn=collate_fn" in diff.read_text()
+        if shutil.which("patch"):
+            applied = subprocess.run(["patch", "-p0", "--dry-run"], input=diff.read_text(), text=True, capture_output=True, cwd=tmp_path)
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+    else:
+        assert "No patch written" in captured.out or "no diff:" in captured.out, captured.out[-2000:]
 
 
 def test_script_mode_offers_each_worker_count_keeping_the_loaders_settings() -> None:

@@ -392,20 +392,48 @@ def test_a_setting_passed_by_position_is_replaced_in_place(tmp_path: Path, image
 
 
 def test_patch_for_report_takes_the_best_then_the_first_recommended(tmp_path: Path, images: Path) -> None:
-    from types import SimpleNamespace
-
+    from fastpipe.experiments._fix import NOT_HELPING, RECOMMENDED, FixReport, FixResult
     from fastpipe.experiments._patch import patch_for_report
 
     folder = _copy(tmp_path, "patch_in_function.py")
     recorder, loader = run_until_loader("path", str(folder / "patch_in_function.py"), [str(images / "train"), "--workers", "1"])
     original = Workload(loader=loader, step=lambda batch: None)
-    candidates = {c.name: c for c in build_candidates(original)[0] if c.workload is not None}
-    results = [SimpleNamespace(name=name, candidate=c) for name, c in candidates.items()]
-    sites = recorder.sites(loader)
-    recycled = next(name for name in candidates if name.startswith("recycled"))
-    report = SimpleNamespace(results=results, best=recycled, recommended=lambda: results[:1])
-    assert patch_for_report(folder, original, report, sites).fix == recycled  # type: ignore[union-attr]
+    candidates = [c for c in build_candidates(original)[0] if c.workload is not None]
+    assert len(candidates) >= 2 and all(c.original is original for c in candidates)
+    results = [FixResult(c.name, RECOMMENDED, c.code, [], candidate=c) for c in candidates]
+    report = FixReport("patch_in_function.py", "cpu", None, 10.0, 0.01, results=results, best=candidates[1].name)
+    assert patch_for_report(folder, report, recorder).fix == candidates[1].name  # type: ignore[union-attr]
     report.best = None
-    assert patch_for_report(folder, original, report, sites).fix == results[0].name  # type: ignore[union-attr]
-    report.recommended = lambda: []
-    assert patch_for_report(folder, original, report, sites) is None
+    assert patch_for_report(folder, report, recorder).fix == candidates[0].name  # type: ignore[union-attr]
+    for result in results:  # nothing recommended: no patch
+        result.status = NOT_HELPING
+    assert patch_for_report(folder, report, recorder) is None
+
+
+def test_a_loop_without_a_copy_gets_normalize_first_in_its_body_and_runs(tmp_path: Path, images: Path) -> None:
+    # a script that trains on the CPU copies no batch: the Normalize the fix moves goes first in the loop's body, on the
+    # batch the header unpacks, where fastpipe measured it (before the script's step)
+    folder = _copy(tmp_path, "train_photos_mixup.py")
+    args = ["--data-path", str(images / "train"), "-b", "4", "--crop", "16"]
+    _, patches = _patches(folder, "train_photos_mixup.py", args)
+    patch = _find(patches, "uint8 over the copy")
+    assert patch.diff is not None and not patch.unplaced and patch.withheld is None, patch.text()
+    assert "         for images, target in loader:\n+            images = device_normalize(images)\n" in patch.diff
+    assert "-                T.Normalize(mean=mean, std=std),\n" in patch.diff
+    _apply_patch(folder, patch.diff)
+    assert "epoch 0 done" in _run(folder, "train_photos_mixup.py", args)
+
+
+def test_a_fix_whose_normalize_has_no_place_writes_no_diff(tmp_path: Path, images: Path) -> None:
+    # `for batch in loader:` unpacks nothing in its header and copies nothing: the Normalize taken out of the transform
+    # would have no place to go back, so the placed edits are withheld rather than handed out as a script that trains
+    # on uint8 images
+    text = (SCRIPTS / "train_photos_mixup.py").read_text()
+    old = "        for images, target in loader:\n"
+    assert old in text
+    (tmp_path / "batch_loop.py").write_text(text.replace(old, "        for batch in loader:\n            images, target = batch\n"))
+    _, patches = _patches(tmp_path, "batch_loop.py", ["--data-path", str(images / "train"), "-b", "4", "--crop", "16"])
+    patch = _find(patches, "uint8 over the copy")
+    assert patch.diff is None and patch.withheld is not None and "unnormalized uint8" in patch.withheld
+    assert "not unpack the batch" in patch.unplaced[0] and "no diff: the fix takes Normalize out" in patch.text()
+    assert "fastpipe.Normalize(mean=" in patch.snippet
