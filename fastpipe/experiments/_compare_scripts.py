@@ -272,19 +272,21 @@ class ScriptComparison:
         return self.gain / self.expected
 
     def verdict(self) -> str:
-        """Whether the expected gain held: within :data:`HELD` of it; or not; or not shown either way when the
-        difference is within the noise."""
+        """Whether the expected gain held: within :data:`HELD` of it, with noise narrower than that band; it does not
+        hold when the gap is beyond the band by more than the noise; otherwise not shown either way."""
         if self.expected is None:
             return "no expected gain given"
-        gap = self.gain - self.expected
-        if abs(gap) <= HELD * abs(self.expected):
-            return f"it holds (within {HELD:.0%} of the expected gain)"
-        if self.noise == self.noise and abs(gap) <= self.noise:
-            return (
-                f"not shown either way: {gap:+.0%} from the expected gain, within this run's noise (±{self.noise:.0%}); "
-                "more --rounds or a quieter machine narrow it"
-            )
-        return f"it does not hold ({gap:+.0%} from the expected gain, beyond {HELD:.0%} of it and beyond noise)"
+        gap, band, noise = self.gain - self.expected, HELD * abs(self.expected), self.noise
+        if noise != noise:  # one round: no spread to judge by
+            return f"not shown either way: {gap:+.0%} from the expected gain, and one round gives no noise; run more --rounds"
+        if abs(gap) <= band and noise <= band:
+            return f"it holds (within {HELD:.0%} of the expected gain, noise ±{noise:.0%})"
+        if abs(gap) - noise > band:
+            return f"it does not hold ({gap:+.0%} from the expected gain, beyond {HELD:.0%} of it by more than the noise, ±{noise:.0%})"
+        return (
+            f"not shown either way: {gap:+.0%} from the expected gain, but this run's noise (±{noise:.0%}) is wider than "
+            f"{HELD:.0%} of it (±{band:.0%}); more --rounds or a quieter machine narrow it"
+        )
 
     def lines(self) -> list[str]:
         a_ms, a_err = self._ms(0)

@@ -100,6 +100,19 @@ def test_a_gap_within_noise_is_not_called_either_way(tmp_path: Path) -> None:
     assert "not shown either way" in str(result)
 
 
+def test_a_gap_inside_the_band_is_not_called_held_when_the_noise_is_wider(tmp_path: Path) -> None:
+    # the per-round gains are +100% and 0%, alternating: the mean is near the expected +40%, but the noise is far
+    # wider than 25% of it, so the run cannot say the gain held
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("")
+    runner, _ = _fake({str(tmp_path / "a.py"): [[0.1, 0.1]] * 4, str(tmp_path / "b.py"): [[0.05, 0.05], [0.1, 0.1]] * 2})
+    result = cs.compare_scripts(
+        ["python", str(tmp_path / "a.py")], ["python", str(tmp_path / "b.py")], rounds=4, expected=0.4, runner=runner
+    )
+    assert abs(result.gain - 0.4) <= 0.25 * 0.4 < result.noise
+    assert "not shown either way" in str(result) and "it holds" not in str(result)
+
+
 def test_missing_script_is_one_line() -> None:
     with pytest.raises(ConfigError, match="no script"):
         cs.compare_scripts(["python", "no_such_script.py"], ["python", "no_such_script.py"], rounds=1)
