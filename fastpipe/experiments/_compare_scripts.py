@@ -339,6 +339,7 @@ class ScriptComparison:
             "noise": self.noise,
             "expected": self.expected,
             "held": self.held,
+            "verdict": self.verdict(),
             "load": self.load,
             "rounds": [[asdict(run) for run in pair] for pair in self.rounds],
         }
