@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "fastpipe.errors",
         "fastpipe._system",
+        "fastpipe._command",
         "fastpipe._tree",
         "fastpipe._render",
         "fastpipe._deprecated",
