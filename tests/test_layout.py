@@ -1,7 +1,8 @@
 """The package's layers (ARCHITECTURE.md) and its public face, checked so they stay as designed.
 
 Layering: every ``fastpipe`` import in every module (module level and inside functions alike, read with
-``ast``, so nothing is executed) goes to a package of the importer's own layer or a lower one.
+``ast``, so nothing is executed) goes to a package of the importer's own layer or a lower one. The tests keep a
+layout too: no file under ``tests/`` imports a test module; what several share is in ``tests/fakes/`` or a conftest.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Fixtures of the script-mode tests (``test_script*.py``): a run that leaves nothing behind, and one intra-op thread.
 
 Why a conftest: several test modules use them (by argument or ``pytest.mark.usefixtures``), and a test module does
-not import another.
+not import another. ``test_script_budget.py`` defines its own ``one_thread`` (it only puts back the count the script
+sets), which takes precedence there.
 """
 
 from __future__ import annotations
