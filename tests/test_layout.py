@@ -1,7 +1,8 @@
 """The package's layers (ARCHITECTURE.md) and its public face, checked so they stay as designed.
 
 Layering: every ``fastpipe`` import in every module (module level and inside functions alike, read with
-``ast``, so nothing is executed) goes to a package of the importer's own layer or a lower one.
+``ast``, so nothing is executed) goes to a package of the importer's own layer or a lower one. The tests keep a
+layout too: no file under ``tests/`` imports a test module; what several share is in ``tests/fakes/`` or a conftest.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import textwrap
 
 import pytest
 
@@ -21,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "fastpipe.errors",
         "fastpipe._system",
+        "fastpipe._command",
         "fastpipe._tree",
         "fastpipe._render",
         "fastpipe._deprecated",
@@ -281,3 +284,88 @@ def test_reference_specs_still_load():
         family, _, variant = spec.partition(":")
         registry = importlib.import_module(f"fastpipe.workloads.{family}").VARIANTS
         assert variant in registry, spec
+
+
+# ----- the tests themselves: no test module imports another ------------------------------------------------------------
+TESTS = ROOT.parent / "tests"
+
+
+def _names_a_test_module(module: str, level: int, names: list[str]) -> list[str]:
+    """The test modules (``test_*``) an import names: in its module path, or as a module it takes from a package of
+    the tests (``from tests.diagnosis import test_script``). Only the tests' own imports count (``tests.`` or relative)."""
+    if not (level or module == "tests" or module.startswith("tests.")):
+        return []
+    dotted = "." * level + module
+    if any(part.startswith("test_") for part in module.split(".")):
+        return [dotted]
+    return [f"{dotted}.{name}" if module else f"{dotted}{name}" for name in names if name.startswith("test_")]
+
+
+def imports_of_test_modules(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, test module) for each import of a ``test_*`` module in the file: in its code (module level or inside a
+    function) and in Python source it holds as a string (a factory module or a script that a test writes and runs)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    sources: list[tuple[int, ast.AST]] = [(0, tree)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            try:
+                sources.append((node.lineno - 1, ast.parse(textwrap.dedent(node.value))))
+            except (SyntaxError, ValueError):
+                pass  # prose, not code
+    found = []
+    for offset, source in sources:
+        for node in ast.walk(source):
+            if isinstance(node, ast.Import):
+                found += [(offset + node.lineno, name) for a in node.names for name in _names_a_test_module(a.name, 0, [])]
+            elif isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+                found += [(offset + node.lineno, name) for name in _names_a_test_module(node.module or "", node.level, names)]
+    return sorted(found)
+
+
+def files_importing_test_modules(tests: pathlib.Path) -> list[str]:
+    """``path:line imports module`` for every import of a test module by a file under ``tests``."""
+    return [
+        f"{path.relative_to(tests.parent)}:{line} imports {module}"
+        for path in sorted(tests.rglob("*.py"))
+        for line, module in imports_of_test_modules(path)
+    ]
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in ``tests/fakes/`` and shared fixtures in a ``conftest.py``: importing a test module runs
+    its module-level set-up, registers its fixtures a second time and ties two test files together."""
+    found = files_importing_test_modules(TESTS)
+    assert not found, "imports of a test module (move what they use to tests/fakes/ or a conftest.py):\n" + "\n".join(found)
+
+
+def test_the_test_import_check_sees_planted_imports(tmp_path):
+    """The check above can fail: each way a test module can be imported is found, and imports of tests.fakes are not.
+    (The planted names are split with ``test_`` so that this file's own strings do not read as such imports.)"""
+    test_ = "test_"
+    planted = tmp_path / "tests" / "diagnosis" / "test_planted.py"
+    planted.parent.mkdir(parents=True)
+    lines = [
+        f"from tests.diagnosis.{test_}script import clean",
+        "from tests.fakes.ladder import planted_report",
+        "import tests.fakes",
+        "def f():",
+        f"    from .{test_}ddp import free_port",
+        f"from tests.diagnosis import {test_}script, conftest",
+        'FACTORY = """',
+        f"from tests.{test_}rng_untouched import _workload",
+        '"""',
+    ]
+    planted.write_text("\n".join(lines) + "\n")
+    assert imports_of_test_modules(planted) == [
+        (1, "tests.diagnosis.test_script"),
+        (5, ".test_ddp"),
+        (6, "tests.diagnosis.test_script"),
+        (8, "tests.test_rng_untouched"),
+    ]
+    assert files_importing_test_modules(tmp_path / "tests") == [
+        "tests/diagnosis/test_planted.py:1 imports tests.diagnosis.test_script",
+        "tests/diagnosis/test_planted.py:5 imports .test_ddp",
+        "tests/diagnosis/test_planted.py:6 imports tests.diagnosis.test_script",
+        "tests/diagnosis/test_planted.py:8 imports tests.test_rng_untouched",
+    ]

@@ -17,41 +17,14 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import fastpipe
 from fastpipe.diagnosis._options import DiagnoseOptions, MeasureOptions, TrainState
+from tests.fakes.drawing import Drawing, drawing_workload
 
 FAST = MeasureOptions(steps=2, warmup=1, budget=0.5)
 QUICK = DiagnoseOptions(steps=2, warmup=1, budget=0.5, progress=False, loader_memory=False, startup=False)
-
-
-class Drawing(Dataset):
-    """Each sample draws from torch's, NumPy's and Python's global generators, as random augmentations do."""
-
-    def __len__(self) -> int:
-        return 16
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        noise = torch.rand(4) + float(np.random.rand()) + random.random()
-        return torch.full((4,), float(index)) + noise, index % 3
-
-
-def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Any], None]:
-    def step(batch: Any) -> None:
-        x, y = batch
-        torch.nn.functional.cross_entropy(torch.nn.functional.dropout(model(x), 0.5), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return step
-
-
-def _workload() -> fastpipe.Workload:
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(Drawing(), batch_size=4, shuffle=True)
-    return fastpipe.Workload(loader=loader, step=_step(model, optimizer), model=model, optimizer=optimizer, name="drawing")
 
 
 def _states() -> tuple[Any, ...]:
@@ -74,9 +47,9 @@ def _untouched(run: Callable[[], Any]) -> None:
 def factory_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "rng_factories.py").write_text(
         textwrap.dedent("""
-        from tests.test_rng_untouched import _workload
+        from tests.fakes.drawing import drawing_workload
         def make():
-            return _workload()
+            return drawing_workload()
         """)
     )
     monkeypatch.chdir(tmp_path)
@@ -86,12 +59,12 @@ def factory_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_diagnose() -> None:
-    w = _workload()
+    w = drawing_workload()
     _untouched(lambda: fastpipe.diagnose(w, device="sim:1", options=QUICK))
 
 
 def test_diagnose_with_the_loader_and_step() -> None:
-    w = _workload()
+    w = drawing_workload()
     _untouched(
         lambda: fastpipe.diagnose(
             w.loader, w.step, device="sim:1", options=QUICK, train_state=TrainState(model=w.model, optimizer=w.optimizer)
@@ -100,12 +73,12 @@ def test_diagnose_with_the_loader_and_step() -> None:
 
 
 def test_costs() -> None:
-    w = _workload()
+    w = drawing_workload()
     _untouched(lambda: fastpipe.diagnosis.measure_stage_costs(w, fastpipe.devices.parse_device("sim:1"), steps=2, warmup=1))
 
 
 def test_tune() -> None:
-    w = _workload()
+    w = drawing_workload()
     _untouched(lambda: fastpipe.tune(w, device="sim:1", options=FAST, max_workers=1, prefetch_factors=(2,), extensions=0))
 
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from fastpipe._command import parse_python_command
 from fastpipe._render import render_table
 from fastpipe.commands.common import check_output_paths
 from fastpipe.errors import ConfigError
@@ -72,22 +73,12 @@ def add_parser(subparsers: Any) -> None:
 
 def parse_command(command: list[str]) -> tuple[str, str, list[str]]:
     """``("path", script, args)`` or ``("module", name, args)`` from ``[--] [python] SCRIPT ARGS`` / ``-m MODULE``."""
-    words = list(command)
-    if words and words[0] == "--":
-        words.pop(0)
-    if words and (Path(words[0]).name.startswith("python") or words[0] == sys.executable):
-        words.pop(0)
-    if not words:
-        raise ConfigError("fastpipe watch needs a script to run: fastpipe watch -- python train.py ARGS")
-    if words[0] == "-m":
-        if len(words) < 2:
-            raise ConfigError("fastpipe watch -- python -m needs a module name")
-        return "module", words[1], words[2:]
-    if words[0].startswith("-"):
-        raise ConfigError(f"fastpipe watch runs a script, not python's option {words[0]!r}: fastpipe watch -- python train.py ARGS")
-    if not Path(words[0]).is_file():
-        raise ConfigError(f"no script {words[0]!r} here ({os.getcwd()}): give its path, as to python")
-    return "path", words[0], words[1:]
+    return parse_python_command(
+        command,
+        no_script="fastpipe watch needs a script to run: fastpipe watch -- python train.py ARGS",
+        no_module="fastpipe watch -- python -m needs a module name",
+        an_option="fastpipe watch runs a script, not python's option {option!r}: fastpipe watch -- python train.py ARGS",
+    )
 
 
 @dataclass

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from fastpipe._command import parse_python_command
 from fastpipe.diagnosis.ladder._noise import SIGNIFICANCE
 from fastpipe.errors import ConfigError
 
@@ -168,20 +169,11 @@ def _child_main(argv: Sequence[str]) -> int:
 
 def parse_script(command: Sequence[str]) -> tuple[str, str, list[str]]:
     """``("path", script, args)`` or ``("module", name, args)`` from ``[--] [python] SCRIPT ARGS`` / ``-m MODULE``."""
-    words = list(command)
-    if words and words[0] == "--":
-        words.pop(0)
-    if words and (Path(words[0]).name.startswith("python") or words[0] == sys.executable):
-        words.pop(0)
-    if not words:
-        raise ConfigError("fastpipe compare needs two scripts: fastpipe compare -- python train.py ARGS -- python train_patched.py ARGS")
-    if words[0] == "-m":
-        if len(words) < 2:
-            raise ConfigError("`python -m` needs a module name")
-        return "module", words[1], words[2:]
-    if not Path(words[0]).is_file():
-        raise ConfigError(f"no script {words[0]!r} here ({os.getcwd()}): give its path, as to python")
-    return "path", words[0], words[1:]
+    return parse_python_command(
+        command,
+        no_script="fastpipe compare needs two scripts: fastpipe compare -- python train.py ARGS -- python train_patched.py ARGS",
+        no_module="`python -m` needs a module name",
+    )
 
 
 def split_commands(words: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -18,6 +18,7 @@ from fastpipe.devices import parse_device
 from fastpipe.diagnosis._options import TrainState
 from fastpipe.errors import ConfigError, PipelineError
 from tests.fakes import AddOne, Fast, NoTransformDataset, PlantedDataset, Raise, Slow, quick_options
+from tests.fakes.cli import tiny_toy_argv
 
 # Planted costs are twice the step, so they stand well above the DataLoader's own few milliseconds
 # per batch and the jitter of a busy 2-core machine; the threshold is raised to match.
@@ -293,23 +294,11 @@ def test_host_point_uses_the_loops_own_copy_path(depth: int) -> None:
 def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
     from fastpipe.cli import main
 
-    argv = [
+    argv = tiny_toy_argv(
         "diagnose",
-        "toy:naive",
-        "--device",
         "sim:20",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
         "--num-workers",
         "1",
-        "--batch-size",
-        "2",
-        "--raw-size",
-        "64",
-        "--img-size",
-        "32",
         "--threshold",
         "0.5",
         "--json",
@@ -318,7 +307,7 @@ def test_cli_diagnose_outputs(tmp_path, capsys) -> None:
         str(tmp_path / "r.md"),
         "--plot",
         str(tmp_path / "r.png"),
-    ]
+    )
     assert main(argv) == 0
     assert "device (bound)" in capsys.readouterr().out
     data = json.loads((tmp_path / "r.json").read_text())

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from fastpipe.cli import main
-from tests.diagnosis.test_script import clean, one_thread  # noqa: F401  (fixtures)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_epochs_counted.py"
 pytestmark = pytest.mark.usefixtures("clean", "one_thread")

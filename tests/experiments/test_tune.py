@@ -16,6 +16,7 @@ from fastpipe.diagnosis._options import MeasureOptions
 from fastpipe.errors import ConfigError, PipelineError
 from fastpipe.experiments._tune import TuneResult, _memory_failure, shm_estimate, tune
 from tests.fakes import Fast, PlantedDataset
+from tests.fakes.cli import tiny_toy_argv
 
 # The sim step loop adds the loader's own ~2 ms per step to the bound's; a 10% tolerance keeps
 # that (and a busy machine) from deciding, while the planted gaps below are 25% or more.
@@ -119,30 +120,7 @@ def test_cli_tune(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
     out = tmp_path / "tune.json"
-    args = parser.parse_args(
-        [
-            "tune",
-            "toy:naive",
-            "--device",
-            "sim:50",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--max-workers",
-            "1",
-            "--prefetch-factors",
-            "2",
-            "--batch-size",
-            "2",
-            "--raw-size",
-            "64",
-            "--img-size",
-            "32",
-            "--json",
-            str(out),
-        ]
-    )
+    args = parser.parse_args(tiny_toy_argv("tune", "sim:50", "--max-workers", "1", "--prefetch-factors", "2", "--json", str(out)))
     assert args.handler(args) == 0
     captured = capsys.readouterr()
     assert "Recommended:" in captured.out and "tried num_workers=1" in captured.err

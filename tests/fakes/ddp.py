@@ -1,4 +1,5 @@
-"""Two-rank diagnoses on the gloo backend, run by tests/diagnosis/runtime/test_ddp.py in spawned processes."""
+"""Two-rank diagnoses on the gloo backend, run by tests/diagnosis/runtime/test_ddp.py in spawned processes, and the free
+port their rendezvous takes (the stream checks' ranks take one too)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 import datetime
 import json
 import os
+import socket
 from pathlib import Path
 
 import torch.distributed as dist
@@ -17,6 +19,13 @@ from tests.fakes import Fast, PlantedDataset, Raise, Slow
 SLOW_MS = 40
 #: Collectives that do not match across ranks fail after this long instead of hanging the test.
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for the ranks' rendezvous (``tcp://127.0.0.1:PORT``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _init(rank: int, world_size: int, port: int) -> None:

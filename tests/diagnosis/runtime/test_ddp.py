@@ -6,20 +6,13 @@ NCCL cannot run here (no GPU); the choice of device for its collectives is unit-
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from fastpipe.diagnosis.runtime import _ddp as ddp
-from tests.fakes.ddp import SLOW_MS, diagnose_rank, diagnose_rank_failing_baseline, measure_points_rank
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.fakes.ddp import SLOW_MS, diagnose_rank, diagnose_rank_failing_baseline, free_port, measure_points_rank
 
 
 @pytest.mark.timeout(240)

@@ -28,6 +28,7 @@ from fastpipe.diagnosis.verdict._report import Bottleneck, Report
 from fastpipe.diagnosis.verdict._saturation import explain_saturation
 from fastpipe.errors import ConfigError, PipelineError
 from tests.fakes import Fast, NoTransformDataset, PlantedDataset, Raise, Slow
+from tests.fakes.cli import tiny_toy_argv
 
 # Input-bound by construction: a sample costs 30 + 2 + 15 = 47 ms, so a batch of 4 takes a worker
 # ~190 ms and two workers deliver a batch every ~95 ms, against a 40 ms simulated step.
@@ -287,28 +288,7 @@ def test_cli_costs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
     out = tmp_path / "costs.json"
-    args = parser.parse_args(
-        [
-            "costs",
-            "toy:naive",
-            "--device",
-            "sim:5",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--num-workers",
-            "1",
-            "--batch-size",
-            "2",
-            "--raw-size",
-            "64",
-            "--img-size",
-            "32",
-            "--json",
-            str(out),
-        ]
-    )
+    args = parser.parse_args(tiny_toy_argv("costs", "sim:5", "--num-workers", "1", "--json", str(out)))
     assert args.handler(args) == 0
     assert "RandomMask" in capsys.readouterr().out
     assert json.loads(out.read_text())["stages"][0]["name"] == "raw load"

@@ -187,7 +187,7 @@ def test_a_hugging_face_stream_with_fewer_shards_than_workers_leaves_a_worker_id
 def test_under_ddp_ranks_that_read_the_same_items_are_reported_and_rank_sharding_clears_it(tmp_path, by_rank: bool) -> None:
     import torch.multiprocessing as mp
 
-    from tests.diagnosis.runtime.test_ddp import free_port
+    from tests.fakes.ddp import free_port
     from tests.fakes.stream_ddp import check_rank
 
     mp.spawn(check_rank, args=(2, free_port(), str(tmp_path), by_rank), nprocs=2, join=True)

@@ -10,7 +10,7 @@ loader and the pipeline found, never from a recipe fastpipe assumes.
 * Stage names come from the pipeline found: a preset that converts with PILToTensor + ConvertImageDtype is never told
   about ToTensor.
 
-The ladders are planted (:class:`tests.diagnosis.verdict.test_attribute_noise.PlantedRunner`): no timing runs.
+The ladders are planted (:class:`tests.fakes.ladder.PlantedRunner`): no timing runs.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from fastpipe.diagnosis.ladder._plan import COPY
 from fastpipe.diagnosis.verdict._advice import COLLATE, RAW, TRANSFORM, recommend, ships_uint8
 from fastpipe.diagnosis.verdict._loader import LoaderFacts, loader_facts, prefetching_wrapper
-from tests.diagnosis.verdict.test_attribute_noise import Tiny, planted_report
+from tests.fakes.ladder import Tiny, planted_report
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 COPY_ADVICE = ("pin_memory", "DevicePrefetcher", "uint8 payloads", "non_blocking", "device_transform")

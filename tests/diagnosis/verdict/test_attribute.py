@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastpipe import diagnose
 from fastpipe.diagnosis.ladder._plan import make_plan
-from fastpipe.diagnosis.ladder._results import ExperimentResult
 from fastpipe.diagnosis.verdict._attribute import Attribution
 from tests.fakes import Fast, PlantedDataset, Slow, plain_loop_step_ms, quick_options
+from tests.fakes.ladder import ladder_result, plan_and_results
 
 BATCH, WORKERS = 4, 2
 
@@ -108,19 +108,6 @@ def test_a_cheap_pipeline_with_main_process_work_under_the_step_is_not_input_bou
     assert not report.bottlenecks
 
 
-def _result(point: str, ms: float, noise: float = 0.01) -> ExperimentResult:
-    return ExperimentResult(
-        name=point,
-        cache_point=point,
-        steps_per_s=1000 / ms,
-        fraction_of_bound=float("nan"),
-        spread=0.0,
-        noise=noise,
-        cpu_util=0.5,
-        system_cpu_util=0.5,
-    )
-
-
 def test_attribution_ranks_time_not_throughput_differences() -> None:
     # the numbers: RandomMask 3.173 -> 1.951 steps/s (+197 ms), raw load 1.523 -> 0.991 (+352 ms)
     from fastpipe.stages import Stage, TransformPipeline
@@ -128,14 +115,14 @@ def test_attribution_ranks_time_not_throughput_differences() -> None:
     pipeline = TransformPipeline((), "transform", [Stage("RandomMask", lambda x: x)])
     plan = make_plan(pipeline, None)
     results = {
-        "device": _result("device", 290),
-        "host": _result("host", 290),
-        "sample": _result("sample", 1000 / 3.173),
-        "raw": _result("raw", 1000 / 1.951),
-        "baseline": _result("baseline", 1000 / 0.991),
+        "device": ladder_result("device", 290),
+        "host": ladder_result("host", 290),
+        "sample": ladder_result("sample", 1000 / 3.173),
+        "raw": ladder_result("raw", 1000 / 1.951),
+        "baseline": ladder_result("baseline", 1000 / 0.991),
     }
-    results["raw"] = _result("raw", 1000 / 1.523)
-    results["after:RandomMask"] = _result("after:RandomMask", 1000 / 3.173)
+    results["raw"] = ladder_result("raw", 1000 / 1.523)
+    results["after:RandomMask"] = ladder_result("after:RandomMask", 1000 / 3.173)
     plan.points = ["device", "host", "sample", "raw", "baseline"]
     plan.components = ["host-to-device copy", "collate/IPC", "RandomMask", "raw load"]
     attribution = Attribution(plan, results, 0.05, 256, 2)
@@ -147,22 +134,10 @@ def test_attribution_ranks_time_not_throughput_differences() -> None:
 
 
 # ----- the rules of _attribute on fake measurements (no measuring) ---------------------------------
-def _plan_and_results(ms: dict[str, float], copy_ms: float = 0.0):
-    from fastpipe.stages import Stage, TransformPipeline
-
-    pipeline = TransformPipeline((), "transform", [Stage("A", lambda x: x), Stage("B", lambda x: x), Stage("C", lambda x: x)])
-    plan = make_plan(pipeline, None)
-    results = {p: _result(p, v) for p, v in ms.items()}
-    for p, r in results.items():
-        if p.startswith("after:") or p == "raw":
-            r.copy_ms_per_sample = copy_ms
-    return plan, results
-
-
 def test_the_copy_discount_is_taken_only_where_the_workers_set_the_pace_over_the_workers_the_cores_run() -> None:
     # 8 workers on 2 cores: the copy (2 ms a sample, batch 8) costs 8 x 2 / min(8, 2) = 8 ms a step, not 8 x 2 / 8
     paced = {"device": 40, "host": 41, "sample": 42, "after:B": 80, "after:A": 81, "raw": 82, "baseline": 83}
-    plan, results = _plan_and_results(paced, copy_ms=2.0)
+    plan, results = plan_and_results(paced, copy_ms=2.0)
     attribution = Attribution(plan, results, 0.05, 8, 8, cores=2)
     assert attribution.parallelism == 2
     assert attribution.corrected_s("after:B") * 1000 == pytest.approx(80 - 8)
@@ -170,7 +145,7 @@ def test_the_copy_discount_is_taken_only_where_the_workers_set_the_pace_over_the
     # main-process-limited: every point from the sample point down runs at 60 ms, the workers idle part of the time,
     # so their copy costs nothing: the step stays as measured and no stage gains or loses time by the discount
     limited = {"device": 40, "host": 41, "sample": 60, "after:B": 61, "after:A": 60.5, "raw": 61, "baseline": 61}
-    plan, results = _plan_and_results(limited, copy_ms=2.0)
+    plan, results = plan_and_results(limited, copy_ms=2.0)
     attribution = Attribution(plan, results, 0.05, 8, 8, cores=2)
     for point in ("after:B", "after:A", "raw"):
         assert attribution.corrected_s(point) * 1000 == pytest.approx(max(60, limited[point] - 8)), point
@@ -181,7 +156,7 @@ def test_the_copy_discount_is_taken_only_where_the_workers_set_the_pace_over_the
 def _costed(ms: dict[str, float], costs: dict[str, tuple[float, float]], saturated: bool = True, **kwargs):
     from fastpipe.diagnosis.verdict._attribute import worker_costs
 
-    plan, results = _plan_and_results(ms)
+    plan, results = plan_and_results(ms)
     for r in results.values():
         r.cpu_util = 0.97 if saturated and r.cache_point not in ("device", "host") else 0.3
     return Attribution(plan, results, 0.05, 4, 2, costs=worker_costs(costs), cores=2, **kwargs)
@@ -204,7 +179,7 @@ def test_a_saturated_span_is_split_by_in_worker_cost_and_a_free_stage_is_vetoed(
 
 def test_without_in_worker_costs_the_ladder_alone_decides() -> None:
     ms = {"device": 40, "host": 40, "sample": 40, "after:B": 41, "after:A": 40.5, "raw": 100, "baseline": 101}
-    plan, results = _plan_and_results(ms)
+    plan, results = plan_and_results(ms)
     attribution = Attribution(plan, results, 0.05, 4, 2, cores=2)
     named = [c.stage for c in attribution.components(0.101) if attribution.named(c)]
     assert named == ["A"]  # today's rule, which the report caveats and says it fell back to
@@ -239,7 +214,7 @@ def test_a_run_that_names_nothing_still_names_the_largest_in_worker_costs() -> N
     from fastpipe.diagnosis.verdict._attribute import worker_costs
 
     # only the device and the baseline were measured, and their difference did not beat the noise
-    plan, results = _plan_and_results({"device": 40, "baseline": 70})
+    plan, results = plan_and_results({"device": 40, "baseline": 70})
     results["baseline"].noise = 0.3
     costs = worker_costs({"raw load": (9.0, 8.5), "A": (0.01, 0.01), "B": (3.0, 2.9), "C": (0.02, 0.02)})
     attribution = Attribution(plan, results, 0.05, 4, 2, costs=costs, cores=2)

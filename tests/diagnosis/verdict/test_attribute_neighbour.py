@@ -20,9 +20,9 @@ from fastpipe.diagnosis.stagecost._timing import OVERHEAD_STAGE, BatchTimings, T
 from fastpipe.diagnosis.verdict._attribute import Attribution, worker_costs
 from fastpipe.diagnosis.verdict._report import Bottleneck
 from fastpipe.stages import RAW_STAGE
-from tests.diagnosis.verdict.test_attribute import _plan_and_results
 from tests.fakes import quick_options
 from tests.fakes.benchmark_scripts import load_benchmark
+from tests.fakes.ladder import plan_and_results
 
 _PLANTED = load_benchmark("neighbour")  # the benchmark's planted parts: a CPU burn, a free stage, random images
 Burn, Free, RandomImages = _PLANTED.Burn, _PLANTED.Free, _PLANTED.RandomImages
@@ -104,7 +104,7 @@ def test_on_a_shared_machine_the_span_is_split_by_cpu_even_below_saturation() ->
     # A took the ladder step (a neighbour's burst); the split gives the span to B, by CPU and its own waits
     # (the sample point runs well below the 20 ms device step, so nothing hides under it: only the sharing splits)
     ms = {"device": 20, "host": 20, "sample": 40, "after:B": 41, "after:A": 40.5, "raw": 100, "baseline": 101}
-    plan, results = _plan_and_results(ms)
+    plan, results = plan_and_results(ms)
     for r in results.values():
         r.cpu_util, r.system_cpu_util = 0.5, 0.85 if r.cache_point not in ("device", "host") else 0.3
     costs = worker_costs({"raw load": (0.4, 0.05), "A": (0.3, 0.01), "B": (40.0, 14.0, 26.0), "C": (0.02, 0.02)})

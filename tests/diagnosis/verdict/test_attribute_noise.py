@@ -1,8 +1,9 @@
 """One significance rule for every named stage (issue 38, item 2), on planted ladders: no timing runs.
 
-A :class:`PlantedRunner` stands where the ladder's runner measures points (``run_diagnosis(runner=...)``, as script mode's
-``WindowRunner`` does) and hands back the step times and noise each test plants, so the whole report path (naming,
-remeasuring, the verdict, caveats and the rendered text) runs on known figures. The shapes are the issue's:
+A :class:`~tests.fakes.ladder.PlantedRunner` stands where the ladder's runner measures points
+(``run_diagnosis(runner=...)``, as script mode's ``WindowRunner`` does) and hands back the step times and noise each
+test plants, so the whole report path (naming, remeasuring, the verdict, caveats and the rendered text) runs on known
+figures. The shapes are the issue's:
 pytorch/examples' ``main.py`` on two busy cores (``device 2227 (±8.9%) | host 3544 | sample 1920``) named a
 "host-to-device copy +1318 ±1130 ms" although the point that caches more ran 1.6 s slower than the one below it.
 """
@@ -16,78 +17,11 @@ from typing import Any
 
 import pytest
 import torch
-import torchvision.transforms as T
-from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.diagnosis._diagnose import run_diagnosis
 from fastpipe.diagnosis.ladder._plan import COPY
-from fastpipe.diagnosis.ladder._points import PointRunner
 from fastpipe.diagnosis.ladder._results import TOO_NOISY, ExperimentResult
 from fastpipe.diagnosis.verdict._report import Bottleneck, Report
-from fastpipe.workloads._workload import Workload
-from tests.fakes import quick_options
-
-
-class A:
-    def __call__(self, x: Any) -> Any:
-        return x
-
-
-class B(A):
-    pass
-
-
-class Tiny(Dataset):
-    """Eight small tensors through two custom stages (A, B): the ladder's points are device, host, sample, after:B,
-    after:A... as for any two-stage transform; the planted runner never reads them."""
-
-    def __init__(self) -> None:
-        self.transform = T.Compose([A(), B()])
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> Any:
-        return self.transform(torch.zeros(4)), 0
-
-
-class PlantedRunner(PointRunner):
-    """Measures nothing: each point's result is the planted (ms per step, relative standard error, other processes'
-    share of the CPU); every remeasurement gives the same figures (a neighbour's load that does not go away)."""
-
-    planted: dict[str, tuple[float, float, float]] = {}
-
-    def measure(self, point: str, *, budget_s: float | None = None) -> ExperimentResult:
-        ms, noise, others = self.planted[point]
-        result = ExperimentResult(
-            name=point,
-            cache_point=point,
-            steps_per_s=1000.0 / ms,
-            fraction_of_bound=float("nan"),
-            spread=noise * 3,
-            noise=noise,
-            cpu_util=0.3,
-            system_cpu_util=0.3 + others,
-            steps_measured=40,
-        )
-        self.results[point] = result
-        return result
-
-    def close(self) -> None:
-        self.progress.close()
-
-
-def planted_report(
-    points: dict[str, tuple[float, float, float]], device: str = "sim:100", prefetch_depth: int = 0, **options: Any
-) -> Report:
-    """The report of a diagnosis whose points measured ``points`` ({point: (ms, rel. standard error, others' CPU)});
-    ``prefetch_depth``: the workload's (how deep its loop prefetches to the device)."""
-    runner = type("Runner", (PlantedRunner,), {"planted": points})
-    loader = DataLoader(Tiny(), batch_size=4, num_workers=0)
-    workload = Workload(loader=loader, step=lambda batch: None, prefetch_depth=prefetch_depth)
-    return run_diagnosis(
-        workload, device, quick_options(**{"steps": 4, "warmup": 0, "pool": 1, "stage_costs": False, **options}), runner=runner
-    )
+from tests.fakes.ladder import Tiny, planted_report
 
 
 def ladder(**ms: float) -> dict[str, tuple[float, float, float]]:
