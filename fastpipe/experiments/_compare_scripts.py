@@ -275,10 +275,11 @@ class ScriptComparison:
             return f"it holds (within {HELD:.0%} of the expected gain, noise ±{noise:.0%})"
         if abs(gap) - noise > band:
             return f"it does not hold ({gap:+.0%} from the expected gain, beyond {HELD:.0%} of it by more than the noise, ±{noise:.0%})"
-        return (
-            f"not shown either way: {gap:+.0%} from the expected gain, but this run's noise (±{noise:.0%}) is wider than "
-            f"{HELD:.0%} of it (±{band:.0%}); more --rounds or a quieter machine narrow it"
-        )
+        if abs(gap) <= band:
+            why = f"but this run's noise (±{noise:.0%}) is wider than {HELD:.0%} of it (±{band:.0%})"
+        else:
+            why = f"beyond {HELD:.0%} of it (±{band:.0%}) by less than this run's noise (±{noise:.0%})"
+        return f"not shown either way: {gap:+.0%} from the expected gain, {why}; more --rounds or a quieter machine narrow it"
 
     def lines(self) -> list[str]:
         a_ms, a_err = self._ms(0)

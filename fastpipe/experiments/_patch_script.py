@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
 
+from fastpipe._command import parse_python_command
 from fastpipe.experiments._fix_candidates import Candidate, build_candidates
 from fastpipe.experiments._patch import Patch, write_patch
 from fastpipe.experiments._sites import SiteRecorder
@@ -82,10 +83,11 @@ def patches_for_script(kind: str, target: str, args: list[str], batches: int = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    while words and (words[0] == "--" or Path(words[0]).name.startswith("python")):
-        words.pop(0)
-    kind, target, args = ("module", words[1], words[2:]) if words[0] == "-m" else ("path", words[0], words[1:])
+    kind, target, args = parse_python_command(
+        sys.argv[1:] if argv is None else argv,
+        no_script="usage: python -m fastpipe.experiments._patch_script -- python train.py ARGS",
+        no_module="`python -m` needs a module name",
+    )
     for candidate, patch in patches_for_script(kind, target, args):
         print(patch.text() if candidate.workload is not None else f"Patch for: {candidate.name}\n  not tried: {candidate.not_tried}\n")
     return 0

@@ -97,7 +97,7 @@ def test_a_gap_within_noise_is_not_called_either_way(tmp_path: Path) -> None:
         ["python", str(tmp_path / "a.py")], ["python", str(tmp_path / "b.py")], rounds=4, expected=0.8, runner=runner
     )
     assert abs(result.gain - 0.8) > 0.25 * 0.8 and abs(result.gain - 0.8) <= result.noise
-    assert "not shown either way" in str(result)
+    assert "not shown either way" in str(result) and "by less than this run's noise" in str(result)
 
 
 def test_a_gap_inside_the_band_is_not_called_held_when_the_noise_is_wider(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_gap_inside_the_band_is_not_called_held_when_the_noise_is_wider(tmp_pa
         ["python", str(tmp_path / "a.py")], ["python", str(tmp_path / "b.py")], rounds=4, expected=0.4, runner=runner
     )
     assert abs(result.gain - 0.4) <= 0.25 * 0.4 < result.noise
-    assert "not shown either way" in str(result) and "it holds" not in str(result)
+    assert "not shown either way" in str(result) and "it holds" not in str(result) and "is wider than 25% of it" in str(result)
 
 
 def test_missing_script_is_one_line() -> None:
