@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     fix_json, diff = out / "fix.json", out / "fix.diff"
     fix_args = ["fix", "--budget", f"{args.budget:g}", "--no-progress", "--json", str(fix_json), "--patch", str(diff)]
     code = _fastpipe([*fix_args, "--", "python", args.script, *script_args], original, out / "fix.log")
-    print((out / "fix.log").read_text().split("\nfastpipe fix ", 1)[-1][-6000:])
+    log = (out / "fix.log").read_text()
+    title = re.search(r"^fastpipe fix .* on \S+(, device step|; original| \()", log, re.M)  # the report's title line
+    print(log[title.start() :] if title else log[-6000:])
     if code != 0 or not fix_json.exists():
         print(f"fastpipe fix exited {code}: see {out / 'fix.log'}")
         return 1
