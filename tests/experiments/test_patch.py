@@ -437,3 +437,49 @@ def test_a_fix_whose_normalize_has_no_place_writes_no_diff(tmp_path: Path, image
     assert patch.diff is None and patch.withheld is not None and "unnormalized uint8" in patch.withheld
     assert "not unpack the batch" in patch.unplaced[0] and "no diff: the fix takes Normalize out" in patch.text()
     assert "fastpipe.Normalize(mean=" in patch.snippet
+
+
+def test_a_loader_made_in_a_librarys_factory_is_not_rewritten_and_the_snippet_is_given(tmp_path: Path, images: Path) -> None:
+    # as timm's train.py gets its loader from timm.data.create_loader: the DataLoader call is not in the user's files,
+    # so a fix of the loader is not placed; the patch says where the loader came from and gives the change as code
+    library, folder = tmp_path / "lib", tmp_path / "script"
+    library.mkdir()
+    folder.mkdir()
+    (library / "loaderlib.py").write_text(
+        textwrap.dedent(
+            """
+            import torch, torchvision
+            import torchvision.transforms as T
+
+            def create_loader(root, batch_size, workers):
+                dataset = torchvision.datasets.ImageFolder(root, T.Compose([T.RandomResizedCrop(16), T.PILToTensor()]))
+                return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=True)
+            """
+        )
+    )
+    (folder / "train.py").write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(library)!r})
+            import loaderlib
+
+            loader = loaderlib.create_loader(sys.argv[1], 4, 0)
+            for epoch in range(2):
+                for images, target in loader:
+                    pass
+            """
+        )
+    )
+    recorder, loader = run_until_loader("path", str(folder / "train.py"), [str(images / "train")])
+    assert loader is not None
+    original = Workload(loader=loader, step=lambda batch: None)
+    more = Candidate(
+        "num_workers 0 -> 1",
+        (),
+        "DataLoader(..., num_workers=1)",
+        workload=dataclasses.replace(original, loader=rebuild_loader(loader, loader.dataset, num_workers=1)),
+    )
+    patch = write_patch(folder / "train.py", original, more, recorder.sites(loader))
+    assert patch.diff is None and patch.snippet, patch.text()
+    assert any("create_loader(...)" in why and "does not rewrite a factory" in why for why in patch.unplaced), patch.unplaced
