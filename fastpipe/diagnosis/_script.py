@@ -56,6 +56,7 @@ from fastpipe.diagnosis._trainstate import TrainingState, find_training_state
 from fastpipe.diagnosis._windows import ScriptDevice, WindowRunner
 from fastpipe.diagnosis.ladder._plan import point_label
 from fastpipe.diagnosis.runtime._snapshot import UserState
+from fastpipe.diagnosis.runtime._threads import one_intraop_thread_here
 from fastpipe.diagnosis.unseen._loop_work import LoopTimer, LoopWork
 from fastpipe.diagnosis.verdict._main_process import add_loop_work
 from fastpipe.diagnosis.verdict._report import Report
@@ -472,6 +473,7 @@ class ScriptLadder:
 
         assert self.handoff is not None and self.device is not None
         _block_interrupts()
+        one_intraop_thread_here()  # no second OpenMP team beside the script's: its CPU step keeps its own regime
         o, report, error = self.options, None, None
         try:
             if o.fix == "only":
