@@ -6,9 +6,11 @@ OpenMP gives each thread that starts a parallel region a team of its own: the en
 the model's weights at a cache point, unpacking a batch) makes a second team, and that team lives as long as the
 engine thread. GNU OpenMP then sees more of its threads than there are cores and stops letting idle team threads
 spin between parallel regions. A training step on the CPU runs many short regions, and the spinning decides how much
-CPU it leaves the DataLoader's workers: measured on 2 cores (torchvision's reference train.py, squeezenet1_1 at 32 px,
-one worker), the script's own step took 82 ms a step alone and 68 ms with a second team alive in another thread.
-So, with that team, every cache point and fix was measured in a different regime from the one the script trains in.
+CPU it leaves the DataLoader's workers. With that team alive, every cache point and fix was measured in another regime
+than the one the script trains in: on 2 cores (torchvision's reference train.py, squeezenet1_1 at 32 px, one worker)
+the baseline in the loop ran 0.84x the script's own step time with it and 0.97x without it, and ``fastpipe fix``
+recommended a fix whose patch then gained twice what it had measured (``benchmarks/bench_script_fidelity.py``,
+``benchmarks/bench_fix_patch.py``; their results in ``benchmarks/results``).
 
 :func:`one_intraop_thread_here` gives the calling thread one intra-op thread (its ops run on itself, no team is made)
 and leaves the rest of the process as it was: the script's thread keeps its own count, and threads started later
