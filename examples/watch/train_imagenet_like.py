@@ -1,14 +1,15 @@
 """A training script shaped like PyTorch's official ImageNet example (pytorch/examples imagenet/main.py), small.
 
 It builds its own DataLoader (ImageFolder-style transforms: RandomResizedCrop, RandomHorizontalFlip, ToTensor,
-Normalize) over ``--dummy``-style FakeData, as the official example does without a dataset, and trains with
-SGD in a plain loop. Nothing in it knows fastpipe. Try:
+Normalize) over the JPEGs in ``--data``'s ``train/`` folder, as the official example does, or over ``--dummy``-style
+FakeData without it, and trains with SGD in a plain loop. Nothing in it knows fastpipe. Try:
 
     python examples/watch/train_imagenet_like.py --epochs 1
     fastpipe watch -- python examples/watch/train_imagenet_like.py --epochs 1
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -18,6 +19,7 @@ import torchvision.models as models
 import torchvision.transforms as transforms
 
 parser = argparse.ArgumentParser(description="PyTorch ImageNet-like training (small)")
+parser.add_argument("--data", default=None, help="a folder whose train/ holds class folders of images (FakeData if not given)")
 parser.add_argument("-a", "--arch", default="tiny", help="a torchvision model name, or tiny (default)")
 parser.add_argument("-j", "--workers", default=2, type=int, help="data loading workers")
 parser.add_argument("--epochs", default=1, type=int)
@@ -45,19 +47,18 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
 
     normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-    train_dataset = datasets.FakeData(
-        args.samples,
-        (3, args.image_size, args.image_size),
-        num_classes,
-        transforms.Compose(
-            [
-                transforms.RandomResizedCrop(args.crop),
-                transforms.RandomHorizontalFlip(),
-                transforms.ToTensor(),
-                normalize,
-            ]
-        ),
+    transform = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(args.crop),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]
     )
+    if args.data:
+        train_dataset = datasets.ImageFolder(os.path.join(args.data, "train"), transform)
+    else:
+        train_dataset = datasets.FakeData(args.samples, (3, args.image_size, args.image_size), num_classes, transform)
     train_loader = torch.utils.data.DataLoader(
         train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=torch.cuda.is_available()
     )

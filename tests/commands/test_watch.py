@@ -83,6 +83,18 @@ def test_imagenet_like_example_unmodified(capsys) -> None:
         assert stage in captured.err
 
 
+def test_imagenet_like_example_on_a_photo_folder(tmp_path, capsys) -> None:
+    """Getting started's path: the example's --data reads DIR/train as an ImageFolder of JPEGs (FakeData without it)."""
+    pytest.importorskip("skimage", reason="the photo corpus needs fastpipe[photos]")
+    from fastpipe.workloads.photos import build_corpus
+
+    build_corpus(tmp_path / "photos" / "train", n=40, seed=0, classes=4)
+    code = main(["watch", "--", "python", str(EXAMPLE), "--data", str(tmp_path / "photos"), "--epochs", "1", "-b", "8", "-j", "1"])
+    captured = capsys.readouterr()
+    assert code == 0 and "Epoch: [0][0/5]" in captured.out  # 40 photos in batches of 8
+    assert "waited for batches" in captured.err and "5 steps in 1 epoch(s)" in captured.err
+
+
 def test_command_parsing() -> None:
     assert parse_command(["--", "python", str(EXAMPLE), "-b", "8"]) == ("path", str(EXAMPLE), ["-b", "8"])
     assert parse_command(["python3", "-m", "pkg.train", "--lr", "1"]) == ("module", "pkg.train", ["--lr", "1"])
