@@ -36,7 +36,7 @@ from pathlib import Path
 
 def _run(command: list[str], cwd: Path) -> None:
     done = subprocess.run(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode not in (0,):
+    if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise SystemExit(f"{' '.join(command[:6])} ... exited {done.returncode}:\n{tail}")
 
